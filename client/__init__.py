@@ -1,0 +1,123 @@
+"""dtf: train TensorFlow models on a cluster of SSH hosts, driven from your laptop.
+
+This package is both the `dtf` command (dtf.cli) and a small helper API for training programs:
+
+    import dtf
+    strategy = dtf.strategy()          # ParameterServerStrategy on the cluster of `dtf train`
+    coordinator = dtf.coordinator()    # its ClusterCoordinator
+    dtf.output_dir("checkpoints")      # a directory on the laptop for checkpoints, logs, models
+
+Under `dtf train` the cluster comes from TF_CONFIG (chief = this program). Run plainly
+(`python my_model.py`) the same calls start a small in-process cluster (1 ps, 2 workers), so the
+program runs unchanged for local debugging.
+
+Importing dtf does not import TensorFlow (the CLI must start fast); it only makes `tf.keras`
+resolve to tf-keras, which `model.fit` under ParameterServerStrategy needs (see FACTS.md),
+when TensorFlow has not been imported yet.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["strategy", "coordinator", "output_dir", "num_workers", "under_dtf", "local_cluster_spec"]
+
+if "tensorflow" not in sys.modules:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    # Fail fast instead of retrying forever on a dead peer (recommended for every task).
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+
+_strategy: Any = None
+_coordinator: Any = None
+_resolver: Any = None
+_local_servers: list[Any] = []  # keeps the in-process servers alive for the program's lifetime
+
+LOCAL_WORKERS_ENV = "DTF_LOCAL_WORKERS"
+LOCAL_PS_ENV = "DTF_LOCAL_PS"
+OUTPUT_DIR_ENV = "DTF_OUTPUT_DIR"
+
+
+def under_dtf() -> bool:
+    """True when this program runs as the coordinator of a dtf cluster (`dtf train`)."""
+    return bool(os.environ.get("TF_CONFIG")) and bool(os.environ.get("DTF_CLUSTER"))
+
+
+def strategy(**kwargs: Any) -> Any:
+    """The ParameterServerStrategy of this run, made once and cached.
+
+    Keyword arguments (e.g. `variable_partitioner`) go to ParameterServerStrategy.
+    """
+    global _strategy, _resolver
+    if _strategy is None:
+        import tensorflow as tf
+
+        if os.environ.get("TF_CONFIG"):
+            _resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        else:
+            _resolver = _start_local_cluster(tf)
+        _strategy = tf.distribute.ParameterServerStrategy(_resolver, **kwargs)
+    return _strategy
+
+
+def coordinator() -> Any:
+    """The ClusterCoordinator of `strategy()`, made once and cached."""
+    global _coordinator
+    if _coordinator is None:
+        import tensorflow as tf
+
+        _coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy())
+    return _coordinator
+
+
+def num_workers() -> int:
+    """How many worker tasks the cluster has."""
+    strategy()
+    spec = _resolver.cluster_spec().as_dict()
+    return len(spec.get("worker", []))
+
+
+def output_dir(*parts: str) -> Path:
+    """A directory on the laptop (created if needed) for checkpoints, TensorBoard logs and models.
+
+    `$DTF_OUTPUT_DIR` (set by `dtf train --output`), else ./dtf-output.
+    """
+    path = Path(os.environ.get(OUTPUT_DIR_ENV) or "dtf-output").joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def local_cluster_spec(num_workers: int, num_ps: int) -> dict[str, list[str]]:
+    """A cluster spec of free loopback ports (used for the in-process cluster)."""
+    from dtf.netutil import free_ports
+
+    ports = free_ports(num_workers + num_ps)
+    return {
+        "worker": [f"localhost:{p}" for p in ports[:num_workers]],
+        "ps": [f"localhost:{p}" for p in ports[num_workers:]],
+    }
+
+
+def _start_local_cluster(tf: Any) -> Any:
+    """Start ps and worker servers in this process: PS semantics with no cluster at all."""
+    spec = local_cluster_spec(
+        int(os.environ.get(LOCAL_WORKERS_ENV, "2")), int(os.environ.get(LOCAL_PS_ENV, "1"))
+    )
+    cluster = tf.train.ClusterSpec(spec)
+    config = tf.compat.v1.ConfigProto()
+    # In-process workers share one thread pool: give each enough threads not to deadlock
+    # (as TensorFlow's own in-process cluster helper does).
+    config.inter_op_parallelism_threads = 4
+    for job, addresses in spec.items():
+        for index in range(len(addresses)):
+            _local_servers.append(
+                tf.distribute.Server(cluster, job_name=job, task_index=index, config=config, start=True)
+            )
+    print(
+        f"dtf: no cluster (not under `dtf train`): started an in-process cluster with "
+        f"{len(spec['ps'])} ps and {len(spec['worker'])} workers",
+        file=sys.stderr,
+    )
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")

@@ -1,0 +1,193 @@
+"""Acting on a plan: start, inspect and stop the servers of every host, all hosts in parallel.
+
+Each host gets one thread, its own connection and a deadline on every step; the result is one
+outcome per host (Fabric's GroupResult habit) and one combined HostFailure listing every host that
+failed. Nothing here prints: progress goes through a callback, so the CLI decides how it looks.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import metadata, resources
+from typing import Any
+
+from dtf.netutil import wait_port
+from dtf.plan import HostPlan, Plan
+from dtf.transport import CONNECT_TIMEOUT, HostError, Transport, transport_for
+
+Progress = Callable[[str, str], None]  # (host, what it is doing now)
+STOP_GRACE = 10.0
+REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to accept a connection
+
+
+def launcher_text() -> str:
+    return resources.files("dtf.server").joinpath("launcher.py").read_text()
+
+
+def local_tf_version() -> str | None:
+    """The laptop's TensorFlow version, from package metadata (importing TF takes seconds)."""
+    for name in ("tensorflow", "tensorflow-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+@dataclass
+class Outcome:
+    host: str
+    ok: bool
+    reason: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class Cancelled(Exception):
+    pass
+
+
+def _no_progress(host: str, step: str) -> None:
+    pass
+
+
+class ClusterOps:
+    """Operations on the hosts of one plan."""
+
+    def __init__(self, plan: Plan, progress: Progress = _no_progress,
+                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+        self.plan = plan
+        self.progress = progress
+        self.connect_timeout = connect_timeout
+        self.cancel = threading.Event()
+        self.touched: set[str] = set()  # hosts `up` got far enough on to leave something behind
+
+    def transport(self, hp: HostPlan) -> Transport:
+        return transport_for(hp.spec, self.plan.ssh_config, self.connect_timeout)
+
+    def each_host(self, fn: Callable[[HostPlan], dict], hosts: tuple[HostPlan, ...] | None = None
+                  ) -> dict[str, Outcome]:
+        """Run fn on every host in parallel; an exception on one host is that host's outcome."""
+        hosts = self.plan.hosts if hosts is None else hosts
+
+        def one(hp: HostPlan) -> Outcome:
+            t0 = time.monotonic()
+            try:
+                data = fn(hp)
+                self.progress(hp.name, "done")
+                return Outcome(hp.name, True, data=data, seconds=time.monotonic() - t0)
+            except (HostError, Cancelled) as e:
+                self.progress(hp.name, f"failed: {e}")
+                return Outcome(hp.name, False, reason=str(e), seconds=time.monotonic() - t0)
+            except Exception as e:  # a bug or an unforeseen library error: still one line per host
+                self.progress(hp.name, f"failed: {e}")
+                return Outcome(hp.name, False, reason=f"{type(e).__name__}: {e}",
+                               seconds=time.monotonic() - t0)
+
+        if not hosts:
+            return {}
+        with ThreadPoolExecutor(max_workers=len(hosts), thread_name_prefix="dtf-host") as pool:
+            futures = {hp.name: pool.submit(one, hp) for hp in hosts}
+            try:
+                return {name: f.result() for name, f in futures.items()}
+            except KeyboardInterrupt:
+                self.cancel.set()  # the threads stop at their next step; each step is bounded
+                return {name: f.result() for name, f in futures.items()}
+
+    def _step(self, hp: HostPlan, what: str) -> None:
+        if self.cancel.is_set():
+            raise Cancelled("interrupted")
+        self.progress(hp.name, what)
+
+    @staticmethod
+    def _json(hp: HostPlan, result: Any, what: str) -> dict:
+        try:
+            return json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            err = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise HostError(f"{what} failed (exit {result.exit_code}): {err}")
+
+    def _upload(self, t: Transport, hp: HostPlan) -> None:
+        t.put_text(launcher_text(), hp.root, "launcher.py")
+
+    # -- up ------------------------------------------------------------------------------------
+    def start_host(self, hp: HostPlan, tf_version: str | None) -> dict:
+        self._step(hp, "connecting")
+        with self.transport(hp) as t:
+            self._step(hp, "uploading launcher")
+            self.touched.add(hp.name)  # from here on, a rollback must visit this host
+            self._upload(t, hp)
+            self._step(hp, "checking python and TensorFlow")
+            r = t.run(hp.check_argv(), timeout=30)
+            if r.exit_code == 127 or (not r.ok and "No such file" in r.stderr and hp.python in r.stderr):
+                raise HostError(f"python missing: {hp.python!r} cannot be run there")
+            check = self._json(hp, r, f"{hp.python} (the host's python)")
+            remote_tf = check.get("tensorflow")
+            if remote_tf is None:
+                raise HostError(f"TensorFlow is not installed for {hp.python} "
+                                f"(install tensorflow-cpu=={tf_version} there)")
+            if tf_version and remote_tf != tf_version:
+                raise HostError(f"TensorFlow mismatch: {remote_tf} on the host ({hp.python}), "
+                                f"{tf_version} on this machine")
+            if check["busy"]:
+                raise HostError("port busy: " + ", ".join(
+                    f"{task.port} ({task.name})" for task in hp.tasks if task.port in check["busy"]))
+            self._step(hp, f"starting {len(hp.tasks)} server(s)")
+            r = t.run(hp.start_argv, timeout=hp.start_timeout + 30)
+            started = self._json(hp, r, "starting servers")["tasks"]
+        pids = {name: s["pid"] for name, s in started.items()}
+        failed = {n: s for n, s in started.items() if not s["ok"]}
+        if failed:
+            name, s = next(iter(failed.items()))
+            log = " | ".join(line.strip() for line in s.get("log_tail", [])[-5:] if line.strip())
+            raise HostError(f"server crashed: {name}: {s['reason']}" + (f"; log: {log}" if log else ""))
+        self._step(hp, "checking the servers are reachable from here")
+        deadline = time.monotonic() + REACH_TIMEOUT
+        for task in hp.tasks:
+            if not wait_port(task.addr_host, task.port, deadline):
+                raise HostError(f"{task.name} serves on its host but {task.address} is not "
+                                f"reachable from this machine (firewall? wrong address?)")
+        return {"pids": pids, "client_address": check.get("client_address")}
+
+    def up(self) -> dict[str, Outcome]:
+        version = local_tf_version()
+        return self.each_host(lambda hp: self.start_host(hp, version))
+
+    # -- status --------------------------------------------------------------------------------
+    def status_host(self, hp: HostPlan) -> dict:
+        self._step(hp, "connecting")
+        with self.transport(hp) as t:
+            r = t.run(hp.status_argv(), timeout=30)
+            if not r.ok and "launcher.py" in r.stderr and "No such file" in r.stderr:
+                # The launcher is gone (host cleaned or rebooted): every task is dead.
+                return {"tasks": {task.name: {"alive": False, "pid": None, "uptime": None,
+                                              "reason": "launcher missing"} for task in hp.tasks}}
+            return self._json(hp, r, "status")
+
+    def status(self) -> dict[str, Outcome]:
+        return self.each_host(self.status_host)
+
+    # -- down ----------------------------------------------------------------------------------
+    def stop_host(self, hp: HostPlan, keep_logs: bool = False, grace: float = STOP_GRACE) -> dict:
+        self._step(hp, "connecting")
+        with self.transport(hp) as t:
+            self._upload(t, hp)  # it may have been removed: stopping must not depend on it
+            self._step(hp, "stopping servers")
+            r = t.run(hp.stop_argv(grace), timeout=grace + 30)
+            stopped = self._json(hp, r, "stopping servers")["tasks"]
+            left = [n for n, s in stopped.items() if not s.get("gone", True)]
+            if left:
+                raise HostError(f"still running after KILL: {', '.join(left)}")
+            self._step(hp, "removing files")
+            r = t.run(hp.clean_argv(keep_logs), timeout=30)
+            cleaned = self._json(hp, r, "cleaning up")
+        return {"stopped": stopped, "removed": cleaned.get("removed", [])}
+
+    def down(self, keep_logs: bool = False, grace: float = STOP_GRACE,
+             hosts: tuple[HostPlan, ...] | None = None) -> dict[str, Outcome]:
+        return self.each_host(lambda hp: self.stop_host(hp, keep_logs, grace), hosts)

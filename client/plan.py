@@ -1,0 +1,180 @@
+"""The plan: which task runs on which host and port, at which address, with which command.
+
+Pure: `make_plan(inventory, resolve=...)` does no I/O. Every address a task is reached at comes
+from here and only here (the cluster spec of `dtf train` is `plan.cluster_spec()`), so a later
+tunnel mode can remap all of them in one place. A plan is plain data: it round-trips through
+`to_dict`/`from_dict` into the local state file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dtf.inventory import DEFAULT_PYTHON, HostSpec, Inventory
+
+JOBS = ("ps", "worker")
+# The environment of every server: fail fast on a dead peer instead of retrying (FACTS.md).
+TASK_ENV = (("GRPC_FAIL_FAST", "use_caller"), ("PYTHONUNBUFFERED", "1"))
+START_TIMEOUT = 90.0  # seconds a host's servers get to import TensorFlow and serve
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    job: str
+    index: int
+    host: str  # the inventory host name
+    port: int
+    address: str  # "addr:port": how every other task, and the laptop, reach this task
+    dir: str  # the task's directory on its host (log, pid.json, ready.json)
+    serve_argv: tuple[str, ...]  # what the launcher runs for this task (for display and tests)
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}:{self.index}"
+
+    @property
+    def log(self) -> str:
+        return posixpath.join(self.dir, "log")
+
+    @property
+    def addr_host(self) -> str:
+        return self.address.rsplit(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    spec: HostSpec
+    python: str  # the python that runs the launcher there
+    root: str  # {workdir}/{cluster}: everything dtf puts on this host lives below it
+    tasks: tuple[TaskPlan, ...]
+    env: tuple[tuple[str, str], ...]
+    start_timeout: float
+
+    @property
+    def name(self) -> str:
+        return self.spec.host
+
+    @property
+    def launcher(self) -> str:
+        return posixpath.join(self.root, "launcher.py")
+
+    def launcher_argv(self, *args: str) -> list[str]:
+        return [self.python, self.launcher, *args]
+
+    def task_args(self, with_port: bool = False) -> list[str]:
+        args = []
+        for t in self.tasks:
+            args += ["--task", f"{t.job}:{t.index}:{t.port}" if with_port else t.name]
+        return args
+
+    @property
+    def start_argv(self) -> list[str]:
+        env_args = [a for k, v in self.env for a in ("--env", f"{k}={v}")]
+        return self.launcher_argv(
+            "start", "--dir", self.root, "--timeout", f"{self.start_timeout:g}",
+            *env_args, *self.task_args(with_port=True),
+        )
+
+    def check_argv(self) -> list[str]:
+        return self.launcher_argv("check", *[a for t in self.tasks for a in ("--port", str(t.port))])
+
+    def status_argv(self) -> list[str]:
+        return self.launcher_argv("status", "--dir", self.root, *self.task_args())
+
+    def stop_argv(self, grace: float) -> list[str]:
+        return self.launcher_argv("stop", "--dir", self.root, "--grace", f"{grace:g}", *self.task_args())
+
+    def clean_argv(self, keep_logs: bool) -> list[str]:
+        return self.launcher_argv("clean", "--dir", self.root, *(["--keep-logs"] if keep_logs else []))
+
+
+@dataclass(frozen=True)
+class Plan:
+    cluster: str
+    inventory: str
+    ssh_config: str | None
+    hosts: tuple[HostPlan, ...]
+
+    def tasks(self) -> list[TaskPlan]:
+        """Every task, ps first, each job by index."""
+        all_tasks = [t for h in self.hosts for t in h.tasks]
+        return sorted(all_tasks, key=lambda t: (JOBS.index(t.job), t.index))
+
+    def task(self, name: str) -> TaskPlan | None:
+        return next((t for t in self.tasks() if t.name == name), None)
+
+    def host_of(self, task: TaskPlan) -> HostPlan:
+        return next(h for h in self.hosts if task in h.tasks)
+
+    def cluster_spec(self) -> dict[str, list[str]]:
+        """The ps and worker addresses, by index: what the coordinator's TF_CONFIG holds."""
+        spec: dict[str, list[str]] = {job: [] for job in JOBS}
+        for t in self.tasks():
+            spec[t.job].append(t.address)
+        return spec
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Plan:
+        hosts = []
+        for h in data["hosts"]:
+            spec = dict(h["spec"])
+            spec["ps_ports"] = tuple(spec["ps_ports"])
+            spec["worker_ports"] = tuple(spec["worker_ports"])
+            tasks = tuple(TaskPlan(**{**t, "serve_argv": tuple(t["serve_argv"])}) for t in h["tasks"])
+            hosts.append(HostPlan(
+                spec=HostSpec(**spec), python=h["python"], root=h["root"], tasks=tasks,
+                env=tuple(tuple(kv) for kv in h["env"]), start_timeout=h["start_timeout"],
+            ))
+        return cls(cluster=data["cluster"], inventory=data["inventory"],
+                   ssh_config=data["ssh_config"], hosts=tuple(hosts))
+
+
+def default_address(spec: HostSpec) -> str:
+    """The address of a host's TF servers when no resolver knows better."""
+    if spec.address:
+        return spec.address
+    return "127.0.0.1" if spec.connection == "local" else spec.host
+
+
+def make_plan(
+    inventory: Inventory,
+    *,
+    resolve: Callable[[HostSpec], str] = default_address,
+    local_python: str = DEFAULT_PYTHON,
+    start_timeout: float = START_TIMEOUT,
+) -> Plan:
+    """Assign task indexes (in inventory order), addresses, directories and commands.
+
+    `resolve` gives the address other tasks reach a host at (the CLI passes one that reads
+    HostName from ssh_config); `local_python` is the python of local hosts that name none.
+    """
+    counters = {job: 0 for job in JOBS}
+    hosts = []
+    for spec in inventory.hosts:
+        local = spec.connection == "local"
+        python = local_python if local and spec.python == DEFAULT_PYTHON else spec.python
+        root = posixpath.join(spec.workdir, inventory.cluster)
+        launcher = posixpath.join(root, "launcher.py")
+        address = resolve(spec)
+        tasks = []
+        for job, ports in (("ps", spec.ps_ports), ("worker", spec.worker_ports)):
+            for port in ports:
+                index = counters[job]
+                counters[job] += 1
+                tdir = posixpath.join(root, f"{job}-{index}")
+                tasks.append(TaskPlan(
+                    job=job, index=index, host=spec.host, port=port, address=f"{address}:{port}",
+                    dir=tdir,
+                    serve_argv=(python, launcher, "serve", "--job", job, "--index", str(index),
+                                "--port", str(port), "--ready", posixpath.join(tdir, "ready.json")),
+                ))
+        hosts.append(HostPlan(spec=spec, python=python, root=root, tasks=tuple(tasks),
+                              env=TASK_ENV, start_timeout=start_timeout))
+    return Plan(cluster=inventory.cluster, inventory=inventory.path,
+                ssh_config=inventory.ssh_config, hosts=tuple(hosts))

@@ -1,0 +1,253 @@
+"""How dtf reaches a host: one interface, two twins (SSH through Fabric, and local processes).
+
+Both take argv lists (quoted in one place, dtf.shell), put files, and stream a command's output.
+Every operation has a timeout; failures become `HostError` with a short reason a user can act on
+("unreachable: ...", "authentication refused ...", "python missing ...").
+Constructors do no I/O: `open()` (or `with`) connects, `close()` always runs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dtf.inventory import HostSpec
+from dtf.shell import expand_local, render
+
+CONNECT_TIMEOUT = 10.0  # seconds to open TCP, read the SSH banner, and authenticate
+COMMAND_TIMEOUT = 60.0
+
+
+class HostError(Exception):
+    """A host-level failure with a one-line reason (the CLI prints `host: reason`)."""
+
+
+@dataclass(frozen=True)
+class Result:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class Transport:
+    """A connection to one host. Use as a context manager."""
+
+    def __init__(self, spec: HostSpec) -> None:
+        self.spec = spec
+
+    @property
+    def name(self) -> str:
+        return self.spec.host
+
+    def open(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
+        raise NotImplementedError
+
+    def put_text(self, text: str, remote_dir: str, filename: str) -> None:
+        """Write `text` to remote_dir/filename, creating remote_dir (which may start with ~/)."""
+        raise NotImplementedError
+
+    def stream(self, argv: Sequence[str]) -> int:
+        """Run `argv` with its output going to our stdout and stderr; return its exit code."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Transport:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalTransport(Transport):
+    """The tasks of a `connection: local` host run as processes of this machine."""
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
+        try:
+            proc = subprocess.run(expand_local(argv), capture_output=True, text=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
+        except FileNotFoundError as e:
+            return Result(127, "", str(e))
+        except subprocess.TimeoutExpired:
+            raise HostError(f"command timed out after {timeout:g}s: {argv[0]} {' '.join(argv[2:3])}")
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def put_text(self, text: str, remote_dir: str, filename: str) -> None:
+        directory = Path(os.path.expanduser(remote_dir))
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / filename).write_text(text)
+
+    def stream(self, argv: Sequence[str]) -> int:
+        return subprocess.call(expand_local(argv), stdin=subprocess.DEVNULL)
+
+
+class SSHTransport(Transport):
+    """A host reached over SSH with Fabric; ~/.ssh/config (or the inventory's ssh_config) applies:
+    HostName, User, Port, IdentityFile, ProxyJump, UserKnownHostsFile, StrictHostKeyChecking."""
+
+    def __init__(self, spec: HostSpec, ssh_config: str | None = None,
+                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+        super().__init__(spec)
+        self.ssh_config_path = ssh_config
+        self.connect_timeout = connect_timeout
+        self._conn: Any = None
+
+    def connection(self) -> Any:
+        """The Fabric Connection (built on first use; building it reads ssh_config, no network)."""
+        if self._conn is None:
+            from fabric import Config, Connection
+
+            config = Config(runtime_ssh_path=os.path.expanduser(self.ssh_config_path)
+                            if self.ssh_config_path else None)
+            t = self.connect_timeout
+            connect_kwargs: dict[str, Any] = {"banner_timeout": t, "auth_timeout": t, "channel_timeout": t}
+            if self.spec.identity_file:
+                connect_kwargs["key_filename"] = [os.path.expanduser(self.spec.identity_file)]
+            self._conn = Connection(self.spec.host, user=self.spec.user, port=self.spec.port,
+                                    config=config, connect_timeout=int(max(1, t)),
+                                    connect_kwargs=connect_kwargs)
+            hop = self._conn
+            while hop is not None and not isinstance(hop, str):  # ProxyJump hops are Connections
+                _apply_host_key_policy(hop)
+                hop = hop.gateway
+        return self._conn
+
+    def address(self) -> str:
+        """The host's real address per ssh_config (HostName), for the TF cluster spec."""
+        return self.connection().host
+
+    def open(self) -> None:
+        import paramiko
+
+        conn = self.connection()
+        target = f"{conn.user}@{conn.host}:{conn.port}"
+        try:
+            conn.open()
+        except (socket.timeout, TimeoutError):
+            raise HostError(f"unreachable: no answer from {target} within {self.connect_timeout:g}s")
+        except paramiko.BadHostKeyException:
+            raise HostError(f"host key of {target} does not match known_hosts: refusing to connect")
+        except paramiko.AuthenticationException as e:
+            keys = ", ".join(conn.connect_kwargs.get("key_filename") or []) or "agent and default keys"
+            raise HostError(f"authentication refused for {target} (tried {keys}): {e}")
+        except paramiko.SSHException as e:
+            if "known_hosts" in str(e):
+                raise HostError(f"host key of {target} is unknown: add it to known_hosts "
+                                f"(ssh once to {self.spec.host}) or set StrictHostKeyChecking accept-new")
+            raise HostError(f"SSH to {target} failed: {e}")
+        except socket.gaierror as e:
+            raise HostError(f"unreachable: cannot resolve {conn.host}: {e.strerror}")
+        except OSError as e:
+            reason = getattr(e, "strerror", None) or str(e)
+            raise HostError(f"unreachable: {target}: {reason}")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+    def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
+        from invoke.exceptions import CommandTimedOut
+
+        try:
+            r = self.connection().run(render(argv), hide=True, warn=True, timeout=timeout, in_stream=False)
+        except CommandTimedOut:
+            raise HostError(f"command timed out after {timeout:g}s: {argv[0]} {' '.join(argv[2:3])}")
+        except (OSError, EOFError) as e:
+            raise HostError(f"connection lost: {e}")
+        return Result(r.exited, r.stdout, r.stderr)
+
+    def put_text(self, text: str, remote_dir: str, filename: str) -> None:
+        import io
+
+        conn = self.connection()
+        try:
+            sftp = conn.sftp()
+            path = remote_dir
+            if path == "~" or path.startswith("~/"):  # SFTP starts in the home directory
+                path = sftp.normalize(".") + path[1:]
+            _sftp_makedirs(sftp, path)
+            sftp.putfo(io.BytesIO(text.encode()), f"{path}/{filename}")
+        except OSError as e:
+            raise HostError(f"upload to {remote_dir} failed: {e}")
+
+    def stream(self, argv: Sequence[str]) -> int:
+        # A pty, so that when we stop following (Ctrl-C) the remote command gets SIGHUP.
+        r = self.connection().run(render(argv), warn=True, pty=True, in_stream=False,
+                                  out_stream=sys.stdout)
+        return r.exited
+
+
+def _sftp_makedirs(sftp: Any, path: str) -> None:
+    parts = [p for p in path.split("/") if p]
+    current = "/" if path.startswith("/") else ""
+    for part in parts:
+        current = f"{current}{part}" if current in ("", "/") else f"{current}/{part}"
+        try:
+            sftp.stat(current)
+        except OSError:
+            sftp.mkdir(current)
+
+
+def _apply_host_key_policy(conn: Any) -> None:
+    """Check host keys the way OpenSSH does: Fabric by default accepts any key (AutoAddPolicy).
+
+    Known keys come from ~/.ssh/known_hosts and ssh_config's UserKnownHostsFile. An unknown host
+    is refused unless StrictHostKeyChecking is `no` or `accept-new` for it; a changed key is
+    always refused (paramiko raises BadHostKeyException).
+    """
+    import paramiko
+
+    client = conn.client
+    cfg = conn.ssh_config
+    files = cfg.get("userknownhostsfile")
+    files = files.split() if isinstance(files, str) else list(files or ["~/.ssh/known_hosts"])
+    for f in files:
+        path = os.path.expanduser(f)
+        if os.path.exists(path):
+            client.load_host_keys(path)  # merges into the keys loaded so far
+    strict = str(cfg.get("stricthostkeychecking", "yes")).lower()
+    if strict in ("no", "off", "accept-new"):
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    else:
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+
+
+def transport_for(spec: HostSpec, ssh_config: str | None = None,
+                  connect_timeout: float = CONNECT_TIMEOUT) -> Transport:
+    if spec.connection == "local":
+        return LocalTransport(spec)
+    return SSHTransport(spec, ssh_config, connect_timeout)
+
+
+def resolver(ssh_config: str | None):
+    """A function giving each host's TF address: `address` key, else ssh_config HostName."""
+
+    def resolve(spec: HostSpec) -> str:
+        if spec.address:
+            return spec.address
+        if spec.connection == "local":
+            return "127.0.0.1"
+        return SSHTransport(spec, ssh_config).address()
+
+    return resolve

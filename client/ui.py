@@ -1,0 +1,123 @@
+"""How dtf looks in a terminal: per-host progress, summary tables, one-line errors (rich)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import time
+from collections.abc import Iterator
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from dtf.cluster import Outcome, Progress
+from dtf.plan import Plan
+from dtf.shell import render
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def error(lines: list[str]) -> None:
+    first, *rest = lines
+    err.print(f"[bold red]dtf: error:[/] {first}", markup=True)
+    for line in rest:
+        err.print(line, markup=False)
+
+
+@contextlib.contextmanager
+def host_progress(hosts: list[str], title: str) -> Iterator[Progress]:
+    """A live table (one row per host, its current step) on a terminal; one line per step
+    elsewhere (CI logs, pipes)."""
+    steps = {h: "waiting" for h in hosts}
+    t0 = time.monotonic()
+
+    def table() -> Table:
+        tab = Table(title=title, title_justify="left", show_edge=False, box=None)
+        tab.add_column("host", style="bold")
+        tab.add_column("step")
+        for h, s in steps.items():
+            style = "red" if s.startswith("failed") else "green" if s == "done" else ""
+            tab.add_row(h, f"[{style}]{s}[/]" if style else s)
+        tab.caption = f"{time.monotonic() - t0:.1f}s"
+        return tab
+
+    if err.is_terminal:
+        with Live(table(), console=err, refresh_per_second=8, transient=False) as live:
+            def update(host: str, step: str) -> None:
+                steps[host] = step
+                live.update(table())
+            yield update
+    else:
+        def update(host: str, step: str) -> None:
+            steps[host] = step
+            err.print(f"  {host}: {step}", markup=False)
+        yield update
+
+
+def show_plan(plan: Plan) -> None:
+    out.print(f"cluster {plan.cluster} (from {plan.inventory}): {len(plan.hosts)} host(s), "
+              f"{len(plan.tasks())} task(s)", markup=False)
+    for hp in plan.hosts:
+        target = "local processes" if hp.spec.connection == "local" else "ssh " + " ".join(
+            filter(None, [f"-l {hp.spec.user}" if hp.spec.user else "",
+                          f"-p {hp.spec.port}" if hp.spec.port else "",
+                          f"-i {hp.spec.identity_file}" if hp.spec.identity_file else "", hp.spec.host]))
+        out.print(f"\nhost {hp.name} ({target})", markup=False)
+        out.print(f"  upload   {hp.launcher}", markup=False)
+        out.print(f"  check    {render(hp.check_argv())}", markup=False)
+        out.print(f"  start    {render(hp.start_argv)}", markup=False)
+        for t in hp.tasks:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in hp.env)
+            out.print(f"  {t.name:<10} {t.address:<24} {env} {render(t.serve_argv)}", markup=False)
+            out.print(f"  {'':<10} log {t.log}", markup=False)
+    out.print("\nTF_CONFIG cluster (the chief is added by `dtf train`): "
+              + json.dumps(plan.cluster_spec()), markup=False)
+
+
+def show_up(plan: Plan, outcomes: dict[str, Outcome], seconds: float) -> None:
+    tab = Table(title=f"cluster {plan.cluster} is up ({seconds:.1f}s)", title_justify="left")
+    for col in ("task", "host", "address", "pid", "host ready in"):
+        tab.add_column(col)
+    for t in plan.tasks():
+        o = outcomes[t.host]
+        tab.add_row(t.name, t.host, t.address, str(o.data["pids"].get(t.name, "")), f"{o.seconds:.1f}s")
+    out.print(tab)
+
+
+def status_rows(plan: Plan, outcomes: dict[str, Outcome]) -> list[dict]:
+    rows = []
+    for t in plan.tasks():
+        o = outcomes[t.host]
+        info = o.data.get("tasks", {}).get(t.name, {}) if o.ok else {}
+        rows.append({
+            "task": t.name, "job": t.job, "index": t.index, "host": t.host, "address": t.address,
+            "pid": info.get("pid"),
+            "state": ("alive" if info.get("alive") else "dead") if o.ok else "unknown",
+            "serving": info.get("serving", False),
+            "uptime": info.get("uptime"),
+            "error": None if o.ok else o.reason,
+        })
+    return rows
+
+
+def show_status(plan: Plan, rows: list[dict], as_json: bool) -> None:
+    if as_json:
+        out.print_json(json.dumps({"cluster": plan.cluster, "tasks": rows}))
+        return
+    tab = Table(title=f"cluster {plan.cluster}", title_justify="left")
+    for col in ("host", "role", "index", "address", "pid", "state", "uptime"):
+        tab.add_column(col)
+    for r in rows:
+        color = {"alive": "green", "dead": "red"}.get(r["state"], "yellow")
+        state = r["state"] + ("" if r["serving"] or r["state"] != "alive" else " (not serving)")
+        uptime = f"{r['uptime']:.0f}s" if r["uptime"] is not None else "-"
+        tab.add_row(r["host"], r["job"], str(r["index"]), r["address"], str(r["pid"] or "-"),
+                    f"[{color}]{state}[/]", uptime)
+    out.print(tab)
+    for r in rows:
+        if r["error"]:
+            err.print(f"{r['host']}: {r['error']}", markup=False)
+            break
