@@ -1,0 +1,130 @@
+"""`connection: local`: the whole product on this machine with real TensorFlow servers, no SSH."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dtf.netutil import free_ports
+from helpers import assert_one_line_error, dtf, pids_alive, status_json
+
+TINY = textwrap.dedent("""
+    import sys
+    import dtf
+    import tensorflow as tf
+    strategy, coordinator = dtf.strategy(), dtf.coordinator()
+    with strategy.scope():
+        v = tf.Variable(0.0)
+    @tf.function
+    def step():
+        v.assign_add(1.0)
+        return v.read_value()
+    for _ in range(10):
+        coordinator.schedule(step)
+    coordinator.join()
+    print("counted", int(v.numpy()), "workers", dtf.num_workers(), "args", sys.argv[1:])
+    sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+""")
+
+
+@pytest.fixture(autouse=True)
+def always_down(tmp_path: Path):
+    """Whatever a test does, no server outlives it."""
+    yield
+    if (tmp_path / "home" / "state" / "loc.json").exists():
+        dtf("down", home=tmp_path / "home")
+
+
+@pytest.fixture
+def local_inventory(tmp_path: Path) -> Path:
+    ps, w0, w1 = free_ports(3)
+    path = tmp_path / "local.yaml"
+    path.write_text(f"cluster: loc\nhosts:\n  - host: localhost\n    connection: local\n"
+                    f"    workdir: {tmp_path / 'work'}\n    ps: [{ps}]\n    workers: [{w0}, {w1}]\n")
+    return path
+
+
+def test_local_cluster_up_train_status_logs_down(tmp_path: Path, local_inventory: Path):
+    home = tmp_path / "home"
+    r = dtf("up", str(local_inventory), home=home)
+    assert r.returncode == 0, r.stderr
+    assert "cluster loc is up" in r.stdout
+    record = json.loads((home / "state" / "loc.json").read_text())
+    pids = list(record["pids"].values())
+    assert len(pids_alive(pids)) == 3
+    try:
+        rows = status_json(home)["tasks"]
+        assert [(x["task"], x["state"], x["serving"]) for x in rows] == [
+            ("ps:0", "alive", True), ("worker:0", "alive", True), ("worker:1", "alive", True)]
+
+        again = dtf("up", str(local_inventory), home=home)
+        assert again.returncode == 0 and "already up" in again.stdout
+        assert json.loads((home / "state" / "loc.json").read_text())["pids"] == record["pids"]
+
+        log = dtf("logs", "worker:1", home=home)
+        assert log.returncode == 0 and "worker:1 serving on port" in log.stdout
+
+        program = tmp_path / "tiny.py"
+        program.write_text(TINY)
+        run = dtf("train", str(program), "3", "--flag", home=home)
+        assert "counted 10 workers 2 args ['3', '--flag']" in run.stdout, run.stderr
+        assert run.returncode == 3  # the program's exit code is dtf's
+    finally:
+        down = dtf("down", home=home)
+    assert down.returncode == 0, down.stderr
+    assert "3 server(s) stopped" in down.stdout
+    assert pids_alive(pids) == []
+    assert not (tmp_path / "work" / "loc").exists()
+    assert not (home / "state" / "loc.json").exists()
+    assert_one_line_error(dtf("train", str(program), home=home), 5, "run `dtf up INVENTORY` first")
+
+
+def test_port_busy_is_refused_and_nothing_is_left(tmp_path: Path, local_inventory: Path):
+    text = local_inventory.read_text()
+    busy_port = int(text.split("workers: [")[1].split(",")[0])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", busy_port))
+        s.listen()
+        r = dtf("up", str(local_inventory), home=tmp_path / "home")
+    assert_one_line_error(r, 4, f"localhost: port busy: {busy_port} (worker:0)")
+    assert not (tmp_path / "home" / "state" / "loc.json").exists()
+    assert not (tmp_path / "work" / "loc").exists()
+
+
+def test_crashing_server_reports_its_log_and_rolls_back(tmp_path: Path, local_inventory: Path):
+    # A python whose TensorFlow passes the version check (package metadata) but cannot be
+    # imported: the servers crash after the launcher started them.
+    broken = tmp_path / "broken" / "tensorflow"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("import sys\nprint('boom: no server here', file=sys.stderr)\nsys.exit(3)\n")
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nPYTHONPATH={broken.parent} exec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+    local_inventory.write_text(local_inventory.read_text().replace(
+        "connection: local\n", f"connection: local\n    python: {fake}\n"))
+    r = dtf("up", str(local_inventory), home=tmp_path / "home")
+    assert_one_line_error(r, 4, "server crashed", "exited with code 3", "boom: no server here")
+    assert not (tmp_path / "work" / "loc").exists()
+
+
+def test_train_fails_fast_naming_dead_tasks(tmp_path: Path, local_inventory: Path):
+    home = tmp_path / "home"
+    assert dtf("up", str(local_inventory), home=home).returncode == 0
+    try:
+        record = json.loads((home / "state" / "loc.json").read_text())
+        import os
+        import signal
+        os.kill(record["pids"]["worker:1"], signal.SIGKILL)
+        program = tmp_path / "tiny.py"
+        program.write_text(TINY)
+        r = dtf("train", str(program), home=home, timeout=60)
+        assert_one_line_error(r, 7, "not serving: worker:1 (localhost")
+        st = dtf("status", home=home)
+        assert st.returncode == 7 and "dead" in st.stdout
+    finally:
+        assert dtf("down", home=home).returncode == 0

@@ -1,0 +1,89 @@
+"""The plan is pure data: indexes, ports, addresses and commands, derived from an inventory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dtf import inventory
+from dtf.plan import Plan, make_plan
+from dtf.shell import expand_local, render
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "server"))
+import launcher  # noqa: E402  (the host-side launcher: standard library only at import)
+
+INV = """\
+cluster: demo
+defaults: {user: ubuntu, python: /opt/tf/bin/python3, workdir: ~/.dtf}
+hosts:
+  - {host: gpu-01, ps: 1}
+  - {host: gpu-02, workers: 2, tf_port: 3000}
+  - {host: gpu-03, address: 192.0.2.7, workers: [4000]}
+"""
+
+
+def plan(text: str = INV, **kw) -> Plan:
+    return make_plan(inventory.loads(text, "inv.yaml"), **kw)
+
+
+def test_tasks_get_indexes_in_inventory_order_ps_first():
+    p = plan()
+    assert [t.name for t in p.tasks()] == ["ps:0", "worker:0", "worker:1", "worker:2"]
+    assert [(t.host, t.port) for t in p.tasks()] == [
+        ("gpu-01", 2222), ("gpu-02", 3000), ("gpu-02", 3001), ("gpu-03", 4000)]
+
+
+def test_cluster_spec_uses_resolved_addresses_in_one_place():
+    p = plan(resolve=lambda spec: spec.address or f"{spec.host}.lab")
+    assert p.cluster_spec() == {
+        "ps": ["gpu-01.lab:2222"],
+        "worker": ["gpu-02.lab:3000", "gpu-02.lab:3001", "192.0.2.7:4000"],
+    }
+
+
+def test_commands_are_exact_argv():
+    hp = plan().hosts[1]
+    assert hp.root == "~/.dtf/demo"
+    assert hp.start_argv == [
+        "/opt/tf/bin/python3", "~/.dtf/demo/launcher.py", "start", "--dir", "~/.dtf/demo",
+        "--timeout", "90", "--env", "GRPC_FAIL_FAST=use_caller", "--env", "PYTHONUNBUFFERED=1",
+        "--task", "worker:0:3000", "--task", "worker:1:3001"]
+    assert hp.stop_argv(5) == ["/opt/tf/bin/python3", "~/.dtf/demo/launcher.py", "stop", "--dir",
+                               "~/.dtf/demo", "--grace", "5", "--task", "worker:0", "--task", "worker:1"]
+    assert hp.tasks[1].log == "~/.dtf/demo/worker-1/log"
+
+
+def test_plan_round_trips_through_json():
+    p = plan()
+    assert Plan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+
+
+def test_local_hosts_default_to_this_python_and_loopback():
+    p = plan("cluster: l\nhosts:\n  - {host: localhost, connection: local, ps: 1, workers: 1}\n",
+             local_python="/venv/bin/python")
+    assert p.hosts[0].python == "/venv/bin/python"
+    assert p.cluster_spec() == {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}
+
+
+def test_plan_shows_the_serve_command_the_launcher_runs(tmp_path):
+    text = f"cluster: c\nhosts:\n  - {{host: h, workdir: {tmp_path}, python: {sys.executable}, ps: 1, workers: 1}}\n"
+    for t in plan(text).tasks():
+        hp = plan(text).host_of(t)
+        assert list(t.serve_argv) == launcher.serve_argv(
+            sys.executable, hp.launcher, t.job, t.index, t.port, os.path.join(t.dir, "ready.json"))
+
+
+def test_render_quotes_every_value_but_a_leading_tilde(tmp_path):
+    marker = tmp_path / "pwned"
+    hostile = [f"$(touch {marker})", f"`touch {marker}`", f"; touch {marker}", "a b'c\"d", "x\ny"]
+    out = subprocess.run(["bash", "-c", render(["printf", "%s|", *hostile])],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split("|")[:-1] == hostile
+    assert not marker.exists()
+    home = subprocess.run(["bash", "-c", render(["echo", "~/a b"])], capture_output=True, text=True).stdout
+    assert home.strip() == os.path.expanduser("~/a b")
+    assert expand_local(["~/a b", "x~/"]) == [os.path.expanduser("~/a b"), "x~/"]
