@@ -1,0 +1,146 @@
+"""dtf end to end over real SSH: the lab's sshd hosts (tests/lab.py), real TF servers, real training."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import EXAMPLES, REPO, assert_one_line_error, dtf, pids_alive, status_json
+
+pytestmark = pytest.mark.lab
+
+
+def leftovers(lab) -> dict[str, list]:
+    """Processes still running from any lab host's dtf workdir."""
+    return {h.name: p for h in lab.hosts if (p := lab.processes(h))}
+
+
+@pytest.fixture
+def home(tmp_path: Path, lab):
+    """A DTF_HOME; after the test, any cluster it recorded is taken down and nothing may be left."""
+    home = tmp_path / "home"
+    yield home
+    for record in (home / "state").glob("*.json") if (home / "state").is_dir() else []:
+        dtf("down", "-c", record.stem, home=home, timeout=120)
+    assert leftovers(lab) == {}
+
+
+def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp_path):
+    ps, w0, w1, w2 = lab.ports(4)
+    inv = write_inventory([{"host": "h0", "ps": [ps]},
+                           {"host": "h1", "workers": [w0, w1]},  # two workers on one host
+                           {"host": "h2", "workers": [w2]}])
+    r = dtf("up", str(inv), home=home)
+    assert r.returncode == 0, r.stderr
+    record = json.loads((home / "state" / "lab.json").read_text())
+    addr = {h.name: h.address for h in lab.hosts}
+    rows = status_json(home)["tasks"]
+    assert [(x["task"], x["host"], x["address"], x["state"], x["serving"]) for x in rows] == [
+        ("ps:0", "h0", f"{addr['h0']}:{ps}", "alive", True),
+        ("worker:0", "h1", f"{addr['h1']}:{w0}", "alive", True),
+        ("worker:1", "h1", f"{addr['h1']}:{w1}", "alive", True),
+        ("worker:2", "h2", f"{addr['h2']}:{w2}", "alive", True)]
+    # The servers run on the hosts, detached from the SSH sessions that started them.
+    assert {h: len(p) for h, p in ((h.name, lab.processes(h)) for h in lab.hosts)} == {"h0": 1, "h1": 2, "h2": 1}
+    if lab.mode == "netns":  # the chief is advertised at the laptop's address as the hosts see it
+        assert record["chief_host"] == "10.213.37.1"
+
+    out1 = tmp_path / "fit"
+    r = dtf("train", "--output", str(out1), str(EXAMPLES / "mnist_fit.py"), home=home, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((out1 / "summary.json").read_text())
+    assert s["final_loss"] < 0.5 * s["first_loss"], s
+    assert s["eval_accuracy"] > 0.8, s
+    assert Path(s["saved_model"], "saved_model.pb").exists()  # landed on the laptop
+    assert any((out1 / "checkpoints").iterdir())
+    assert list((out1 / "logs").rglob("events.out.tfevents.*"))
+
+    out2 = tmp_path / "loop"
+    r = dtf("train", str(EXAMPLES / "custom_loop.py"), "--output", str(out2), "--epochs", "3",
+            home=home, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((out2 / "summary.json").read_text())
+    assert s["final_loss"] < 0.5 * s["first_loss"], s
+    assert s["steps"] == 3 * 50
+
+    log = dtf("logs", "worker:1", "-n", "50", home=home, timeout=60)
+    assert log.returncode == 0 and f"worker:1 serving on port {w1}" in log.stdout
+
+    r = dtf("down", home=home, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "4 server(s) stopped on 3 host(s)" in r.stdout
+    assert pids_alive(list(record["pids"].values())) == []
+    assert leftovers(lab) == {}
+    for h in lab.hosts:  # dtf removed what it put on the hosts
+        assert not Path(h.workdir, "lab").exists()
+    assert not (home / "state" / "lab.json").exists()
+
+
+def test_unreachable_host_is_reported_while_others_roll_back(lab, write_inventory, home):
+    ps, w0, w1 = lab.ports(3)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
+                           {"host": "unreachable", "workers": [w1], "workdir": "/tmp/dtf-nowhere"}])
+    t0 = time.monotonic()
+    r = dtf("up", "--connect-timeout", "3", str(inv), home=home, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert_one_line_error(r, 4, "dtf up failed on 1 host(s)", "unreachable: unreachable:", "unreachable")
+    assert elapsed < 60, elapsed  # bounded by the connect timeout, not by a TCP retry loop
+    assert leftovers(lab) == {}
+    assert not (home / "state" / "lab.json").exists()
+
+
+def _listener(lab, host, port: int) -> subprocess.Popen:
+    """A process listening on `port` inside that lab host (its namespace)."""
+    h = lab.host(host)
+    prefix = ["ip", "netns", "exec", h.netns] if h.netns else []
+    code = (f"import socket,sys,time; s=socket.socket(); s.bind(('0.0.0.0',{port})); s.listen();"
+            f"print('ok',flush=True); time.sleep(120)")
+    proc = subprocess.Popen([*prefix, sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ok"
+    return proc
+
+
+def test_port_taken_on_a_host(lab, write_inventory, home):
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
+    blocker = _listener(lab, "h1", w0)
+    try:
+        r = dtf("up", str(inv), home=home, timeout=120)
+    finally:
+        blocker.kill()
+        blocker.wait()
+    assert_one_line_error(r, 4, f"h1: port busy: {w0} (worker:0)")
+    assert leftovers(lab) == {}
+
+
+def test_wrong_identity_file_is_refused(lab, write_inventory, home):
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}],
+                          identity_file=str(lab.wrong_key))
+    r = dtf("up", str(inv), home=home, timeout=120)
+    err = assert_one_line_error(r, 4, "dtf up failed on 2 host(s)", "authentication refused")
+    assert str(lab.wrong_key) in err
+    assert leftovers(lab) == {}
+
+
+def test_tensorflow_version_mismatch_is_refused(lab, write_inventory, home):
+    ps, w0 = lab.ports(2)
+    fake = REPO / "tests" / "fakes" / "python-tf-mismatch"
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0], "python": str(fake)}])
+    r = dtf("up", str(inv), home=home, timeout=120)
+    assert_one_line_error(r, 4, "h1: TensorFlow mismatch: 2.0.0 on the host", "2.21.0 on this machine")
+    assert leftovers(lab) == {}
+
+
+def test_missing_python_is_reported(lab, write_inventory, home):
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "ps": [ps], "python": "/nonexistent/bin/python3"},
+                           {"host": "h1", "workers": [w0]}])
+    r = dtf("up", str(inv), home=home, timeout=120)
+    assert_one_line_error(r, 4, "h0: python missing: '/nonexistent/bin/python3'")
+    assert leftovers(lab) == {}

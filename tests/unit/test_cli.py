@@ -1,0 +1,111 @@
+"""The CLI's contract: fast help, one-line errors with the right exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dtf import state
+from dtf.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def dtf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DTF_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_help_does_not_import_tensorflow():
+    code = "import sys; from dtf.cli import app; print('tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    r = subprocess.run([sys.executable, "-m", "dtf.cli", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "up" in r.stdout and "train" in r.stdout
+
+
+def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path: Path, dtf_home: Path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("cluster: demo\ndefaults: {python: /opt/tf/bin/python3}\n"
+                   "hosts:\n  - {host: gpu-01, ps: 1}\n  - {host: gpu-02, workers: 2}\n")
+    r = runner.invoke(app, ["up", "--dry-run", str(inv)])
+    assert r.exit_code == 0, r.output
+    assert "host gpu-02 (ssh gpu-02)" in r.output
+    assert ("start    /opt/tf/bin/python3 ~/.dtf/demo/launcher.py start --dir ~/.dtf/demo --timeout 90 "
+            "--env GRPC_FAIL_FAST=use_caller --env PYTHONUNBUFFERED=1 --task worker:0:2222 "
+            "--task worker:1:2223") in r.output
+    assert '"worker": ["gpu-02:2222", "gpu-02:2223"]' in r.output
+    assert not dtf_home.exists()
+
+
+def test_bad_inventory_is_one_line_per_mistake_exit_3(tmp_path: Path):
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("cluster: demo\nhosts:\n  - {host: a, ps: 1}\n  - host: b\n    workers: two\n")
+    r = runner.invoke(app, ["up", str(inv)])
+    assert r.exit_code == 3
+    assert r.output.strip().splitlines() == [
+        f"dtf: error: {inv}:5:5: hosts[1].workers: expected a whole number >= 0 or a list of ports, got 'two'"]
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_missing_inventory_file(tmp_path: Path):
+    r = runner.invoke(app, ["up", str(tmp_path / "nope.yaml")])
+    assert r.exit_code == 3 and "nope.yaml:1:1: cannot read file" in r.output
+
+
+@pytest.mark.parametrize("argv", [["train", "x.py"], ["status"], ["logs", "ps:0"], ["down"]])
+def test_no_cluster_says_run_up_first(argv: list[str]):
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 5
+    assert r.output.strip() == "dtf: error: no cluster is up: run `dtf up INVENTORY` first"
+
+
+def test_unknown_cluster_and_task_names(dtf_home: Path):
+    state.save("c1", {"plan": {"cluster": "c1", "inventory": "i", "ssh_config": None, "hosts": []}})
+    r = runner.invoke(app, ["status", "-c", "other"])
+    assert r.exit_code == 5 and "no cluster named 'other' is up (recorded: c1)" in r.output
+    r = runner.invoke(app, ["logs", "worker:9"])
+    assert r.exit_code == 5 and "cluster 'c1' has no task 'worker:9'" in r.output
+    state.save("c2", {"plan": {}})
+    r = runner.invoke(app, ["down"])
+    assert r.exit_code == 5 and "several clusters are up (c1, c2): pass --cluster NAME" in r.output
+
+
+def test_state_lock_makes_a_second_command_fail_clearly(dtf_home: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(state, "LOCK_WAIT", 0.3)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with state.locked():
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(5)
+    try:
+        with pytest.raises(state.StateBusy, match="another dtf command is running"):
+            with state.locked(wait=0.3):
+                pass
+    finally:
+        release.set()
+        t.join()
+
+
+def test_damaged_record_is_a_clear_error(dtf_home: Path):
+    (dtf_home / "state").mkdir(parents=True)
+    (dtf_home / "state" / "c.json").write_text("{not json")
+    r = runner.invoke(app, ["status"])
+    assert r.exit_code == 5 and "the record of cluster 'c' is damaged" in r.output
+
+
+def test_train_missing_program(dtf_home: Path):
+    state.save("c", {"plan": {"cluster": "c", "inventory": "i", "ssh_config": None, "hosts": []}})
+    r = runner.invoke(app, ["train", "no_such_program.py"])
+    assert r.exit_code == 1 and "program not found: no_such_program.py" in r.output
