@@ -1,0 +1,509 @@
+"""The inventory: which hosts make the cluster, how to reach them, and which tasks run on each.
+
+Parsing is pure: `loads(text, filename)` returns a validated, immutable `Inventory` or raises
+`InventoryError` listing every mistake with file:line:column. See inventory/README.md.
+
+The YAML is only composed into nodes (`yaml.compose` with SafeLoader), never constructed into
+arbitrary objects: nodes carry the line and column every problem points at, and a scalar is
+turned into a Python value only for the plain YAML types (str, int, float, bool, null).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import InventoryError, Problem
+
+DEFAULT_TF_PORT = 2222
+DEFAULT_PYTHON = "python3"
+DEFAULT_WORKDIR = "~/.dtf"
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    host: str  # as written: a name, an address, or a ~/.ssh/config alias
+    line: int  # where this host's entry starts in the file (1-based), for later error messages
+    connection: str  # "ssh" or "local"
+    user: str | None  # None: ~/.ssh/config or the local user decides
+    port: int | None  # SSH port; None: ~/.ssh/config or 22
+    identity_file: str | None
+    python: str  # the python that runs the launcher on that host
+    workdir: str  # where dtf keeps its files on that host (may start with ~/)
+    address: str | None  # the address other tasks reach this host's TF servers at; None: derived
+    ps_ports: tuple[int, ...]  # one TF server port per ps task on this host
+    worker_ports: tuple[int, ...]  # one TF server port per worker task on this host
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: str  # the file it was read from, as given
+    cluster: str  # the cluster's name
+    hosts: tuple[HostSpec, ...]
+    ssh_config: str | None  # an ssh_config file to read instead of ~/.ssh/config
+
+    @property
+    def num_ps(self) -> int:
+        return sum(len(h.ps_ports) for h in self.hosts)
+
+    @property
+    def num_workers(self) -> int:
+        return sum(len(h.worker_ports) for h in self.hosts)
+
+
+def load(path: str | Path) -> Inventory:
+    """Read and validate an inventory file."""
+    name = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        reason = getattr(e, "strerror", None) or str(e)
+        raise InventoryError([Problem(name, 1, 1, "", f"cannot read file: {reason}")]) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line, column = _position(data, e.start)
+        raise InventoryError([Problem(name, line, column, "", "cannot read file: not UTF-8 text")]) from None
+    return loads(text, name)
+
+
+def loads(text: str, filename: str = "<inventory>") -> Inventory:
+    """Validate inventory text; `filename` is used in error messages."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        raise InventoryError([Problem(filename, line, column, "", _yaml_message(e))]) from None
+    except yaml.YAMLError as e:  # ReaderError: a character YAML does not allow, e.g. NUL
+        line, column = _position(text, getattr(e, "position", 0) or 0)
+        char = getattr(e, "character", "")
+        code = f"#x{char if isinstance(char, int) else ord(char or ' '):04x}"
+        message = f"invalid YAML: unacceptable character {code} ({getattr(e, 'reason', 'not allowed')})"
+        raise InventoryError([Problem(filename, line, column, "", message)]) from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise InventoryError([Problem(filename, 1, 1, "", "invalid YAML: nested too deeply")]) from None
+    checker = _Checker(filename)
+    inventory = checker.inventory(root)
+    if checker.problems or inventory is None:
+        raise InventoryError(sorted(checker.problems, key=lambda p: (p.line, p.column)))
+    return inventory
+
+
+def _position(data: str | bytes, index: int) -> tuple[int, int]:
+    """1-based (line, column) of data[index]."""
+    newline = "\n" if isinstance(data, str) else b"\n"
+    return data.count(newline, 0, index) + 1, index - data.rfind(newline, 0, index)  # type: ignore[arg-type]
+
+
+# -- scalars and their descriptions ------------------------------------------------------------
+
+_MAX_TASKS_PER_HOST = 1000
+_CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_SHELL_CHARS = frozenset(";&|$`'\"<>()\\*?[]{}!#~^")
+_Y = "tag:yaml.org,2002:"
+_STR, _INT, _FLOAT, _BOOL, _NULL = (_Y + t for t in ("str", "int", "float", "bool", "null"))
+_SEQ, _MAP, _TIMESTAMP, _MERGE = (_Y + t for t in ("seq", "map", "timestamp", "merge"))
+_CONSTRUCTOR = yaml.constructor.SafeConstructor()  # only its scalar methods are used: no state
+_CONSTRUCT = {tag: _CONSTRUCTOR.yaml_constructors[tag] for tag in (_INT, _FLOAT, _BOOL, _NULL)}
+
+
+class _Invalid(Exception):
+    """A value is not what the schema expects; the message says what was expected and got."""
+
+
+class _Marker:
+    """A value that is never valid but still has a description (a date, a 60-digit number)."""
+
+
+_TOO_BIG, _DATE, _INVALID = _Marker(), _Marker(), _Marker()
+
+
+def _is_map(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.MappingNode) and node.tag == _MAP
+
+
+def _is_seq(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.SequenceNode) and node.tag == _SEQ
+
+
+def _yaml_message(e: yaml.MarkedYAMLError) -> str:
+    problem = str(e.problem or e.context or "cannot parse")
+    if problem.startswith("but ") and e.context:  # "expected a single document ..., but found ..."
+        problem = f"{e.context}, {problem}"
+    if "'\\t'" in problem:
+        problem += " (indent with spaces, not tabs)"
+    return "invalid YAML: " + " ".join(problem.split())
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def _tag(tag: str) -> str:
+    return "!!" + tag[len(_Y) :] if tag.startswith(_Y) else tag
+
+
+def _describe(node: yaml.Node) -> str:
+    """What a node holds, for "got ..." in messages: 'two', 70000, a list, a boolean (yes)."""
+    if _is_map(node):
+        return "a mapping"
+    if _is_seq(node):
+        return "an empty list" if not node.value else "a list"
+    if not isinstance(node, yaml.ScalarNode):
+        return f"a value with the unsupported tag {_short(_tag(node.tag))}"
+    raw = node.value
+    if node.tag == _STR:
+        return _short(raw) if raw else "an empty string"
+    if node.tag == _INT:
+        digits = raw.lstrip("+-").replace("_", "")
+        if len(raw) <= 20:
+            return raw
+        return f"a {len(digits)}-digit number" if digits.isdigit() else "a very large number"
+    if node.tag == _FLOAT:
+        return raw if len(raw) <= 20 else "a number"
+    if node.tag == _BOOL:
+        return f"a boolean ({raw})"
+    if node.tag == _NULL:
+        return "null" if raw else "nothing"
+    if node.tag == _TIMESTAMP:
+        return f"a date ({raw[:40]})"
+    return f"a value with the unsupported tag {_short(_tag(node.tag))}"
+
+
+def _plain(node: yaml.Node) -> object:
+    """A scalar's Python value (lists and mappings stay nodes); an unknown tag is `_Invalid`."""
+    if _is_map(node) or _is_seq(node):
+        return node
+    if isinstance(node, yaml.ScalarNode):
+        if node.tag == _STR:
+            return node.value
+        if node.tag == _TIMESTAMP:
+            return _DATE
+        if node.tag == _INT and len(node.value) > 50:  # no valid number is this long
+            return _TOO_BIG
+        if node.tag in _CONSTRUCT:
+            try:
+                return _CONSTRUCT[node.tag](_CONSTRUCTOR, node)
+            except Exception:  # an explicit tag on a value it cannot hold: `!!int ''`, `!!bool x`
+                raise _Invalid(f"invalid {_tag(node.tag)} value {_short(node.value)}") from None
+    raise _Invalid(f"unsupported YAML tag {_short(_tag(node.tag))}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # `port: yes` is not 1
+
+
+# -- value readers: each returns the value or raises _Invalid -------------------------------------
+
+
+def _read_string(node: yaml.Node, what: str) -> str:
+    value = _plain(node)
+    if not isinstance(value, str) or not value:
+        raise _Invalid(f"expected {what}, got {_describe(node)}")
+    return value
+
+
+def _name_flaw(name: str) -> str | None:
+    if any(unicodedata.category(c).startswith("C") for c in name):
+        return "without control characters or newlines"
+    if any(c in _SHELL_CHARS for c in name):
+        return "without quotes or shell characters such as ; $ ` ( ) < > |"
+    if any(c.isspace() for c in name):
+        return "without whitespace"
+    if name.startswith("-"):
+        return "not starting with '-'"
+    return None
+
+
+def _name_reader(what: str) -> Callable[[yaml.Node], str]:
+    """Host names, addresses and user names end up in ssh and TF argv: keep them plain words."""
+
+    def read(node: yaml.Node) -> str:
+        name = _read_string(node, what)
+        flaw = _name_flaw(name)
+        if flaw:
+            raise _Invalid(f"expected {what} {flaw}, got {_short(name)}")
+        return name
+
+    return read
+
+
+def _read_path(node: yaml.Node) -> str:
+    # Spaces and quotes are fine: remote commands are quoted in one place. Newlines and NUL are not.
+    path = _read_string(node, "a path")
+    if any(c in "\n\r\0" for c in path):
+        raise _Invalid(f"expected a path without newlines or NUL characters, got {_short(path)}")
+    return path
+
+
+def _read_port(node: yaml.Node) -> int:
+    value = _plain(node)
+    if not _is_int(value) or not 1 <= value <= 65535:
+        raise _Invalid(f"expected a port number 1..65535, got {_describe(node)}")
+    return value
+
+
+def _read_connection(node: yaml.Node) -> str:
+    value = _plain(node)
+    if value not in ("ssh", "local"):
+        raise _Invalid(f"expected 'ssh' or 'local', got {_describe(node)}")
+    return value
+
+
+def _read_cluster(node: yaml.Node) -> str:
+    name = _read_string(node, "a cluster name")
+    if not _CLUSTER_NAME.fullmatch(name):
+        raise _Invalid(
+            "expected a cluster name of at most 63 letters, digits, '_', '.' or '-', "
+            f"starting with a letter or digit, got {_short(name)}"
+        )
+    return name
+
+
+def _optional(read: Callable[[yaml.Node], object]) -> Callable[[yaml.Node], object]:
+    """`null` means "not set": ssh_config or the built-in default decides."""
+    return lambda node: None if _plain(node) is None else read(node)
+
+
+_SETTINGS: dict[str, Callable[[yaml.Node], object]] = {
+    "connection": _read_connection,
+    "user": _optional(_name_reader("a user name")),
+    "port": _optional(_read_port),
+    "identity_file": _optional(_read_path),
+    "python": _read_path,
+    "workdir": _read_path,
+    "address": _optional(_name_reader("an address")),
+    "tf_port": _read_port,
+}
+_BUILTIN: dict[str, object] = dict.fromkeys(_SETTINGS) | {
+    "connection": "ssh", "python": DEFAULT_PYTHON, "workdir": DEFAULT_WORKDIR, "tf_port": DEFAULT_TF_PORT
+}
+_TOP_KEYS = ("cluster", "ssh_config", "defaults", "hosts")
+_HOST_KEYS = ("host", *_SETTINGS, "ps", "workers")
+_PER_HOST_ONLY = {k: "not allowed in defaults: set it in each hosts entry" for k in ("host", "ps", "workers")}
+
+# A role is a count of tasks or explicit ports, each with the node a problem would point at.
+_Role = int | tuple[tuple[int, yaml.Node], ...]
+# One TF server: (port, path, node to point at) for the duplicate-port check.
+_Task = tuple[int, str, yaml.Node]
+_Found = dict[str, tuple[yaml.Node, yaml.Node]]  # key name: (key node, value node)
+
+
+def _key_text(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) else _short(name)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+# -- the checker: walks the node tree once, collecting every problem ---------------------------
+
+
+class _Checker:
+    def __init__(self, filename: str) -> None:
+        self.filename = filename
+        self.problems: list[Problem] = []
+        self.num_ps = self.num_workers = 0
+        self.roles_known = True  # False when a bad entry makes the cluster's task count unknown
+        self.used: dict[tuple[str, ...], dict[int, tuple[str, int]]] = {}  # machine: port: (path, line)
+
+    def report(self, node: yaml.Node, path: str, message: str) -> None:
+        mark = node.start_mark
+        self.problems.append(Problem(self.filename, mark.line + 1, mark.column + 1, path, message))
+
+    def entries(
+        self, node: yaml.MappingNode, path: str, allowed: tuple[str, ...], misplaced: dict[str, str]
+    ) -> _Found:
+        """The mapping's known entries by name; unknown, duplicate and non-string keys reported."""
+        found: _Found = {}
+        for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag != _STR:
+                if key.tag == _MERGE:
+                    self.report(key, path, "YAML merge keys (<<) are not supported; use defaults")
+                else:
+                    self.report(key, path, f"expected a key name, got {_describe(key)}")
+                continue
+            name, where = key.value, _join(path, _key_text(key.value))
+            if name in found:
+                first = found[name][0].start_mark.line + 1
+                self.report(key, where, f"duplicate key (first given at line {first})")
+            elif name in allowed:
+                found[name] = (key, value)
+            elif name in misplaced:
+                self.report(key, where, misplaced[name])
+            else:
+                close = difflib.get_close_matches(name, allowed, n=1)
+                self.report(key, where, "unknown key" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        return found
+
+    def value(self, entry: tuple[yaml.Node, yaml.Node], path: str, read: Callable[[yaml.Node], Any]) -> Any:
+        """`read` the entry's value, or report at the entry's key and return _INVALID."""
+        try:
+            return read(entry[1])
+        except _Invalid as e:
+            self.report(entry[0], path, str(e))
+            return _INVALID
+
+    def settings(self, found: _Found, path: str, base: dict[str, Any]) -> dict[str, Any]:
+        result = dict(base)
+        for name, read in _SETTINGS.items():
+            if name in found:
+                result[name] = self.value(found[name], _join(path, name), read)
+        return result
+
+    def inventory(self, root: yaml.Node | None) -> Inventory | None:
+        expected = "a mapping with keys cluster and hosts"
+        if root is None:
+            self.problems.append(Problem(self.filename, 1, 1, "", f"the file is empty; expected {expected}"))
+            return None
+        if not _is_map(root):
+            self.report(root, "", f"expected {expected}, got {_describe(root)}")
+            return None
+        found = self.entries(root, "", _TOP_KEYS, {})
+        for required in ("cluster", "hosts"):
+            if required not in found:
+                self.report(root, "", f"missing required key {required!r}")
+        cluster = self.value(found["cluster"], "cluster", _read_cluster) if "cluster" in found else _INVALID
+        ssh_config = None
+        if "ssh_config" in found:
+            ssh_config = self.value(found["ssh_config"], "ssh_config", _optional(_read_path))
+        defaults = dict(_BUILTIN)
+        if "defaults" in found:
+            key, node = found["defaults"]
+            if _is_map(node):
+                entries = self.entries(node, "defaults", tuple(_SETTINGS), _PER_HOST_ONLY)
+                defaults = self.settings(entries, "defaults", defaults)
+            elif not (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
+                self.report(key, "defaults", f"expected a mapping of host settings, got {_describe(node)}")
+        hosts = self.hosts(found["hosts"], defaults) if "hosts" in found else []
+        if self.problems:
+            return None
+        return Inventory(path=self.filename, cluster=cluster, hosts=tuple(hosts), ssh_config=ssh_config)
+
+    def hosts(self, entry: tuple[yaml.Node, yaml.Node], defaults: dict[str, Any]) -> list[HostSpec]:
+        key, node = entry
+        if not (_is_seq(node) and node.value):
+            self.report(key, "hosts", f"expected a non-empty list of hosts, got {_describe(node)}")
+            return []
+        specs = [self.host(f"hosts[{i}]", item, defaults) for i, item in enumerate(node.value)]
+        if self.roles_known and self.num_ps == 0:
+            self.report(key, "hosts", "no ps task: at least one host needs ps: 1 (or a list of ports)")
+        if self.roles_known and self.num_workers == 0:
+            self.report(key, "hosts", "no worker task: at least one host needs workers: 1 or more")
+        return [spec for spec in specs if spec is not None]
+
+    def host(self, path: str, node: yaml.Node, defaults: dict[str, Any]) -> HostSpec | None:
+        """One hosts entry; None if it has problems (reported)."""
+        if not _is_map(node):
+            self.report(node, path, f"expected a mapping with at least a host key, got {_describe(node)}")
+            self.roles_known = False
+            return None
+        found = self.entries(node, path, _HOST_KEYS, {})
+        s = self.settings(found, path, defaults)
+        if "host" in found:
+            name = self.value(found["host"], f"{path}.host", _name_reader("a host name"))
+        else:
+            name = _INVALID
+            self.report(node, path, "missing required key 'host'")
+        ps, workers = (self.role(found[r], f"{path}.{r}") if r in found else 0 for r in ("ps", "workers"))
+        if ps is None or workers is None:
+            self.roles_known = False
+            return None
+        num_ps, num_workers = (r if isinstance(r, int) else len(r) for r in (ps, workers))
+        self.num_ps += num_ps
+        self.num_workers += num_workers
+        if num_ps + num_workers > _MAX_TASKS_PER_HOST:  # each is <= the limit, so both keys exist
+            message = f"expected at most {_MAX_TASKS_PER_HOST} tasks per host, got {num_ps + num_workers}"
+            self.report(found["workers"][0], f"{path}.workers", message)
+            return None
+        if name is _INVALID or _INVALID in s.values():
+            return None
+        tasks = self.assign_ports(path, found, s["tf_port"], ps, workers)
+        if tasks is None:
+            return None
+        local = s["connection"] == "local"
+        # Every local entry is this machine, whatever its name; host names ignore case.
+        machine = ("local",) if local else ("ssh", name.lower())
+        where = "the local machine" if local else f"host {name!r}"
+        self.check_ports(self.used.setdefault(machine, {}), where, tasks[0] + tasks[1])
+        return HostSpec(
+            host=name,
+            line=node.start_mark.line + 1,
+            connection=s["connection"],
+            user=None if local else s["user"],  # local tasks are plain processes: no SSH
+            port=None if local else s["port"],
+            identity_file=None if local else s["identity_file"],
+            python=s["python"],
+            workdir=s["workdir"],
+            address=s["address"],
+            ps_ports=tuple(port for port, _, _ in tasks[0]),
+            worker_ports=tuple(port for port, _, _ in tasks[1]),
+        )
+
+    def role(self, entry: tuple[yaml.Node, yaml.Node], path: str) -> _Role | None:
+        """`ps` or `workers`: a count, or a list of explicit ports (each checked where it stands)."""
+        key, node = entry
+        try:
+            value = _plain(node)
+        except _Invalid as e:
+            self.report(key, path, str(e))
+            return None
+        limit = f"expected at most {_MAX_TASKS_PER_HOST} tasks per host"
+        if isinstance(value, yaml.SequenceNode):
+            if len(value.value) > _MAX_TASKS_PER_HOST:
+                self.report(key, path, f"{limit}, got {len(value.value)} ports")
+                return None
+            # A bad port is reported at the item itself, so the item is also the "key".
+            items = enumerate(value.value)
+            ports = [(self.value((item, item), f"{path}[{i}]", _read_port), item) for i, item in items]
+            return None if any(port is _INVALID for port, _ in ports) else tuple(ports)
+        if value is _TOO_BIG or (_is_int(value) and value > _MAX_TASKS_PER_HOST):
+            self.report(key, path, f"{limit}, got {_describe(node)}")
+            return None
+        if not _is_int(value) or value < 0:
+            self.report(key, path, f"expected a whole number >= 0 or a list of ports, got {_describe(node)}")
+            return None
+        return value
+
+    def assign_ports(
+        self, path: str, found: _Found, tf_port: int, *roles: _Role
+    ) -> tuple[list[_Task], ...] | None:
+        """(ps, workers) servers. Counted ports go up from tf_port, ps first, skipping explicit ones."""
+        explicit = {port for role in roles if not isinstance(role, int) for port, _ in role}
+        result: list[list[_Task]] = []
+        next_port = tf_port
+        for name, role in zip(("ps", "workers"), roles):
+            if not isinstance(role, int):
+                result.append([(port, f"{path}.{name}[{i}]", item) for i, (port, item) in enumerate(role)])
+                continue
+            tasks: list[_Task] = []
+            for _ in range(role):
+                while next_port in explicit:
+                    next_port += 1
+                if next_port > 65535:
+                    message = f"expected ports 1..65535, but counting up from tf_port {tf_port} reaches 65536"
+                    self.report(found[name][0], f"{path}.{name}", message)
+                    return None
+                tasks.append((next_port, f"{path}.{name}", found[name][0]))
+                next_port += 1
+            result.append(tasks)
+        return tuple(result)
+
+    def check_ports(self, used: dict[int, tuple[str, int]], where: str, tasks: list[_Task]) -> None:
+        """Two TF servers on one machine cannot share a port, even from two entries for one host."""
+        reported: set[str] = set()
+        for port, path, node in tasks:
+            if port in used and path not in reported:
+                other, line = used[port]
+                self.report(node, path, f"port {port} on {where} is already used by {other} (line {line})")
+                reported.add(path)  # one problem per counted role is enough
+            used.setdefault(port, (path, node.start_mark.line + 1))
