@@ -1,0 +1,50 @@
+"""Shared test setup: `import lab` works, a session-wide SSH lab, and an inventory writer."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lab import Lab  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Lab]:
+    """Three SSH hosts (see tests/lab.py), built once per session."""
+    missing = [why for bad, why in [(os.geteuid() != 0, "not root"),
+                                    (not os.access("/usr/sbin/sshd", os.X_OK), "no /usr/sbin/sshd"),
+                                    (shutil.which("ssh-keygen") is None, "no ssh-keygen")] if bad]
+    if missing:
+        reason = "SSH lab unavailable: " + ", ".join(missing)
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason + " (CI=true: the lab is required)")
+        pytest.skip(reason)
+    Lab.cleanup_stale()
+    with Lab(3, root=tmp_path_factory.mktemp("lab")) as the_lab:
+        first, last = the_lab.hosts[0].address, the_lab.hosts[-1].address.rsplit(".", 1)[1]
+        where = ("in network namespaces" if the_lab.mode == "netns" else "on loopback (fallback)")
+        line = f"lab: {len(the_lab.hosts)} hosts {where} {first}-{last}"
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(line, file=sys.stderr)
+        yield the_lab
+
+
+@pytest.fixture
+def write_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
+    """write_inventory([{"host": "h0", "ps": [port]}], **defaults) -> path of a fresh inventory."""
+    count = iter(range(1_000_000))
+
+    def write(hosts: list[dict[str, Any]], cluster: str = "lab", **defaults: Any) -> Path:
+        return lab.inventory(tmp_path / f"inventory{next(count)}.yaml", hosts, cluster, **defaults)
+
+    return write

@@ -1,0 +1,258 @@
+"""Tests of the SSH lab itself (tests/lab.py): if these fail, every end-to-end test is suspect."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import paramiko
+import pytest
+import yaml
+
+from lab import Host, Lab, LabError, LabUnsupported, _alive
+
+pytestmark = pytest.mark.lab
+
+FAKE_PYTHON = Path(__file__).resolve().parents[1] / "fakes" / "python-tf-mismatch"
+VERSIONS = "import importlib.metadata as m; print(m.version('tensorflow'), m.version('tensorflow-cpu'))"
+
+
+def connect(lab: Lab, alias: str, key: Path | None = None) -> paramiko.SSHClient:
+    """Connect the way dtf does: everything but the key comes from the lab's ssh_config."""
+    cfg = paramiko.SSHConfig.from_path(str(lab.ssh_config)).lookup(alias)
+    client = paramiko.SSHClient()
+    client.load_host_keys(cfg["userknownhostsfile"])
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.connect(cfg["hostname"], port=int(cfg["port"]), username=cfg["user"],
+                   key_filename=str(key or lab.key), look_for_keys=False, allow_agent=False,
+                   timeout=5, banner_timeout=5, auth_timeout=5)
+    return client
+
+
+def ssh_run(lab: Lab, alias: str, command: str) -> tuple[int, str]:
+    with connect(lab, alias) as client:
+        _, out, err = client.exec_command(command, timeout=60)
+        text = out.read().decode() + err.read().decode()
+        return out.channel.recv_exit_status(), text
+
+
+def refused_or_unreachable(address: str, port: int, timeout: float) -> float:
+    """Seconds until a TCP connect to address:port fails; fails the test if it connects."""
+    start = time.monotonic()
+    with pytest.raises(OSError):
+        socket.create_connection((address, port), timeout=timeout).close()
+    return time.monotonic() - start
+
+
+def test_every_host_answers_ssh_with_the_lab_key(lab: Lab) -> None:
+    for h in lab.hosts:
+        status, text = ssh_run(lab, h.name, "id -un; echo $HOME")
+        assert status == 0 and text.split()[0] == "root", text
+
+
+def test_openssh_client_works_with_ssh_config_and_known_hosts(lab: Lab) -> None:
+    r = subprocess.run(["ssh", "-F", str(lab.ssh_config), "-i", str(lab.key), "-o", "BatchMode=yes",
+                        lab.hosts[-1].name, "echo ok"], capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
+
+
+def test_wrong_key_is_refused(lab: Lab) -> None:
+    with pytest.raises(paramiko.AuthenticationException):
+        connect(lab, "h0", key=lab.wrong_key)
+
+
+def test_sftp_upload_into_the_host_workdir(lab: Lab) -> None:
+    h = lab.hosts[0]
+    with connect(lab, h.name) as client, client.open_sftp() as sftp:
+        sftp.putfo(io.BytesIO(b"hello"), f"{h.workdir}/sftp-probe")
+    assert Path(h.workdir, "sftp-probe").read_bytes() == b"hello"
+
+
+def test_hosts_have_distinct_addresses_and_workdirs(lab: Lab) -> None:
+    assert len({h.address for h in lab.hosts}) == len({h.workdir for h in lab.hosts}) == 3
+    assert all(Path(h.workdir).is_dir() and Path(h.workdir).is_relative_to(lab.root) for h in lab.hosts)
+    assert lab.unused_address not in {h.address for h in lab.hosts}
+
+
+def test_commands_run_in_the_right_namespace(lab: Lab) -> None:
+    if lab.mode != "netns":
+        pytest.skip("loopback mode: hosts share the root namespace")
+    seen = {os.readlink("/proc/self/ns/net")}
+    for h in lab.hosts:
+        ns = lab.run(h, ["readlink", "/proc/self/ns/net"], timeout=10).stdout.strip()
+        assert ns and ns not in seen
+        seen.add(ns)
+        addrs = lab.run(h.name, ["ip", "-4", "-o", "addr", "show"], timeout=10).stdout
+        assert f" {h.address}/24 " in addrs
+        assert all(f" {o.address}/" not in addrs for o in lab.hosts if o is not h)
+        status, text = ssh_run(lab, h.name, "readlink /proc/self/ns/net")
+        assert (status, text.strip()) == (0, ns)
+
+
+def test_link_down_cuts_the_host_off_and_link_up_restores_it(lab: Lab) -> None:
+    h, other = lab.hosts[1], lab.hosts[0]
+    if lab.mode != "netns":
+        with pytest.raises(LabUnsupported):
+            lab.link_down(h)
+        pytest.skip("loopback mode has no links to cut")
+    probe = f"import socket; socket.create_connection(('{h.address}', 22), timeout=2).close()"
+    lab.link_down(h)
+    try:
+        refused_or_unreachable(h.address, 22, timeout=2)
+        assert lab.run(other, [sys.executable, "-c", probe], timeout=10).returncode != 0
+    finally:
+        lab.link_up(h)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            socket.create_connection((h.address, 22), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "host did not come back after link_up"
+            time.sleep(0.05)
+    assert lab.run(other, [sys.executable, "-c", probe], timeout=10).returncode == 0
+    assert ssh_run(lab, h.name, "true")[0] == 0
+
+
+def test_unused_address_fails_fast(lab: Lab) -> None:
+    assert refused_or_unreachable(lab.unused_address, lab.unused_port, timeout=10) < 2.5
+    cfg = paramiko.SSHConfig.from_path(str(lab.ssh_config)).lookup("unreachable")
+    assert cfg["hostname"] == lab.unused_address
+
+
+def test_ports_are_distinct_and_free_everywhere(lab: Lab) -> None:
+    a, b = lab.ports(4), lab.ports(3)
+    assert len(set(a + b)) == 7
+    check = f"import socket\nfor p in {a + b}: socket.socket().bind(('0.0.0.0', p))"
+    for h in lab.hosts:
+        r = lab.run(h, [sys.executable, "-c", check], timeout=30)
+        assert r.returncode == 0, r.stderr
+    assert 22 not in a + b
+
+
+def test_inventory_is_written_with_lab_defaults(lab: Lab, tmp_path: Path) -> None:
+    path = lab.inventory(tmp_path / "inv.yaml", [{"host": "h0", "ps": [2222]},
+                                                 {"host": "h1", "workers": 2, "workdir": "/x"}],
+                         cluster="c1", python="/usr/bin/python3")
+    doc = yaml.safe_load(path.read_text())
+    assert doc["cluster"] == "c1" and doc["ssh_config"] == str(lab.ssh_config)
+    assert doc["defaults"] == {"identity_file": str(lab.key), "python": "/usr/bin/python3"}
+    assert doc["hosts"] == [{"host": "h0", "ps": [2222], "workdir": lab.hosts[0].workdir},
+                            {"host": "h1", "workers": 2, "workdir": "/x"}]
+
+
+def test_processes_finds_what_mentions_a_workdir(lab: Lab) -> None:
+    h = lab.hosts[2]
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", h.workdir])
+    try:
+        deadline = time.monotonic() + 10  # until the child has exec'd (its cmdline changes then)
+        while not lab.processes(h) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [pid for pid, _ in lab.processes(h)] == [proc.pid]
+        assert lab.processes(lab.hosts[0]) == []
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert lab.processes(h.workdir) == []
+
+
+def test_fake_python_reports_tensorflow_2_0_0_over_ssh(lab: Lab) -> None:
+    status, text = ssh_run(lab, "h1", f"{FAKE_PYTHON} -c \"{VERSIONS}\"")
+    assert (status, text) == (0, "2.0.0 2.0.0\n")
+    status, text = ssh_run(lab, "h1", f"{sys.executable} -c \"{VERSIONS}\"")
+    assert status == 0 and "2.0.0" not in text, text
+    status, text = ssh_run(lab, "h1", f"{FAKE_PYTHON} -c 'import sys; print(sys.argv[1:])' a 'b c'")
+    assert (status, text) == (0, "['a', 'b c']\n")
+
+
+def _lab_pids(lab: Lab) -> list[int]:
+    return [h.proc.pid for h in lab.hosts if h.proc is not None]
+
+
+def _gone(pids: list[int]) -> bool:
+    return not any(_alive(p) for p in pids)
+
+
+def _netns_left(name: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=10).stdout
+    return [w for w in (out + links).replace(":", " ").replace("@", " ").split() if w.startswith(name)]
+
+
+def test_exit_cleans_up_even_on_keyboard_interrupt(lab: Lab, tmp_path: Path) -> None:
+    if lab.mode != "netns":
+        pytest.skip("needs network namespaces")
+    with pytest.raises(KeyboardInterrupt):
+        with Lab(2, root=tmp_path, mode="netns", name="dtflabc", subnet="10.213.38") as other:
+            pids = _lab_pids(other)
+            assert len(pids) == 2 and not _gone(pids)
+            assert ssh_run(other, "h1", "true")[0] == 0
+            raise KeyboardInterrupt
+    assert _gone(pids) and _netns_left("dtflabc") == []
+    assert "10.213.38." not in subprocess.run(["ip", "route"], capture_output=True, text=True,
+                                              timeout=10).stdout
+    other.close()  # idempotent
+
+
+def test_cleanup_stale_removes_a_crashed_labs_namespaces(lab: Lab, tmp_path: Path) -> None:
+    if lab.mode != "netns":
+        pytest.skip("needs network namespaces")
+    crashed = Lab(2, root=tmp_path, mode="netns", name="dtflabs", subnet="10.213.39").__enter__()
+    try:
+        pids = _lab_pids(crashed)
+        crashed._lock.close()  # as if its process had died: nobody holds its lock any more
+        crashed._lock = None
+        Lab.cleanup_stale()
+        assert _netns_left("dtflabs") == []
+        deadline = time.monotonic() + 10
+        while not _gone(pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(pids)
+        assert ssh_run(lab, "h0", "true")[0] == 0  # the live lab was left alone
+    finally:
+        crashed.close()
+
+
+def test_a_second_lab_with_the_same_name_is_refused_and_harms_nothing(lab: Lab, tmp_path: Path) -> None:
+    if lab.mode != "netns":
+        pytest.skip("needs network namespaces")
+    with pytest.raises(LabError, match="another lab"):
+        with Lab(1, root=tmp_path, mode="netns"):
+            pass
+    assert ssh_run(lab, "h0", "true")[0] == 0
+
+
+def test_loopback_mode_when_port_22_is_taken(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.11", 22))  # h0 must move to another port; h1 keeps 22
+    try:
+        with Lab(2, root=tmp_path, mode="loopback") as lo:
+            assert lo.mode == "loopback"
+            h0, h1 = lo.hosts
+            assert (h0.address, h1.address, h1.port) == ("127.0.0.11", "127.0.0.12", 22)
+            assert h0.port != 22 and f"[127.0.0.11]:{h0.port} " in lo.known_hosts.read_text()
+            for h in lo.hosts:
+                assert h.netns is None and ssh_run(lo, h.name, "echo hi") == (0, "hi\n")
+            r = subprocess.run(["ssh", "-F", str(lo.ssh_config), "-i", str(lo.key), "-o", "BatchMode=yes",
+                                "h0", "true"], capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, r.stderr
+            assert refused_or_unreachable(lo.unused_address, lo.unused_port, timeout=5) < 1
+            assert lo.run(h0, ["true"], timeout=5).returncode == 0
+            pids = _lab_pids(lo)
+    finally:
+        blocker.close()
+    assert _gone(pids)
+
+
+def test_host_objects_expose_the_documented_fields(lab: Lab) -> None:
+    h: Host = lab.hosts[0]
+    assert h.name == "h0" and h.workdir.endswith("/h0/home/dtf")
+    assert (h.netns is None) == (lab.mode == "loopback")
+    assert lab.key.exists() and lab.wrong_key.exists() and lab.known_hosts.exists()
