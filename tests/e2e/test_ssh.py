@@ -50,6 +50,12 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     if lab.mode == "netns":  # the chief is advertised at the laptop's address as the hosts see it
         assert record["chief_host"] == "10.213.37.1"
 
+    log = dtf("logs", "worker:1", "-n", "50", home=home, timeout=60)
+    assert log.returncode == 0 and f"worker:1 serving on port {w1}" in log.stdout
+    follow_log_until_interrupted(home, "ps:0", f"ps:0 serving on port {ps}")
+    assert tails_left(lab, "h0") == []  # following left no `tail` behind on the host
+    assert len(lab.processes("h0")) == 1
+
     out1 = tmp_path / "fit"
     r = dtf("train", "--output", str(out1), str(EXAMPLES / "mnist_fit.py"), home=home, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -68,9 +74,6 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert s["final_loss"] < 0.5 * s["first_loss"], s
     assert s["steps"] == 3 * 50
 
-    log = dtf("logs", "worker:1", "-n", "50", home=home, timeout=60)
-    assert log.returncode == 0 and f"worker:1 serving on port {w1}" in log.stdout
-
     r = dtf("down", home=home, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "4 server(s) stopped on 3 host(s)" in r.stdout
@@ -79,6 +82,38 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     for h in lab.hosts:  # dtf removed what it put on the hosts
         assert not Path(h.workdir, "lab").exists()
     assert not (home / "state" / "lab.json").exists()
+
+
+def follow_log_until_interrupted(home: Path, task: str, expect: str) -> None:
+    """`dtf logs TASK -f` prints the log and keeps following until Ctrl-C (SIGINT)."""
+    import os
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "logs", task, "-f"],
+                            env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        line = ""
+        while expect not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+        assert expect in line
+        assert proc.poll() is None  # still following
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=20)
+    finally:
+        proc.kill()
+        proc.wait()
+
+def tails_left(lab, host: str, timeout: float = 10) -> list:
+    """`tail` processes still running on that host (the remote tail gets SIGHUP when dtf's SSH
+    session closes: give it a moment)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tails = [p for p in lab.processes(host) if "tail -n" in p[1]]
+        if not tails or time.monotonic() > deadline:
+            return tails
+        time.sleep(0.2)
 
 
 def test_unreachable_host_is_reported_while_others_roll_back(lab, write_inventory, home):
