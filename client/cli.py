@@ -27,6 +27,7 @@ app = typer.Typer(
 )
 
 ClusterOpt = typer.Option(None, "--cluster", "-c", help="Cluster name (default: the only one up).")
+ConnectTimeoutOpt = typer.Option(10.0, "--connect-timeout", help="Seconds to connect to each host.")
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -80,7 +81,7 @@ def _recorded(cluster: Optional[str]) -> tuple[str, dict]:
 def up(
     inventory: Path = typer.Argument(..., help="The inventory YAML file."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; touch nothing."),
-    connect_timeout: float = typer.Option(10.0, help="Seconds to connect to each host."),
+    connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
     """Start one TensorFlow server per ps and worker task of INVENTORY, and wait until all serve."""
     from dtf import ui
@@ -99,7 +100,7 @@ def up(
                 raise DtfError(f"cluster {plan.cluster!r} is already up from {record['inventory']}, "
                                f"which differs from {inventory}: run `dtf down -c {plan.cluster}` first")
             recorded = Plan.from_dict(record["plan"])
-            rows = ui.status_rows(recorded, ClusterOps(recorded).status())
+            rows = ui.status_rows(recorded, ClusterOps(recorded, connect_timeout=connect_timeout).status())
             dead = [r["task"] for r in rows if not r["serving"]]
             if dead:
                 raise ClusterDown(f"cluster {plan.cluster!r} is up but {', '.join(dead)} not serving: "
@@ -162,6 +163,7 @@ def train(
 def status(
     cluster: Optional[str] = ClusterOpt,
     json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
     """Show every task: host, role, index, address, pid, alive or dead, uptime (checked live)."""
     from dtf import ui
@@ -170,7 +172,7 @@ def status(
 
     _, record = _recorded(cluster)
     plan = Plan.from_dict(record["plan"])
-    rows = ui.status_rows(plan, ClusterOps(plan).status())
+    rows = ui.status_rows(plan, ClusterOps(plan, connect_timeout=connect_timeout).status())
     ui.show_status(plan, rows, json_out)
     if any(r["state"] != "alive" for r in rows):
         raise typer.Exit(int(ExitCode.CLUSTER_DOWN))
@@ -210,6 +212,7 @@ def down(
     cluster: Optional[str] = ClusterOpt,
     keep_logs: bool = typer.Option(False, "--keep-logs", help="Leave the task logs on the hosts."),
     grace: float = typer.Option(10.0, help="Seconds between TERM and KILL."),
+    connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
     """Stop every task, check none remains, remove dtf's files from the hosts, forget the cluster."""
     from dtf import ui
@@ -222,7 +225,8 @@ def down(
         plan = Plan.from_dict(record["plan"])
         t0 = time.monotonic()
         with ui.host_progress([h.name for h in plan.hosts], f"dtf down {name}") as progress:
-            outcomes = ClusterOps(plan, progress).down(keep_logs=keep_logs, grace=grace)
+            ops = ClusterOps(plan, progress, connect_timeout=connect_timeout)
+            outcomes = ops.down(keep_logs=keep_logs, grace=grace)
         failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
         if failures:
             # Keep only the hosts that could not be cleaned, so a later `dtf down` retries them.

@@ -142,6 +142,9 @@ class SSHTransport(Transport):
 
         conn = self.connection()
         target = f"{conn.user}@{conn.host}:{conn.port}"
+        if conn.gateway is not None:
+            hop = conn.gateway if isinstance(conn.gateway, str) else conn.gateway.original_host
+            target += f" (via {hop})"
         try:
             conn.open()
         except (socket.timeout, TimeoutError):

@@ -117,7 +117,5 @@ def show_status(plan: Plan, rows: list[dict], as_json: bool) -> None:
         tab.add_row(r["host"], r["job"], str(r["index"]), r["address"], str(r["pid"] or "-"),
                     f"[{color}]{state}[/]", uptime)
     out.print(tab)
-    for r in rows:
-        if r["error"]:
-            err.print(f"{r['host']}: {r['error']}", markup=False)
-            break
+    for host, error in dict.fromkeys((r["host"], r["error"]) for r in rows if r["error"]):
+        err.print(f"{host}: {error}", markup=False)

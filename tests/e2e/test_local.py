@@ -128,3 +128,82 @@ def test_train_fails_fast_naming_dead_tasks(tmp_path: Path, local_inventory: Pat
         assert st.returncode == 7 and "dead" in st.stdout
     finally:
         assert dtf("down", home=home).returncode == 0
+
+
+SLOW = textwrap.dedent("""
+    import sys, time
+    import dtf
+    import tensorflow as tf
+    strategy, coordinator = dtf.strategy(), dtf.coordinator()
+    print("training", flush=True)
+    try:
+        time.sleep(120)
+    except KeyboardInterrupt:
+        print("program got Ctrl-C", flush=True)
+        sys.exit(130)
+""")
+
+
+def test_ctrl_c_stops_the_program_and_leaves_the_cluster_up(tmp_path: Path, local_inventory: Path):
+    import os
+    import signal
+    import subprocess
+
+    home = tmp_path / "home"
+    assert dtf("up", str(local_inventory), home=home).returncode == 0
+    program = tmp_path / "slow.py"
+    program.write_text(SLOW)
+    # Its own session, like a terminal's foreground job: Ctrl-C is SIGINT to the whole group.
+    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "train", str(program)],
+                            env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "training"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130
+    assert "program got Ctrl-C" in out
+    assert "cluster 'loc' is still up" in err and "Traceback" not in err
+    assert [r["state"] for r in status_json(home)["tasks"]] == ["alive"] * 3
+
+
+def test_the_same_program_runs_without_a_cluster(tmp_path: Path):
+    import os
+    import subprocess
+
+    program = tmp_path / "tiny.py"
+    program.write_text(TINY)
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "DTF_CLUSTER")}
+    r = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "counted 10 workers 2 args []" in r.stdout
+    assert "started an in-process cluster with 1 ps and 2 workers" in r.stderr
+
+
+def test_down_keep_logs_and_never_kills_what_it_did_not_start(tmp_path: Path, local_inventory: Path):
+    import os
+    import signal
+    import subprocess
+
+    home = tmp_path / "home"
+    assert dtf("up", str(local_inventory), home=home).returncode == 0
+    # worker:1 dies; its pid is then taken over (as pids are reused) by a stranger process.
+    task_dir = tmp_path / "work" / "loc" / "worker-1"
+    record = json.loads((task_dir / "pid.json").read_text())
+    os.kill(record["pid"], signal.SIGKILL)
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        (task_dir / "pid.json").write_text(json.dumps({**record, "pid": stranger.pid}))
+        r = dtf("down", "--keep-logs", home=home)
+        assert r.returncode == 0, r.stderr
+        assert "2 server(s) stopped" in r.stdout
+        assert stranger.poll() is None  # not ours: untouched
+    finally:
+        stranger.kill()
+        stranger.wait()
+    left = sorted(str(p.relative_to(tmp_path / "work")) for p in (tmp_path / "work").rglob("*"))
+    assert left == ["loc", "loc/ps-0", "loc/ps-0/log", "loc/worker-0", "loc/worker-0/log",
+                    "loc/worker-1", "loc/worker-1/log"]

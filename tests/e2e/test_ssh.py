@@ -179,3 +179,51 @@ def test_missing_python_is_reported(lab, write_inventory, home):
     r = dtf("up", str(inv), home=home, timeout=120)
     assert_one_line_error(r, 4, "h0: python missing: '/nonexistent/bin/python3'")
     assert leftovers(lab) == {}
+
+
+def test_down_keeps_an_unreachable_host_for_a_retry(lab, write_inventory, home):
+    if lab.mode != "netns":
+        pytest.skip("cutting a host's link needs network namespaces (lab in loopback mode)")
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
+    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    lab.link_down("h1")
+    try:
+        r = dtf("down", "--connect-timeout", "3", home=home, timeout=120)
+        assert_one_line_error(r, 4, "dtf down failed on 1 host(s)", "h1: unreachable",
+                              "kept in the record: run `dtf down` again")
+        assert lab.processes("h0") == [] and len(lab.processes("h1")) == 1
+        record = json.loads((home / "state" / "lab.json").read_text())
+        assert [h["spec"]["host"] for h in record["plan"]["hosts"]] == ["h1"]
+    finally:
+        lab.link_up("h1")
+    r = dtf("down", home=home, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "1 server(s) stopped on 1 host(s)" in r.stdout
+    assert leftovers(lab) == {}
+
+
+def test_ssh_config_alias_with_proxyjump(lab, write_inventory, home, tmp_path):
+    """A host reached through a jump host, named by an ssh_config alias: HostName, User and
+    ProxyJump come from ssh_config; the TF address is the alias's HostName."""
+    if lab.mode != "netns":
+        pytest.skip("a jump between hosts needs network namespaces (lab in loopback mode)")
+    h0, h2 = lab.host("h0"), lab.host("h2")
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host behind-h0\n  HostName {h2.address}\n  User root\n  ProxyJump h0\n"
+        f"  UserKnownHostsFile {lab.known_hosts}\n  StrictHostKeyChecking yes\n\n"
+        f"Host h0\n  IdentityFile {lab.key}\n\n"
+        + Path(lab.ssh_config).read_text())  # (paramiko's ssh_config has no Include)
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h1", "ps": [ps]},
+                           {"host": "behind-h0", "workers": [w0], "workdir": h2.workdir}])
+    inv.write_text(inv.read_text().replace(str(lab.ssh_config), str(config)))
+    r = dtf("up", str(inv), home=home, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = status_json(home)["tasks"]
+    assert [(x["task"], x["address"], x["state"]) for x in rows] == [
+        ("ps:0", f"{lab.host('h1').address}:{ps}", "alive"), ("worker:0", f"{h2.address}:{w0}", "alive")]
+    assert len(lab.processes("h2")) == 1 and lab.processes("h0") == []
+    assert dtf("down", home=home, timeout=120).returncode == 0
+    assert leftovers(lab) == {}
