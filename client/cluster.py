@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from importlib import metadata, resources
+from importlib import resources
 from typing import Any
 
 from dtf.netutil import wait_port
@@ -30,13 +30,11 @@ def launcher_text() -> str:
 
 
 def local_tf_version() -> str | None:
-    """The laptop's TensorFlow version, from package metadata (importing TF takes seconds)."""
-    for name in ("tensorflow", "tensorflow-cpu"):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    """The laptop's TensorFlow version, asked the same way the launcher asks on each host
+    (package metadata: importing TensorFlow takes seconds)."""
+    from dtf.server.launcher import tf_version
+
+    return tf_version()
 
 
 @dataclass

@@ -186,6 +186,7 @@ class SSHTransport(Transport):
         conn = self.connection()
         try:
             sftp = conn.sftp()
+            sftp.get_channel().settimeout(COMMAND_TIMEOUT)  # no SFTP operation may hang forever
             path = remote_dir
             if path == "~" or path.startswith("~/"):  # SFTP starts in the home directory
                 path = sftp.normalize(".") + path[1:]
