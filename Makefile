@@ -20,7 +20,7 @@ venv: $(STAMP)
 # Up, train the first example, down (down runs even when training fails).
 demo: venv
 	$(BIN)/dtf up $(INVENTORY)
-	$(BIN)/dtf train examples/mnist_fit.py --output dtf-output/mnist_fit; rc=$$?; \
+	$(BIN)/dtf train --output dtf-output/mnist_fit examples/mnist_fit.py; rc=$$?; \
 	$(BIN)/dtf down; exit $$rc
 
 # Everything: unit, CLI, local-cluster and SSH-lab end-to-end tests (the lab needs root and

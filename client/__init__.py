@@ -6,6 +6,13 @@ This package is both the `dtf` command (dtf.cli) and a small helper API for trai
     strategy = dtf.strategy()          # ParameterServerStrategy on the cluster of `dtf train`
     coordinator = dtf.coordinator()    # its ClusterCoordinator
     dtf.output_dir("checkpoints")      # a directory on the laptop for checkpoints, logs, models
+    dtf.checkpoint_options()           # pass to ModelCheckpoint / CheckpointManager.save / save_weights
+    dtf.save_options()                 # pass to model.save / tf.saved_model.save
+
+Why the options: under ParameterServerStrategy the variables live on the ps, and TensorFlow places
+a checkpoint's save ops next to them, so without these options each ps writes its shard to ITS OWN
+disk (a relative path is even relative to the server's working directory). The options put all
+file I/O on the coordinator, so checkpoints and saved models land on the laptop.
 
 Under `dtf train` the cluster comes from TF_CONFIG (chief = this program). Run plainly
 (`python my_model.py`) the same calls start a small in-process cluster (1 ps, 2 workers), so the
@@ -23,7 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["strategy", "coordinator", "output_dir", "num_workers", "under_dtf", "local_cluster_spec"]
+__all__ = ["strategy", "coordinator", "output_dir", "checkpoint_options", "save_options",
+           "num_workers", "under_dtf", "local_cluster_spec", "COORDINATOR_DEVICE"]
 
 if "tensorflow" not in sys.modules:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -38,6 +46,9 @@ _local_servers: list[Any] = []  # keeps the in-process servers alive for the pro
 LOCAL_WORKERS_ENV = "DTF_LOCAL_WORKERS"
 LOCAL_PS_ENV = "DTF_LOCAL_PS"
 OUTPUT_DIR_ENV = "DTF_OUTPUT_DIR"
+# The coordinator's device: ParameterServerStrategy names the program's own job "chief", both
+# under `dtf train` (TF_CONFIG) and on the in-process cluster.
+COORDINATOR_DEVICE = "/job:chief/replica:0/task:0/device:CPU:0"
 
 
 def under_dtf() -> bool:
@@ -87,6 +98,28 @@ def output_dir(*parts: str) -> Path:
     path = Path(os.environ.get(OUTPUT_DIR_ENV) or "dtf-output").joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def checkpoint_options() -> Any:
+    """tf.train.CheckpointOptions that write checkpoints here, on the coordinator (the laptop).
+
+    For `ModelCheckpoint(..., save_weights_only=True, options=...)`, `model.save_weights(...,
+    options=...)`, `CheckpointManager.save(options=...)` and `Checkpoint.write/restore`.
+    """
+    import tensorflow as tf
+
+    return tf.train.CheckpointOptions(experimental_io_device=COORDINATOR_DEVICE)
+
+
+def save_options() -> Any:
+    """tf.saved_model.SaveOptions that write a SavedModel here, on the coordinator (the laptop).
+
+    For `model.save(path, options=...)`, `tf.saved_model.save(..., options=...)` and
+    `ModelCheckpoint(..., save_weights_only=False, options=...)`.
+    """
+    import tensorflow as tf
+
+    return tf.saved_model.SaveOptions(experimental_io_device=COORDINATOR_DEVICE)
 
 
 def local_cluster_spec(num_workers: int, num_ps: int) -> dict[str, list[str]]:

@@ -117,7 +117,8 @@ def main():
             loss = strategy.run(replica_fn, args=(next(iterator),))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
 
-    # Checkpoints are written here, on the coordinator (the values are read from the ps).
+    # Checkpoints are written here, on the coordinator: manager.save(options=dtf.checkpoint_options())
+    # (without the options, each ps would write its variables to its own disk).
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     manager = tf.train.CheckpointManager(checkpoint, str(dtf.output_dir("checkpoints")), max_to_keep=3)
 
@@ -131,7 +132,7 @@ def main():
         coordinator.join()  # wait until every scheduled function has run
         loss, accuracy = float(train_loss.result()), float(train_accuracy.result())
         history.append({"epoch": epoch, "loss": loss, "accuracy": accuracy})
-        manager.save(checkpoint_number=epoch)
+        manager.save(checkpoint_number=epoch, options=dtf.checkpoint_options())
         print(f"epoch {epoch}: loss {loss:.4f}, accuracy {accuracy:.4f}, "
               f"steps so far {int(optimizer.iterations.numpy())}")
 

@@ -98,8 +98,10 @@ def main():
 
     callbacks = [
         # Runs on this program (the coordinator): reads the variables from the ps and writes locally.
+        # options: the save ops run here, not on the ps (whose disk is not the laptop's).
         tf.keras.callbacks.ModelCheckpoint(
-            str(dtf.output_dir("checkpoints") / "ckpt-{epoch:02d}"), save_weights_only=True),
+            str(dtf.output_dir("checkpoints") / "ckpt-{epoch:02d}"), save_weights_only=True,
+            options=dtf.checkpoint_options()),
         # Halve the learning rate every 2 epochs. (Only epoch-level callbacks are allowed under
         # ParameterServerStrategy: batch-level hooks raise a ValueError in fit.)
         tf.keras.callbacks.LearningRateScheduler(
@@ -114,10 +116,11 @@ def main():
     eval_ds = tf.data.Dataset.from_tensor_slices((x_eval, y_eval)).batch(global_batch)
     evaluation = model.evaluate(eval_ds, return_dict=True, verbose=0)
 
-    # Export on the laptop (the variables' values are fetched from the ps), then reload it here,
-    # outside the strategy, and check it predicts like the trained model.
+    # Export on the laptop: save_options() puts the writing on the coordinator (without it the ps
+    # would write the variables to its own disk). Then reload it here, outside the strategy, and
+    # check it predicts like the trained model.
     saved_model = dtf.output_dir() / "saved_model"
-    model.save(str(saved_model))
+    model.save(str(saved_model), options=dtf.save_options())
     reloaded = tf.keras.models.load_model(str(saved_model))
     reloaded_accuracy = float(np.mean(reloaded.predict(x_eval, verbose=0).argmax(-1) == y_eval))
 

@@ -285,8 +285,12 @@ def cmd_clean(args: argparse.Namespace) -> dict:
             for entry in os.listdir(path):
                 if args.keep_logs and entry == "log":
                     continue
-                os.unlink(os.path.join(path, entry))
-                removed.append(os.path.join(path, entry))
+                target = os.path.join(path, entry)
+                if os.path.isdir(target) and not os.path.islink(target):
+                    shutil.rmtree(target)  # written by the server (a relative path in a program)
+                else:
+                    os.unlink(target)
+                removed.append(target)
             if not os.listdir(path):
                 os.rmdir(path)
     launcher = os.path.join(args.dir, "launcher.py")

@@ -56,23 +56,31 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert tails_left(lab, "h0") == []  # following left no `tail` behind on the host
     assert len(lab.processes("h0")) == 1
 
-    out1 = tmp_path / "fit"
-    r = dtf("train", "--output", str(out1), str(EXAMPLES / "mnist_fit.py"), home=home, timeout=600)
+    # Relative output paths, given to the programs themselves, from the laptop's working
+    # directory: a file written by a server instead of the coordinator would land in that
+    # server's own working directory (its task directory), not here.
+    r = dtf("train", str(EXAMPLES / "mnist_fit.py"), "--output", "fit", home=home, timeout=600,
+            cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out1 = tmp_path / "fit"
     s = json.loads((out1 / "summary.json").read_text())
     assert s["final_loss"] < 0.5 * s["first_loss"], s
     assert s["eval_accuracy"] > 0.8, s
     assert Path(s["saved_model"], "saved_model.pb").exists()  # landed on the laptop
-    assert any((out1 / "checkpoints").iterdir())
+    assert list((out1 / "checkpoints").glob("ckpt-*.index"))
     assert list((out1 / "logs").rglob("events.out.tfevents.*"))
 
-    out2 = tmp_path / "loop"
-    r = dtf("train", str(EXAMPLES / "custom_loop.py"), "--output", str(out2), "--epochs", "3",
-            home=home, timeout=600)
+    r = dtf("train", "--output", str(tmp_path / "loop"), str(EXAMPLES / "custom_loop.py"),
+            "--epochs", "3", home=home, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    s = json.loads((out2 / "summary.json").read_text())
+    s = json.loads((tmp_path / "loop" / "summary.json").read_text())
     assert s["final_loss"] < 0.5 * s["first_loss"], s
     assert s["steps"] == 3 * 50
+    assert list((tmp_path / "loop" / "checkpoints").glob("ckpt-*.index"))
+    on_hosts = [str(p) for h in lab.hosts for p in Path(h.workdir).rglob("*")
+                if p.name not in ("launcher.py", "log", "pid.json", "ready.json")
+                and not p.is_dir()]
+    assert on_hosts == []  # nothing the programs saved went to the hosts
 
     r = dtf("down", home=home, timeout=120)
     assert r.returncode == 0, r.stderr
