@@ -77,7 +77,7 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert s["final_loss"] < 0.5 * s["first_loss"], s
     assert s["steps"] == 3 * 50
     assert list((tmp_path / "loop" / "checkpoints").glob("ckpt-*.index"))
-    on_hosts = [str(p) for h in lab.hosts for p in Path(h.workdir).rglob("*")
+    on_hosts = [str(p) for h in lab.hosts for p in Path(h.workdir, "lab").rglob("*")
                 if p.name not in ("launcher.py", "log", "pid.json", "ready.json")
                 and not p.is_dir()]
     assert on_hosts == []  # nothing the programs saved went to the hosts
@@ -235,3 +235,34 @@ def test_ssh_config_alias_with_proxyjump(lab, write_inventory, home, tmp_path):
     assert len(lab.processes("h2")) == 1 and lab.processes("h0") == []
     assert dtf("down", home=home, timeout=120).returncode == 0
     assert leftovers(lab) == {}
+
+
+def test_unknown_host_key_is_refused(lab, write_inventory, home, tmp_path):
+    """Host keys are checked like OpenSSH does (Fabric alone would accept any key)."""
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
+    config = tmp_path / "ssh_config"
+    config.write_text(Path(lab.ssh_config).read_text().replace(str(lab.known_hosts), str(empty)))
+    inv.write_text(inv.read_text().replace(str(lab.ssh_config), str(config)))
+    r = dtf("up", str(inv), home=home, timeout=120)
+    assert_one_line_error(r, 4, "dtf up failed on 2 host(s)", "host key of root@", "is unknown")
+    assert leftovers(lab) == {}
+
+
+def test_hostile_workdir_is_never_executed(lab, write_inventory, home, tmp_path):
+    """Values reach the remote shell quoted: a workdir carrying commands is only a path."""
+    marker = tmp_path / "executed"
+    h1 = lab.host("h1")
+    workdir = f"{h1.workdir}/a b/$(touch {marker})/`touch {marker}`/'; touch {marker}; echo '"
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0], "workdir": workdir}])
+    r = dtf("up", str(inv), home=home, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert Path(workdir, "lab", "worker-0", "pid.json").exists()  # the literal path, as written
+    assert dtf("status", home=home, timeout=60).returncode == 0
+    assert dtf("logs", "worker:0", home=home, timeout=60).returncode == 0
+    assert dtf("down", home=home, timeout=120).returncode == 0
+    assert not marker.exists()
+    assert not Path(workdir, "lab").exists()
