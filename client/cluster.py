@@ -103,7 +103,7 @@ class ClusterOps:
         self.progress(hp.name, what)
 
     @staticmethod
-    def _json(hp: HostPlan, result: Any, what: str) -> dict:
+    def _json(result: Any, what: str) -> dict:
         try:
             return json.loads(result.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -122,9 +122,9 @@ class ClusterOps:
             self._upload(t, hp)
             self._step(hp, "checking python and TensorFlow")
             r = t.run(hp.check_argv(), timeout=30)
-            if r.exit_code == 127 or (not r.ok and "No such file" in r.stderr and hp.python in r.stderr):
+            if r.exit_code in (126, 127):  # the shell's "not found" / "not executable"
                 raise HostError(f"python missing: {hp.python!r} cannot be run there")
-            check = self._json(hp, r, f"{hp.python} (the host's python)")
+            check = self._json(r, f"{hp.python} (the host's python)")
             remote_tf = check.get("tensorflow")
             if remote_tf is None:
                 raise HostError(f"TensorFlow is not installed for {hp.python} "
@@ -137,7 +137,7 @@ class ClusterOps:
                     f"{task.port} ({task.name})" for task in hp.tasks if task.port in check["busy"]))
             self._step(hp, f"starting {len(hp.tasks)} server(s)")
             r = t.run(hp.start_argv, timeout=hp.start_timeout + 30)
-            started = self._json(hp, r, "starting servers")["tasks"]
+            started = self._json(r, "starting servers")["tasks"]
         pids = {name: s["pid"] for name, s in started.items()}
         failed = {n: s for n, s in started.items() if not s["ok"]}
         if failed:
@@ -165,7 +165,7 @@ class ClusterOps:
                 # The launcher is gone (host cleaned or rebooted): every task is dead.
                 return {"tasks": {task.name: {"alive": False, "pid": None, "uptime": None,
                                               "reason": "launcher missing"} for task in hp.tasks}}
-            return self._json(hp, r, "status")
+            return self._json(r, "status")
 
     def status(self) -> dict[str, Outcome]:
         return self.each_host(self.status_host)
@@ -177,13 +177,13 @@ class ClusterOps:
             self._upload(t, hp)  # it may have been removed: stopping must not depend on it
             self._step(hp, "stopping servers")
             r = t.run(hp.stop_argv(grace), timeout=grace + 30)
-            stopped = self._json(hp, r, "stopping servers")["tasks"]
+            stopped = self._json(r, "stopping servers")["tasks"]
             left = [n for n, s in stopped.items() if not s.get("gone", True)]
             if left:
                 raise HostError(f"still running after KILL: {', '.join(left)}")
             self._step(hp, "removing files")
             r = t.run(hp.clean_argv(keep_logs), timeout=30)
-            cleaned = self._json(hp, r, "cleaning up")
+            cleaned = self._json(r, "cleaning up")
         return {"stopped": stopped, "removed": cleaned.get("removed", [])}
 
     def down(self, keep_logs: bool = False, grace: float = STOP_GRACE,
