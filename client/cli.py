@@ -117,6 +117,8 @@ def up(
             if failures or ops.cancel.is_set():
                 touched = tuple(hp for hp in plan.hosts if hp.name in ops.touched)
                 if touched:
+                    # A fresh ClusterOps: `ops` may be cancelled (Ctrl-C), and a cancelled one
+                    # refuses every step, the rollback's too.
                     rollback = ClusterOps(plan, progress, connect_timeout=connect_timeout)
                     for host, o in rollback.down(hosts=touched).items():
                         if not o.ok:

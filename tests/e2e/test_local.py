@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -117,8 +120,6 @@ def test_train_fails_fast_naming_dead_tasks(tmp_path: Path, local_inventory: Pat
     assert dtf("up", str(local_inventory), home=home).returncode == 0
     try:
         record = json.loads((home / "state" / "loc.json").read_text())
-        import os
-        import signal
         os.kill(record["pids"]["worker:1"], signal.SIGKILL)
         program = tmp_path / "tiny.py"
         program.write_text(TINY)
@@ -145,10 +146,6 @@ SLOW = textwrap.dedent("""
 
 
 def test_ctrl_c_stops_the_program_and_leaves_the_cluster_up(tmp_path: Path, local_inventory: Path):
-    import os
-    import signal
-    import subprocess
-
     home = tmp_path / "home"
     assert dtf("up", str(local_inventory), home=home).returncode == 0
     program = tmp_path / "slow.py"
@@ -171,9 +168,6 @@ def test_ctrl_c_stops_the_program_and_leaves_the_cluster_up(tmp_path: Path, loca
 
 
 def test_the_same_program_runs_without_a_cluster(tmp_path: Path):
-    import os
-    import subprocess
-
     program = tmp_path / "tiny.py"
     program.write_text(TINY)
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "DTF_CLUSTER")}
@@ -184,10 +178,6 @@ def test_the_same_program_runs_without_a_cluster(tmp_path: Path):
 
 
 def test_down_keep_logs_and_never_kills_what_it_did_not_start(tmp_path: Path, local_inventory: Path):
-    import os
-    import signal
-    import subprocess
-
     home = tmp_path / "home"
     assert dtf("up", str(local_inventory), home=home).returncode == 0
     # worker:1 dies; its pid is then taken over (as pids are reused) by a stranger process.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -94,9 +96,6 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
 
 def follow_log_until_interrupted(home: Path, task: str, expect: str) -> None:
     """`dtf logs TASK -f` prints the log and keeps following until Ctrl-C (SIGINT)."""
-    import os
-    import signal
-
     proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "logs", task, "-f"],
                             env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
