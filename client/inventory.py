@@ -25,6 +25,8 @@ from .errors import InventoryError, Problem
 DEFAULT_TF_PORT = 2222
 DEFAULT_PYTHON = "python3"
 DEFAULT_WORKDIR = "~/.dtf"
+DEFAULT_RESTART_LIMIT = 10
+DEFAULT_RESTART_BACKOFF = 0.5
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,9 @@ class HostSpec:
     address: str | None  # the address other tasks reach this host's TF servers at; None: derived
     ps_ports: tuple[int, ...]  # one TF server port per ps task on this host
     worker_ports: tuple[int, ...]  # one TF server port per worker task on this host
+    # The last fields have defaults: records saved before they existed still load (HostSpec(**d)).
+    restart_limit: int = DEFAULT_RESTART_LIMIT  # restarts of a dead task's server before giving up; 0: never
+    restart_backoff: float = DEFAULT_RESTART_BACKOFF  # seconds before a restart; doubles on quick deaths, max 60
 
 
 @dataclass(frozen=True)
@@ -97,15 +102,25 @@ def loads(text: str, filename: str = "<inventory>") -> Inventory:
     return inventory
 
 
+# Line breaks as YAML counts them (and so every other line number in an error): a lone \r too.
+_LINE_BREAK = re.compile("\r\n|[\n\r\x85\u2028\u2029]")
+_LINE_BREAK_BYTES = re.compile(b"\r\n|[\n\r]|\xc2\x85|\xe2\x80[\xa8\xa9]")
+
+
 def _position(data: str | bytes, index: int) -> tuple[int, int]:
     """1-based (line, column) of data[index]."""
-    newline = "\n" if isinstance(data, str) else b"\n"
-    return data.count(newline, 0, index) + 1, index - data.rfind(newline, 0, index)  # type: ignore[arg-type]
+    pattern = _LINE_BREAK if isinstance(data, str) else _LINE_BREAK_BYTES
+    line, start = 1, 0
+    for match in pattern.finditer(data, 0, index):  # type: ignore[call-overload]
+        line, start = line + 1, match.end()
+    return line, index - start + 1
 
 
 # -- scalars and their descriptions ------------------------------------------------------------
 
 _MAX_TASKS_PER_HOST = 1000
+_MAX_RESTART_LIMIT = 1_000_000
+_MAX_RESTART_BACKOFF = 3600
 _CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _SHELL_CHARS = frozenset(";&|$`'\"<>()\\*?[]{}!#~^")
 _Y = "tag:yaml.org,2002:"
@@ -223,12 +238,28 @@ def _name_flaw(name: str) -> str | None:
     return None
 
 
-def _name_reader(what: str) -> Callable[[yaml.Node], str]:
-    """Host names, addresses and user names end up in ssh and TF argv: keep them plain words."""
+def _machine_flaw(name: str, hints: tuple[str, str]) -> str | None:
+    """SSH (Fabric) reads `user@host:port` out of a host string, and TF reads `addr:port`: a
+    machine is named without either, or ssh would connect elsewhere than the inventory says (or
+    fail on `user:` and `port:` given twice). IPv6 addresses have two or more colons."""
+    if "@" in name:
+        return "without '@'" + hints[0]
+    if name.count(":") == 1:
+        return "without ':PORT'" + hints[1]
+    return None
+
+
+_HOST_HINTS = (" (set the login name with user:)", " (set the SSH port with port:)")
+_ADDRESS_HINTS = ("", " (TF ports come from ps, workers and tf_port)")
+
+
+def _name_reader(what: str, machine: tuple[str, str] | None = None) -> Callable[[yaml.Node], str]:
+    """Host names, addresses and user names end up in ssh and TF argv: keep them plain words.
+    A machine's name (host, address) has no `user@` or `:port` either; `machine` holds the hints."""
 
     def read(node: yaml.Node) -> str:
         name = _read_string(node, what)
-        flaw = _name_flaw(name)
+        flaw = _name_flaw(name) or (_machine_flaw(name, machine) if machine else None)
         if flaw:
             raise _Invalid(f"expected {what} {flaw}, got {_short(name)}")
         return name
@@ -249,6 +280,21 @@ def _read_port(node: yaml.Node) -> int:
     if not _is_int(value) or not 1 <= value <= 65535:
         raise _Invalid(f"expected a port number 1..65535, got {_describe(node)}")
     return value
+
+
+def _read_restart_limit(node: yaml.Node) -> int:
+    value = _plain(node)
+    if not _is_int(value) or not 0 <= value <= _MAX_RESTART_LIMIT:  # a 60-digit number is _TOO_BIG
+        raise _Invalid(f"expected a whole number 0..{_MAX_RESTART_LIMIT}, got {_describe(node)}")
+    return value
+
+
+def _read_seconds(node: yaml.Node) -> float:
+    value = _plain(node)
+    # NaN fails every comparison; inf and huge numbers fail the upper bound.
+    if not (_is_int(value) or isinstance(value, float)) or not 0 <= value <= _MAX_RESTART_BACKOFF:
+        raise _Invalid(f"expected a number of seconds 0..{_MAX_RESTART_BACKOFF}, got {_describe(node)}")
+    return float(value) + 0.0  # -0.0 becomes 0.0
 
 
 def _read_connection(node: yaml.Node) -> str:
@@ -280,11 +326,14 @@ _SETTINGS: dict[str, Callable[[yaml.Node], object]] = {
     "identity_file": _optional(_read_path),
     "python": _read_path,
     "workdir": _read_path,
-    "address": _optional(_name_reader("an address")),
+    "address": _optional(_name_reader("an address", _ADDRESS_HINTS)),
     "tf_port": _read_port,
+    "restart_limit": _read_restart_limit,
+    "restart_backoff": _read_seconds,
 }
 _BUILTIN: dict[str, object] = dict.fromkeys(_SETTINGS) | {
-    "connection": "ssh", "python": DEFAULT_PYTHON, "workdir": DEFAULT_WORKDIR, "tf_port": DEFAULT_TF_PORT
+    "connection": "ssh", "python": DEFAULT_PYTHON, "workdir": DEFAULT_WORKDIR, "tf_port": DEFAULT_TF_PORT,
+    "restart_limit": DEFAULT_RESTART_LIMIT, "restart_backoff": DEFAULT_RESTART_BACKOFF,
 }
 _TOP_KEYS = ("cluster", "ssh_config", "defaults", "hosts")
 _HOST_KEYS = ("host", *_SETTINGS, "ps", "workers")
@@ -410,7 +459,7 @@ class _Checker:
         found = self.entries(node, path, _HOST_KEYS, {})
         s = self.settings(found, path, defaults)
         if "host" in found:
-            name = self.value(found["host"], f"{path}.host", _name_reader("a host name"))
+            name = self.value(found["host"], f"{path}.host", _name_reader("a host name", _HOST_HINTS))
         else:
             name = _INVALID
             self.report(node, path, "missing required key 'host'")
@@ -447,6 +496,8 @@ class _Checker:
             address=s["address"],
             ps_ports=tuple(port for port, _, _ in tasks[0]),
             worker_ports=tuple(port for port, _, _ in tasks[1]),
+            restart_limit=s["restart_limit"],
+            restart_backoff=s["restart_backoff"],
         )
 
     def role(self, entry: tuple[yaml.Node, yaml.Node], path: str) -> _Role | None:

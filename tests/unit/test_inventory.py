@@ -12,7 +12,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dtf.errors import ExitCode, InventoryError
-from dtf.inventory import DEFAULT_PYTHON, DEFAULT_TF_PORT, DEFAULT_WORKDIR, HostSpec, Inventory, load, loads
+from dtf.inventory import (
+    DEFAULT_PYTHON,
+    DEFAULT_RESTART_BACKOFF,
+    DEFAULT_RESTART_LIMIT,
+    DEFAULT_TF_PORT,
+    DEFAULT_WORKDIR,
+    HostSpec,
+    Inventory,
+    load,
+    loads,
+)
 
 HOSTS_OK = "hosts:\n  - {host: gpu-01, ps: 1, workers: 1}\n"
 
@@ -101,6 +111,83 @@ def test_defaults_apply_and_hosts_override() -> None:
     assert [h.line for h in inventory.hosts] == [13, 14, 15]
 
 
+def test_restart_settings_default_and_override() -> None:
+    assert (DEFAULT_RESTART_LIMIT, DEFAULT_RESTART_BACKOFF) == (10, 0.5)
+    (h,) = parse("cluster: demo\n" + HOSTS_OK).hosts
+    assert (h.restart_limit, h.restart_backoff) == (10, 0.5)
+    inventory = parse(
+        """\
+        cluster: demo
+        defaults:
+          restart_limit: 3
+          restart_backoff: 2
+        hosts:
+          - {host: a, ps: 1}
+          - {host: b, restart_limit: 0, workers: 1}
+          - {host: c, restart_backoff: 0.25, workers: 1}
+          - {host: d, restart_limit: 1000000, restart_backoff: 3600.0, connection: local, workers: 1}
+          - {host: e, restart_limit: 0x10, restart_backoff: 0, tf_port: 3000, workers: 1}
+        """
+    )
+    got = [(h.restart_limit, h.restart_backoff) for h in inventory.hosts]
+    assert got == [(3, 2.0), (0, 2.0), (3, 0.25), (1000000, 3600.0), (16, 0.0)]
+    assert all(isinstance(h.restart_backoff, float) for h in inventory.hosts)
+
+
+def test_restart_backoff_minus_zero_is_zero() -> None:
+    (h,) = parse("cluster: demo\nhosts:\n  - {host: a, ps: 1, workers: 1, restart_backoff: -0.0}\n").hosts
+    assert h.restart_backoff == 0.0 and str(h.restart_backoff) == "0.0"
+
+
+def test_hostspec_from_an_older_record_gets_restart_defaults() -> None:
+    """Records saved before restart_limit/restart_backoff existed still make a HostSpec."""
+    (h,) = parse("cluster: demo\n" + HOSTS_OK).hosts
+    old = {k: v for k, v in dataclasses.asdict(h).items() if not k.startswith("restart_")}
+    assert HostSpec(**old) == h
+
+
+_LIMIT = "expected a whole number 0..1000000, got"
+_BACKOFF = "expected a number of seconds 0..3600, got"
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("restart_limit: -1", f"{_LIMIT} -1"),
+        ("restart_limit: 1000001", f"{_LIMIT} 1000001"),
+        ("restart_limit: true", f"{_LIMIT} a boolean (true)"),
+        ("restart_limit: no", f"{_LIMIT} a boolean (no)"),
+        ("restart_limit: 1.5", f"{_LIMIT} 1.5"),
+        ("restart_limit: 3.0", f"{_LIMIT} 3.0"),
+        ("restart_limit: '3'", f"{_LIMIT} '3'"),
+        ("restart_limit: ten", f"{_LIMIT} 'ten'"),
+        ("restart_limit: null", f"{_LIMIT} null"),
+        ("restart_limit: ", f"{_LIMIT} nothing"),
+        ("restart_limit: [1]", f"{_LIMIT} a list"),
+        ("restart_limit: .inf", f"{_LIMIT} .inf"),
+        (f"restart_limit: {'9' * 60}", f"{_LIMIT} a 60-digit number"),
+        ("restart_backoff: -0.5", f"{_BACKOFF} -0.5"),
+        ("restart_backoff: 3600.5", f"{_BACKOFF} 3600.5"),
+        ("restart_backoff: 100000000000000000000000", f"{_BACKOFF} a 24-digit number"),
+        ("restart_backoff: yes", f"{_BACKOFF} a boolean (yes)"),
+        ("restart_backoff: .nan", f"{_BACKOFF} .nan"),
+        ("restart_backoff: .inf", f"{_BACKOFF} .inf"),
+        ("restart_backoff: -.inf", f"{_BACKOFF} -.inf"),
+        ("restart_backoff: '1'", f"{_BACKOFF} '1'"),
+        ("restart_backoff: 1s", f"{_BACKOFF} '1s'"),
+        ("restart_backoff: ~", f"{_BACKOFF} null"),
+        ("restart_backoff: {a: 1}", f"{_BACKOFF} a mapping"),
+        ("restart_backoff: !!python/object/apply:time.sleep [9]", "unsupported YAML tag '!!python/object/apply:time.sleep'"),
+    ],
+)
+def test_restart_setting_errors(setting: str, expected: str) -> None:
+    key = setting.split(":")[0]
+    assert host_error(f"{{host: b, {setting}}}") == [f"inventory.yaml:4:15: hosts[1].{key}: {expected}"]
+    assert errors(f"cluster: demo\ndefaults:\n  {setting}\n" + HOSTS_OK) == [
+        f"inventory.yaml:3:3: defaults.{key}: {expected}"
+    ]
+
+
 def test_block_style_host_line_is_the_entry() -> None:
     inventory = parse("cluster: demo\nhosts:\n\n  - host: a\n    ps: 1\n  -\n    host: b\n    workers: 1\n")
     assert [h.line for h in inventory.hosts] == [4, 7]  # where the mapping itself starts
@@ -134,6 +221,16 @@ def test_cluster_name_length_limit() -> None:
     assert errors(f"cluster: {'a' * 64}\n" + HOSTS_OK) == [
         "inventory.yaml:1:1: cluster: expected a cluster name of at most 63 letters, digits, '_', '.' or '-', "
         f"starting with a letter or digit, got '{'a' * 40}...'"
+    ]
+
+
+def test_ipv6_hosts_and_users_with_at_or_colon_are_fine() -> None:
+    inventory = parse(
+        "cluster: demo\nhosts:\n  - {host: '::1', address: 'fd00::1', ps: 1}\n"
+        "  - {host: b, user: alice@corp.example, workers: 1}\n  - {host: c, user: 'a:b', workers: 1}\n"
+    )
+    assert [(h.host, h.address, h.user) for h in inventory.hosts] == [
+        ("::1", "fd00::1", None), ("b", None, "alice@corp.example"), ("c", None, "a:b")
     ]
 
 
@@ -316,6 +413,13 @@ def test_missing_required_keys() -> None:
         ("{host: '$(touch x)'}", "4:6: hosts[1].host: expected a host name without quotes or shell characters such as ; $ ` ( ) < > |, got '$(touch x)'"),
         ("{host: '`id`'}", "4:6: hosts[1].host: expected a host name without quotes or shell characters such as ; $ ` ( ) < > |, got '`id`'"),
         ("{host: \"o'brien\"}", "4:6: hosts[1].host: expected a host name without quotes or shell characters such as ; $ ` ( ) < > |, got \"o'brien\""),
+        # SSH reads user@host:port out of a host string: those go in user: and port:.
+        ("{host: ubuntu@gpu-01}", "4:6: hosts[1].host: expected a host name without '@' (set the login name with user:), got 'ubuntu@gpu-01'"),
+        ("{host: gpu-01@}", "4:6: hosts[1].host: expected a host name without '@' (set the login name with user:), got 'gpu-01@'"),
+        ("{host: 'gpu-01:2200'}", "4:6: hosts[1].host: expected a host name without ':PORT' (set the SSH port with port:), got 'gpu-01:2200'"),
+        ("{host: 'a:b'}", "4:6: hosts[1].host: expected a host name without ':PORT' (set the SSH port with port:), got 'a:b'"),
+        ("{host: b, address: '10.0.0.1:2222'}", "4:15: hosts[1].address: expected an address without ':PORT' (TF ports come from ps, workers and tf_port), got '10.0.0.1:2222'"),
+        ("{host: b, address: u@10.0.0.1}", "4:15: hosts[1].address: expected an address without '@', got 'u@10.0.0.1'"),
         ("{host: '-oProxyCommand=x'}", "4:6: hosts[1].host: expected a host name not starting with '-', got '-oProxyCommand=x'"),
         ("{host: b, workers: two}", "4:15: hosts[1].workers: expected a whole number >= 0 or a list of ports, got 'two'"),
         ("{host: b, workers: -1}", "4:15: hosts[1].workers: expected a whole number >= 0 or a list of ports, got -1"),
@@ -473,6 +577,10 @@ def test_error_carries_problems_and_exit_code() -> None:
         ("cluster: *nope\n", "1:10: invalid YAML: found undefined alias 'nope'"),
         ("cluster: demo\x00\n", "1:14: invalid YAML: unacceptable character #x0000 (special characters are not allowed)"),
         ("[" * 100_000, "1:1: invalid YAML: nested too deeply"),
+        # A reader error counts line breaks as YAML does, like every other error: a lone \r too.
+        ("cluster: demo\rhosts: x\x00\r", "2:9: invalid YAML: unacceptable character #x0000 (special characters are not allowed)"),
+        ("cluster: demo\r\nhosts: x\x00\r\n", "2:9: invalid YAML: unacceptable character #x0000 (special characters are not allowed)"),
+        ("cluster: demo\u2028hosts: \x07\n", "2:8: invalid YAML: unacceptable character #x0007 (special characters are not allowed)"),
     ],
 )
 def test_document_errors(text: str, expected: str) -> None:
@@ -518,6 +626,10 @@ def test_load_not_utf8(tmp_path: Path) -> None:
     with pytest.raises(InventoryError) as info:
         load(path)
     assert info.value.lines() == [f"{path}:2:8: cannot read file: not UTF-8 text"]
+    path.write_bytes(b"cluster: demo\rhosts:\r\n  - \xff\n")
+    with pytest.raises(InventoryError) as info:
+        load(path)
+    assert info.value.lines() == [f"{path}:3:5: cannot read file: not UTF-8 text"]
 
 
 # -- never a traceback -----------------------------------------------------------------------------
@@ -605,7 +717,7 @@ def test_hostile_corpus_is_big_enough() -> None:
 
 
 _KEYS = ["cluster", "hosts", "defaults", "ssh_config", "host", "ps", "workers", "port", "tf_port", "user",
-         "connection", "address", "python", "workdir", "identity_file", "wokers"]
+         "connection", "address", "python", "workdir", "identity_file", "restart_limit", "restart_backoff", "wokers"]
 _leaves = st.one_of(
     st.none(),
     st.booleans(),
