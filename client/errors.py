@@ -19,6 +19,7 @@ class ExitCode(enum.IntEnum):
     NO_CLUSTER = 5  # no cluster recorded, or the one asked for does not exist
     BUSY = 6  # another dtf command holds the state lock
     CLUSTER_DOWN = 7  # tasks of the recorded cluster are not serving
+    CHANGED = 8  # the inventory changed since the cluster was started from it
     INTERRUPTED = 130
 
 
@@ -29,6 +30,12 @@ class DtfError(Exception):
 
     def lines(self) -> list[str]:
         return [str(self)]
+
+
+class UsageError(DtfError):
+    """A bad value on the command line that Typer's types cannot catch (e.g. a duration)."""
+
+    exit_code = ExitCode.USAGE
 
 
 class InventoryError(DtfError):
@@ -86,3 +93,18 @@ class StateBusy(DtfError):
 
 class ClusterDown(DtfError):
     exit_code = ExitCode.CLUSTER_DOWN
+
+
+class ClusterChanged(DtfError):
+    """`dtf up` on an inventory that no longer matches the running cluster: what differs."""
+
+    exit_code = ExitCode.CHANGED
+
+    def __init__(self, cluster: str, was: str, now: str, changes: list[str]) -> None:
+        self.changes = list(changes)
+        super().__init__(f"cluster {cluster!r} is up from {was}, and {now} differs from it "
+                         f"({len(changes)} change(s)); `dtf up --replace {now}` stops it and "
+                         f"starts the new one")
+
+    def lines(self) -> list[str]:
+        return [str(self)] + [f"  {c}" for c in self.changes]

@@ -10,19 +10,21 @@ from collections.abc import Iterator
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from dtf.cluster import Outcome, Progress
 from dtf.plan import Plan
 from dtf.shell import render
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# No emoji codes: a path like /srv/:smile: is printed as written.
+out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def error(lines: list[str]) -> None:
     first, *rest = lines
-    err.print(f"[bold red]dtf: error:[/] {first}", markup=True)
+    err.print(f"[bold red]dtf: error:[/] {escape(first)}", markup=True)  # values may hold [brackets]
     for line in rest:
         err.print(line, markup=False)
 
@@ -40,7 +42,7 @@ def host_progress(hosts: list[str], title: str) -> Iterator[Progress]:
         tab.add_column("step")
         for h, s in steps.items():
             style = "red" if s.startswith("failed") else "green" if s == "done" else ""
-            tab.add_row(h, f"[{style}]{s}[/]" if style else s)
+            tab.add_row(escape(h), f"[{style}]{escape(s)}[/]" if style else escape(s))
         tab.caption = f"{time.monotonic() - t0:.1f}s"
         return tab
 
@@ -87,6 +89,16 @@ def show_up(plan: Plan, outcomes: dict[str, Outcome], seconds: float) -> None:
     out.print(tab)
 
 
+def task_state(info: dict) -> str:
+    """alive (serving), restarting (its supervisor brings it back), failed (the supervisor gave
+    up), dead (nothing runs)."""
+    if not info.get("alive"):
+        return "dead"
+    if info.get("serving"):
+        return "alive"
+    return "failed" if info.get("state") == "failed" else "restarting"
+
+
 def status_rows(plan: Plan, outcomes: dict[str, Outcome]) -> list[dict]:
     rows = []
     for t in plan.tasks():
@@ -94,11 +106,14 @@ def status_rows(plan: Plan, outcomes: dict[str, Outcome]) -> list[dict]:
         info = o.data.get("tasks", {}).get(t.name, {}) if o.ok else {}
         rows.append({
             "task": t.name, "job": t.job, "index": t.index, "host": t.host, "address": t.address,
-            "pid": info.get("pid"),
-            "state": ("alive" if info.get("alive") else "dead") if o.ok else "unknown",
+            "pid": info.get("pid"),  # the supervisor's
+            "server_pid": info.get("server_pid"),
+            "state": task_state(info) if o.ok else "unknown",
             "serving": info.get("serving", False),
-            "uptime": info.get("uptime"),
-            "error": None if o.ok else o.reason,
+            "uptime": info.get("uptime"),  # of the server, since its last (re)start
+            "restarts": info.get("restarts", 0),
+            "last_exit": info.get("last_exit"),
+            "error": info.get("reason") if o.ok else o.reason,
         })
     return rows
 
@@ -108,14 +123,16 @@ def show_status(plan: Plan, rows: list[dict], as_json: bool) -> None:
         out.print_json(json.dumps({"cluster": plan.cluster, "tasks": rows}))
         return
     tab = Table(title=f"cluster {plan.cluster}", title_justify="left")
-    for col in ("host", "role", "index", "address", "pid", "state", "uptime"):
+    for col in ("host", "role", "index", "address", "pid", "state", "uptime", "restarts", "last exit"):
         tab.add_column(col)
     for r in rows:
-        color = {"alive": "green", "dead": "red"}.get(r["state"], "yellow")
-        state = r["state"] + ("" if r["serving"] or r["state"] != "alive" else " (not serving)")
+        color = {"alive": "green", "restarting": "yellow"}.get(r["state"], "red")
         uptime = f"{r['uptime']:.0f}s" if r["uptime"] is not None else "-"
-        tab.add_row(r["host"], r["job"], str(r["index"]), r["address"], str(r["pid"] or "-"),
-                    f"[{color}]{state}[/]", uptime)
+        tab.add_row(r["host"], r["job"], str(r["index"]), r["address"], str(r["server_pid"] or "-"),
+                    f"[{color}]{r['state']}[/]", uptime, str(r["restarts"]), r["last_exit"] or "-")
     out.print(tab)
-    for host, error in dict.fromkeys((r["host"], r["error"]) for r in rows if r["error"]):
+    for r in rows:
+        if r["error"] and r["state"] != "unknown":
+            err.print(f"{r['task']} ({r['host']}): {r['error']}", markup=False)
+    for host, error in dict.fromkeys((r["host"], r["error"]) for r in rows if r["state"] == "unknown"):
         err.print(f"{host}: {error}", markup=False)
