@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -22,6 +22,7 @@ from dtf.transport import CONNECT_TIMEOUT, HostError, Transport, transport_for
 
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
 STOP_GRACE = 10.0
+RENEW_TIMEOUT = 15.0
 REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to accept a connection
 
 
@@ -114,14 +115,15 @@ class ClusterOps:
         t.put_text(launcher_text(), hp.root, "launcher.py")
 
     # -- up ------------------------------------------------------------------------------------
-    def start_host(self, hp: HostPlan, tf_version: str | None) -> dict:
+    def start_host(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None = None) -> dict:
+        """Start the host's tasks (or those named in `only`: the others keep running)."""
         self._step(hp, "connecting")
         with self.transport(hp) as t:
             self._step(hp, "uploading launcher")
             self.touched.add(hp.name)  # from here on, a rollback must visit this host
             self._upload(t, hp)
             self._step(hp, "checking python and TensorFlow")
-            r = t.run(hp.check_argv(), timeout=30)
+            r = t.run(hp.check_argv(only), timeout=30)
             if r.exit_code in (126, 127):  # the shell's "not found" / "not executable"
                 raise HostError(f"python missing: {hp.python!r} cannot be run there")
             check = self._json(r, f"{hp.python} (the host's python)")
@@ -135,8 +137,9 @@ class ClusterOps:
             if check["busy"]:
                 raise HostError("port busy: " + ", ".join(
                     f"{task.port} ({task.name})" for task in hp.tasks if task.port in check["busy"]))
-            self._step(hp, f"starting {len(hp.tasks)} server(s)")
-            r = t.run(hp.start_argv, timeout=hp.start_timeout + 30)
+            tasks = [task for task in hp.tasks if only is None or task.name in only]
+            self._step(hp, f"starting {len(tasks)} server(s)")
+            r = t.run(hp.start_argv_for(only), timeout=hp.start_timeout + 30)
             started = self._json(r, "starting servers")["tasks"]
         pids = {name: s["pid"] for name, s in started.items()}
         failed = {n: s for n, s in started.items() if not s["ok"]}
@@ -146,15 +149,30 @@ class ClusterOps:
             raise HostError(f"server crashed: {name}: {s['reason']}" + (f"; log: {log}" if log else ""))
         self._step(hp, "checking the servers are reachable from here")
         deadline = time.monotonic() + REACH_TIMEOUT
-        for task in hp.tasks:
+        for task in tasks:
             if not wait_port(task.addr_host, task.port, deadline):
                 raise HostError(f"{task.name} serves on its host but {task.address} is not "
                                 f"reachable from this machine (firewall? wrong address?)")
         return {"pids": pids, "client_address": check.get("client_address")}
 
-    def up(self) -> dict[str, Outcome]:
+    def up(self, only: dict[str, set[str]] | None = None) -> dict[str, Outcome]:
+        """Start every task, or only the tasks named per host in `only`."""
         version = local_tf_version()
-        return self.each_host(lambda hp: self.start_host(hp, version))
+        if only is None:
+            return self.each_host(lambda hp: self.start_host(hp, version))
+        hosts = tuple(hp for hp in self.plan.hosts if only.get(hp.name))
+        return self.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), hosts)
+
+    # -- the lease -----------------------------------------------------------------------------
+    def renew_host(self, hp: HostPlan, ttl: float | None = None) -> dict:
+        with self.transport(hp) as t:
+            r = t.run(hp.renew_argv(ttl), timeout=RENEW_TIMEOUT)
+            if not r.ok and "launcher.py" in r.stderr and "No such file" in r.stderr:
+                return {"gone": True}
+            return self._json(r, "renewing the lease")
+
+    def renew(self, ttl: float | None = None) -> dict[str, Outcome]:
+        return self.each_host(lambda hp: self.renew_host(hp, ttl))
 
     # -- status --------------------------------------------------------------------------------
     def status_host(self, hp: HostPlan) -> dict:
@@ -162,25 +180,31 @@ class ClusterOps:
         with self.transport(hp) as t:
             r = t.run(hp.status_argv(), timeout=30)
             if not r.ok and "launcher.py" in r.stderr and "No such file" in r.stderr:
-                # The launcher is gone (host cleaned or rebooted): every task is dead.
-                return {"tasks": {task.name: {"alive": False, "pid": None, "uptime": None,
-                                              "reason": "launcher missing"} for task in hp.tasks}}
+                # dtf's files are gone: the lease lapsed and the tasks cleaned up after
+                # themselves, or the host was wiped. Every task is dead.
+                reason = f"dtf's files are gone from {hp.root} (lease lapsed?)"
+                return {"tasks": {task.name: {"alive": False, "state": "gone", "pid": None,
+                                              "uptime": None, "reason": reason} for task in hp.tasks}}
             return self._json(r, "status")
 
     def status(self) -> dict[str, Outcome]:
         return self.each_host(self.status_host)
 
     # -- down ----------------------------------------------------------------------------------
-    def stop_host(self, hp: HostPlan, keep_logs: bool = False, grace: float = STOP_GRACE) -> dict:
+    def stop_host(self, hp: HostPlan, keep_logs: bool = False, grace: float = STOP_GRACE,
+                  only: Collection[str] | None = None) -> dict:
+        """Stop the host's tasks and remove dtf's files; with `only`, stop just those tasks."""
         self._step(hp, "connecting")
         with self.transport(hp) as t:
             self._upload(t, hp)  # it may have been removed: stopping must not depend on it
             self._step(hp, "stopping servers")
-            r = t.run(hp.stop_argv(grace), timeout=grace + 30)
+            r = t.run(hp.stop_argv(grace, only), timeout=grace + 30)
             stopped = self._json(r, "stopping servers")["tasks"]
             left = [n for n, s in stopped.items() if not s.get("gone", True)]
             if left:
                 raise HostError(f"still running after KILL: {', '.join(left)}")
+            if only is not None:
+                return {"stopped": stopped, "removed": []}
             self._step(hp, "removing files")
             r = t.run(hp.clean_argv(keep_logs), timeout=30)
             cleaned = self._json(r, "cleaning up")
@@ -189,3 +213,50 @@ class ClusterOps:
     def down(self, keep_logs: bool = False, grace: float = STOP_GRACE,
              hosts: tuple[HostPlan, ...] | None = None) -> dict[str, Outcome]:
         return self.each_host(lambda hp: self.stop_host(hp, keep_logs, grace), hosts)
+
+    def stop_tasks(self, only: dict[str, set[str]], grace: float = STOP_GRACE) -> dict[str, Outcome]:
+        """Stop the tasks named per host (a partial rollback); leave the rest and the files."""
+        hosts = tuple(hp for hp in self.plan.hosts if only.get(hp.name))
+        return self.each_host(lambda hp: self.stop_host(hp, grace=grace, only=only[hp.name]), hosts)
+
+
+class LeaseKeeper:
+    """Renews the cluster's lease on every host while a long command (`dtf train`) runs.
+
+    A renewal that fails (a host cut off) is retried at the next beat; `warn` is told once per
+    host when its lease has gone unrenewed for half its ttl, since the tasks there will stop
+    themselves when it lapses.
+    """
+
+    def __init__(self, plan: Plan, warn: Callable[[str], None], connect_timeout: float = CONNECT_TIMEOUT):
+        self.ops = ClusterOps(plan, connect_timeout=connect_timeout)
+        self.ttl = min((hp.ttl for hp in plan.hosts), default=0.0)
+        self.interval = min(max(self.ttl / 4, 1.0), 60.0)
+        self.warn = warn
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="dtf-lease", daemon=True)
+        self.renewed = {hp.name: time.monotonic() for hp in plan.hosts}
+        self.warned: set[str] = set()
+
+    def __enter__(self) -> LeaseKeeper:
+        if self.ttl > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=RENEW_TIMEOUT + self.ops.connect_timeout)
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            for host, o in self.ops.renew().items():
+                now = time.monotonic()
+                if o.ok and not o.data.get("gone"):
+                    self.renewed[host] = now
+                    self.warned.discard(host)
+                elif now - self.renewed[host] > self.ttl / 2 and host not in self.warned:
+                    self.warned.add(host)
+                    why = "its tasks' files are gone" if o.ok else o.reason
+                    self.warn(f"cannot renew the lease on {host} for {now - self.renewed[host]:.0f}s "
+                              f"({why}); its tasks stop themselves if it lapses ({self.ttl:g}s)")

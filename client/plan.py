@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from dtf.inventory import DEFAULT_PYTHON, HostSpec, Inventory
@@ -19,6 +19,7 @@ JOBS = ("ps", "worker")
 # The environment of every server: fail fast on a dead peer instead of retrying (FACTS.md).
 TASK_ENV = (("GRPC_FAIL_FAST", "use_caller"), ("PYTHONUNBUFFERED", "1"))
 START_TIMEOUT = 90.0  # seconds a host's servers get to import TensorFlow and serve
+DEFAULT_TTL = 3600.0  # seconds an unused cluster lives: see `dtf up --ttl`
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class HostPlan:
     tasks: tuple[TaskPlan, ...]
     env: tuple[tuple[str, str], ...]
     start_timeout: float
+    ttl: float = DEFAULT_TTL  # the lease: seconds without renewal before the tasks stop themselves
 
     @property
     def name(self) -> str:
@@ -64,28 +66,41 @@ class HostPlan:
     def launcher_argv(self, *args: str) -> list[str]:
         return [self.python, self.launcher, *args]
 
-    def task_args(self, with_port: bool = False) -> list[str]:
+    def task_args(self, with_port: bool = False, only: Collection[str] | None = None) -> list[str]:
+        """`--task` arguments for every task of this host, or for the tasks named in `only`."""
         args = []
         for t in self.tasks:
-            args += ["--task", f"{t.job}:{t.index}:{t.port}" if with_port else t.name]
+            if only is None or t.name in only:
+                args += ["--task", f"{t.job}:{t.index}:{t.port}" if with_port else t.name]
         return args
 
     @property
     def start_argv(self) -> list[str]:
+        return self.start_argv_for(None)
+
+    def start_argv_for(self, only: Collection[str] | None) -> list[str]:
         env_args = [a for k, v in self.env for a in ("--env", f"{k}={v}")]
         return self.launcher_argv(
             "start", "--dir", self.root, "--timeout", f"{self.start_timeout:g}",
-            *env_args, *self.task_args(with_port=True),
+            "--ttl", f"{self.ttl:g}", "--restart-limit", str(self.spec.restart_limit),
+            "--restart-backoff", f"{self.spec.restart_backoff:g}",
+            *env_args, *self.task_args(with_port=True, only=only),
         )
 
-    def check_argv(self) -> list[str]:
-        return self.launcher_argv("check", *[a for t in self.tasks for a in ("--port", str(t.port))])
+    def check_argv(self, only: Collection[str] | None = None) -> list[str]:
+        return self.launcher_argv("check", *[a for t in self.tasks if only is None or t.name in only
+                                             for a in ("--port", str(t.port))])
 
     def status_argv(self) -> list[str]:
-        return self.launcher_argv("status", "--dir", self.root, *self.task_args())
+        """Status of every task; renews the lease (whoever asks is using the cluster)."""
+        return self.launcher_argv("status", "--dir", self.root, "--renew", *self.task_args())
 
-    def stop_argv(self, grace: float) -> list[str]:
-        return self.launcher_argv("stop", "--dir", self.root, "--grace", f"{grace:g}", *self.task_args())
+    def renew_argv(self, ttl: float | None = None) -> list[str]:
+        return self.launcher_argv("renew", "--dir", self.root, *(["--ttl", f"{ttl:g}"] if ttl is not None else []))
+
+    def stop_argv(self, grace: float, only: Collection[str] | None = None) -> list[str]:
+        return self.launcher_argv("stop", "--dir", self.root, "--grace", f"{grace:g}",
+                                  *self.task_args(only=only))
 
     def clean_argv(self, keep_logs: bool) -> list[str]:
         return self.launcher_argv("clean", "--dir", self.root, *(["--keep-logs"] if keep_logs else []))
@@ -130,6 +145,7 @@ class Plan:
             hosts.append(HostPlan(
                 spec=HostSpec(**spec), python=h["python"], root=h["root"], tasks=tasks,
                 env=tuple(tuple(kv) for kv in h["env"]), start_timeout=h["start_timeout"],
+                ttl=h.get("ttl", DEFAULT_TTL),
             ))
         return cls(cluster=data["cluster"], inventory=data["inventory"],
                    ssh_config=data["ssh_config"], hosts=tuple(hosts))
@@ -148,11 +164,13 @@ def make_plan(
     resolve: Callable[[HostSpec], str] = default_address,
     local_python: str = DEFAULT_PYTHON,
     start_timeout: float = START_TIMEOUT,
+    ttl: float = DEFAULT_TTL,
 ) -> Plan:
     """Assign task indexes (in inventory order), addresses, directories and commands.
 
     `resolve` gives the address other tasks reach a host at (the CLI passes one that reads
-    HostName from ssh_config); `local_python` is the python of local hosts that name none.
+    HostName from ssh_config); `local_python` is the python of local hosts that name none;
+    `ttl` is the lease (`dtf up --ttl`, 0: never lapses).
     """
     counters = {job: 0 for job in JOBS}
     hosts = []
@@ -175,6 +193,36 @@ def make_plan(
                                 "--port", str(port), "--ready", posixpath.join(tdir, "ready.json")),
                 ))
         hosts.append(HostPlan(spec=spec, python=python, root=root, tasks=tuple(tasks),
-                              env=TASK_ENV, start_timeout=start_timeout))
+                              env=TASK_ENV, start_timeout=start_timeout, ttl=ttl))
     return Plan(cluster=inventory.cluster, inventory=inventory.path,
                 ssh_config=inventory.ssh_config, hosts=tuple(hosts))
+
+
+_HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdir", "address",
+                "restart_limit", "restart_backoff")
+
+
+def differences(old: Plan, new: Plan) -> list[str]:
+    """What changed from the plan a cluster was started with to a new one, one line per change
+    (hosts and tasks added, removed or moved; host settings changed). Empty: the same cluster."""
+    lines = []
+    old_hosts, new_hosts = ({h.name: h for h in p.hosts} for p in (old, new))
+    lines += [f"host {name}: added" for name in new_hosts if name not in old_hosts]
+    lines += [f"host {name}: removed" for name in old_hosts if name not in new_hosts]
+    for name in (n for n in new_hosts if n in old_hosts):
+        a, b = old_hosts[name], new_hosts[name]
+        for key in _HOST_FIELDS:
+            before, after = getattr(a.spec, key), getattr(b.spec, key)
+            if before != after:
+                lines.append(f"host {name}: {key} {before!r} -> {after!r}")
+    old_tasks, new_tasks = ({t.name: t for t in p.tasks()} for p in (old, new))
+    for name, t in new_tasks.items():
+        if name not in old_tasks:
+            lines.append(f"task {name}: added on {t.host} at {t.address}")
+        elif (old_tasks[name].host, old_tasks[name].address) != (t.host, t.address):
+            was = old_tasks[name]
+            lines.append(f"task {name}: {was.host} {was.address} -> {t.host} {t.address}")
+    for name, t in old_tasks.items():
+        if name not in new_tasks:
+            lines.append(f"task {name}: removed (was on {t.host} at {t.address})")
+    return lines

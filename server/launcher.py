@@ -4,16 +4,29 @@
 It never imports the dtf client, so a host needs nothing but a python with TensorFlow.
 Every subcommand prints one JSON document on stdout and exits 0 when it did what was asked.
 
-    check  --port P ...                      versions, busy ports, the SSH client's address
-    start  --dir D --task JOB:INDEX:PORT ... start servers detached, wait until each serves
-    serve  --job J --index I --port P --ready F   (internal) run one tf.distribute.Server
-    status --dir D --task JOB:INDEX ...      is each task alive, since when
-    stop   --dir D --task JOB:INDEX ...      TERM the task's process group, KILL after a grace
-    clean  --dir D [--keep-logs]             remove what dtf put in D
+    check     --port P ...                     versions, busy ports, the SSH client's address
+    start     --dir D --task JOB:INDEX:PORT ...  start supervised servers detached, wait until each serves
+    supervise --dir D --task JOB:INDEX:PORT      (internal) run one server, restart it when it dies
+    serve     --job J --index I --port P --ready F  (internal) run one tf.distribute.Server
+    status    --dir D --task JOB:INDEX ...     is each task alive, serving, restarted how often
+    renew     --dir D [--ttl S]                renew the cluster's lease on this host
+    stop      --dir D --task JOB:INDEX ...     TERM the task's process group, KILL after a grace
+    clean     --dir D [--keep-logs]            remove what dtf put in D
 
-Files of a task live in D/JOB-INDEX/: `log` (the server's stdout and stderr), `pid.json` (pid,
-process start time: a pid is only ever signalled if its start time still matches, so dtf never
-kills a process it did not start), `ready.json` (written by the server once it serves).
+Each task is a supervisor process (its own session and process group) with the server as its
+child in the same group: one `killpg` stops both. The supervisor restarts a server that dies, on
+the same port, after a backoff (`--restart-backoff`, doubling for deaths in quick succession, at
+most RESTART_MAX_BACKOFF), at most `--restart-limit` times; then it gives up and stays, server-less,
+until stopped or its lease lapses.
+
+The lease: D/lease.json holds {ttl, renewed} (this host's clock). dtf renews it while it uses the
+cluster (`up`, `status`, `train`...). When `renewed + ttl` has passed, every supervisor stops its
+server and the last one removes D entirely: an abandoned cluster cleans itself up. ttl 0: never.
+
+Files of a task live in D/JOB-INDEX/: `log` (the supervisor's and the server's output),
+`pid.json` (the supervisor's pid and process start time: a pid is only ever signalled if its start
+time still matches, so dtf never kills a process it did not start), `ready.json` (written by the
+server once it serves), `supervisor.json` (restarts, last exit reason, the server's pid).
 """
 
 from __future__ import annotations
@@ -29,6 +42,11 @@ import sys
 import time
 
 READY_POLL = 0.05
+SUPERVISE_POLL = 0.2  # how often a supervisor looks at its server
+LEASE_POLL = 1.0  # how often a supervisor reads the lease
+STABLE_AFTER = 60.0  # a server that ran this long before dying restarts with the base backoff
+RESTART_MAX_BACKOFF = 60.0
+STOP_GRACE = 5.0  # a supervisor gives its server this long after TERM, then KILLs it
 
 
 def task_dir(root: str, job: str, index: int) -> str:
@@ -116,6 +134,42 @@ def tail(path: str, lines: int = 20) -> list[str]:
         return []
 
 
+def die_with_parent() -> None:
+    """In a supervisor's child, before exec: be killed when the supervisor dies, however it dies
+    (Linux's PR_SET_PDEATHSIG), so a server never outlives the process that answers for it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def exit_reason(code: int) -> str:
+    """What a Popen returncode means, in words."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def log_line(message: str) -> None:
+    """One line in the task's log (the supervisor's stdout is the log)."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} dtf: {message}", flush=True)
+
+
+def lease_path(root: str) -> str:
+    return os.path.join(root, "lease.json")
+
+
+def write_lease(root: str, ttl: float) -> dict:
+    lease = {"ttl": ttl, "renewed": time.time()}
+    write_json(lease_path(root), lease)
+    return lease
+
+
 def tf_version() -> str | None:
     from importlib import metadata
 
@@ -148,10 +202,18 @@ def cmd_check(args: argparse.Namespace) -> dict:
     }
 
 
+def supervise_argv(python: str, launcher: str, root: str, job: str, index: int, port: int,
+                   limit: int, backoff: float) -> list[str]:
+    return [python, launcher, "supervise", "--dir", root, "--task", f"{job}:{index}:{port}",
+            "--restart-limit", str(limit), "--restart-backoff", f"{backoff:g}"]
+
+
 def cmd_start(args: argparse.Namespace) -> dict:
     env = dict(os.environ)
     env.update(kv.split("=", 1) for kv in args.env)
     launcher = os.path.abspath(__file__)
+    os.makedirs(args.dir, exist_ok=True)
+    write_lease(args.dir, args.ttl)  # before any supervisor starts reading it
     started: dict[str, dict] = {}
     for spec in args.task:
         job, index, port = parse_task(spec, with_port=True)
@@ -162,12 +224,13 @@ def cmd_start(args: argparse.Namespace) -> dict:
         if ours(record) and record.get("port") == port:
             started[name] = {"pid": record["pid"], "already": True, "port": port, "dir": tdir}
             continue
-        ready = os.path.join(tdir, "ready.json")
-        if os.path.exists(ready):  # left by an earlier run: must not count as this one's signal
-            os.unlink(ready)
+        for stale in ("ready.json", "supervisor.json"):  # left by an earlier run
+            if os.path.exists(os.path.join(tdir, stale)):
+                os.unlink(os.path.join(tdir, stale))
         log = open(os.path.join(tdir, "log"), "ab")
         proc = subprocess.Popen(
-            serve_argv(sys.executable, launcher, job, index, port, ready),
+            supervise_argv(sys.executable, launcher, args.dir, job, index, port,
+                           args.restart_limit, args.restart_backoff),
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tdir,
             start_new_session=True,  # its own session: survives the SSH session, one group to kill
             close_fds=True,
@@ -177,10 +240,11 @@ def cmd_start(args: argparse.Namespace) -> dict:
                   "index": index, "port": port, "started": time.time()}
         write_json(os.path.join(tdir, "pid.json"), record)
         started[name] = {"pid": proc.pid, "already": False, "port": port, "dir": tdir,
-                         "proc": proc, "ready": ready}
+                         "proc": proc, "ready": os.path.join(tdir, "ready.json")}
 
     # Ready means: the server wrote ready.json after tf.distribute.Server started, AND its port
-    # accepts a connection. A server that exits first has crashed: report its log's last lines.
+    # accepts a connection. A server that dies first has crashed (its supervisor would restart
+    # it, but a server that cannot start is a mistake to report): report its log's last lines.
     deadline = time.monotonic() + args.timeout
     results: dict[str, dict] = {}
     pending = {n: t for n, t in started.items() if not t["already"]}
@@ -190,8 +254,10 @@ def cmd_start(args: argparse.Namespace) -> dict:
     while pending and time.monotonic() < deadline:
         for n, t in list(pending.items()):
             code = t["proc"].poll()
-            if code is not None:
-                results[n] = {"ok": False, "pid": t["pid"], "reason": f"server exited with code {code}",
+            died = (read_json(os.path.join(t["dir"], "supervisor.json")) or {}).get("last_exit")
+            if code is not None or died:
+                reason = f"server {died}" if died else f"supervisor {exit_reason(code)}"
+                results[n] = {"ok": False, "pid": t["pid"], "reason": reason,
                               "log_tail": tail(os.path.join(t["dir"], "log"))}
                 del pending[n]
             elif os.path.exists(t["ready"]) and port_open(t["port"]):
@@ -204,6 +270,143 @@ def cmd_start(args: argparse.Namespace) -> dict:
                       "reason": f"not serving after {args.timeout:g}s",
                       "log_tail": tail(os.path.join(t["dir"], "log"))}
     return {"tasks": results}
+
+
+class Supervisor:
+    """Keeps one task's server running; see the module's docstring for the policy."""
+
+    def __init__(self, root: str, job: str, index: int, port: int, limit: int, backoff: float) -> None:
+        self.root, self.job, self.index, self.port = root, job, index, port
+        self.limit, self.backoff = limit, backoff
+        self.name = f"{job}:{index}"
+        self.dir = task_dir(root, job, index)
+        self.ready = os.path.join(self.dir, "ready.json")
+        self.stopping = False
+        self.server: subprocess.Popen | None = None
+        self.state = {"state": "starting", "restarts": 0, "last_exit": None, "last_exit_time": None,
+                      "server_pid": None, "server_ticks": None, "server_started": None,
+                      "limit": limit}
+        self.lease: dict | None = None
+        self.lease_read = 0.0
+
+    def save(self, **changes: object) -> None:
+        self.state.update(changes)
+        write_json(os.path.join(self.dir, "supervisor.json"), self.state)
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+        if self.server is not None and self.server.poll() is None:
+            self.server.send_signal(signal.SIGTERM)
+
+    def lease_lapsed(self) -> bool:
+        now = time.monotonic()
+        if now - self.lease_read >= LEASE_POLL:
+            self.lease_read = now
+            self.lease = read_json(lease_path(self.root)) or self.lease  # unreadable: keep the last
+        if not self.lease or not self.lease.get("ttl"):
+            return False
+        return time.time() > self.lease["renewed"] + self.lease["ttl"]
+
+    def spawn(self) -> None:
+        if os.path.exists(self.ready):
+            os.unlink(self.ready)
+        self.server = subprocess.Popen(  # same process group: `stop` signals both at once
+            serve_argv(sys.executable, os.path.abspath(__file__), self.job, self.index, self.port,
+                       self.ready),
+            stdin=subprocess.DEVNULL, cwd=self.dir, close_fds=True, preexec_fn=die_with_parent)
+        self.save(state="running", server_pid=self.server.pid,
+                  server_ticks=proc_start_ticks(self.server.pid), server_started=time.time())
+
+    def wait_server(self) -> int | None:
+        """Wait until the server exits (its returncode) or the lease lapses (None)."""
+        assert self.server is not None
+        while True:
+            try:
+                return self.server.wait(timeout=SUPERVISE_POLL)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.lease_lapsed():
+                return None
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep, unless stopped or the lease lapses first (False)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if self.stopping or self.lease_lapsed():
+                return False
+            time.sleep(min(SUPERVISE_POLL, max(0.0, end - time.monotonic())))
+        return not self.stopping
+
+    def stop_server(self) -> None:
+        if self.server is None or self.server.poll() is not None:
+            return
+        self.server.terminate()
+        try:
+            self.server.wait(timeout=STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+            self.server.wait()
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        log_line(f"{self.name}: supervising its server on port {self.port} "
+                 f"(restart limit {self.limit}, backoff {self.backoff:g}s)")
+        quick_deaths = 0
+        while not self.stopping:
+            self.spawn()
+            code = self.wait_server()
+            if code is None:  # the lease lapsed
+                break
+            if self.stopping:
+                break
+            now = time.time()
+            ran = now - self.state["server_started"]
+            quick_deaths = 1 if ran >= STABLE_AFTER else quick_deaths + 1
+            reason = exit_reason(code)
+            self.save(state="restarting", last_exit=reason, last_exit_time=now, server_pid=None,
+                      server_ticks=None)
+            if self.state["restarts"] >= self.limit:
+                log_line(f"{self.name}: server {reason} after {ran:.1f}s; restart limit "
+                         f"({self.limit}) reached: giving up")
+                self.save(state="failed")
+                while self.sleep(3600):  # stay (server-less) until stopped or the lease lapses
+                    pass
+                break
+            delay = min(self.backoff * 2 ** (quick_deaths - 1), RESTART_MAX_BACKOFF)
+            log_line(f"{self.name}: server {reason} after {ran:.1f}s; restart "
+                     f"{self.state['restarts'] + 1} of {self.limit} in {delay:g}s")
+            if not self.sleep(delay):
+                break
+            self.save(restarts=self.state["restarts"] + 1)
+        self.stop_server()
+        if not self.stopping and self.lease_lapsed():
+            self.expire()
+        return 0
+
+    def expire(self) -> None:
+        """The lease lapsed: remove this task's files; the last task to go removes the root."""
+        log_line(f"{self.name}: lease lapsed (ttl {self.lease['ttl']:g}s): stopping and cleaning up")
+        import fcntl
+
+        try:
+            lock = open(os.path.join(self.root, ".expire-lock"), "a")
+        except OSError:
+            return  # already removed by another task
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one task at a time: the last one sees no others
+            shutil.rmtree(self.dir, ignore_errors=True)
+            others = [d for d in os.listdir(self.root)
+                      if ours(read_json(os.path.join(self.root, d, "pid.json")))]
+            if not others:
+                shutil.rmtree(self.root, ignore_errors=True)
+
+
+def cmd_supervise(args: argparse.Namespace) -> dict:
+    job, index, port = parse_task(args.task[0], with_port=True)
+    Supervisor(args.dir, job, index, port, args.restart_limit, args.restart_backoff).run()
+    return {}
 
 
 def cmd_serve(args: argparse.Namespace) -> dict:
@@ -221,22 +424,54 @@ def cmd_serve(args: argparse.Namespace) -> dict:
 
 
 def task_status(root: str, job: str, index: int, btime: float, tick: int) -> dict:
-    record = read_json(os.path.join(task_dir(root, job, index), "pid.json"))
+    tdir = task_dir(root, job, index)
+    record = read_json(os.path.join(tdir, "pid.json"))
     if record is None:
         return {"alive": False, "pid": None, "uptime": None, "reason": "never started"}
-    alive = ours(record)
+    sup = read_json(os.path.join(tdir, "supervisor.json")) or {}
+    alive = ours(record)  # the supervisor
+    server_alive = bool(alive and sup.get("server_pid")
+                        and proc_start_ticks(sup["server_pid"]) == sup.get("server_ticks"))
     port = record.get("port")
+    state = sup.get("state", "starting") if alive else "dead"
+    reason = None
+    if state == "failed":
+        reason = f"gave up after {sup.get('restarts')} restart(s); last exit: {sup.get('last_exit')}"
+    elif not alive:
+        reason = "supervisor is gone"
     return {
-        "alive": alive,
+        "alive": bool(alive),
+        "state": state,  # starting, running, restarting, failed, dead
         "pid": record["pid"],
-        "uptime": round(time.time() - (btime + record["start_ticks"] / tick), 1) if alive else None,
-        "serving": bool(alive and port and port_open(port)),
+        "server_pid": sup.get("server_pid") if server_alive else None,
+        "uptime": round(time.time() - sup["server_started"], 1) if server_alive else None,
+        "serving": bool(server_alive and port and port_open(port)),
+        "restarts": sup.get("restarts", 0),
+        "last_exit": sup.get("last_exit"),
+        "last_exit_time": sup.get("last_exit_time"),
+        "reason": reason,
     }
 
 
 def cmd_status(args: argparse.Namespace) -> dict:
     btime, tick = boot_time(), os.sysconf("SC_CLK_TCK")
-    return {"tasks": {t: task_status(args.dir, *parse_task(t, False), btime, tick) for t in args.task}}
+    lease = renew(args.dir, None) if args.renew else read_json(lease_path(args.dir))
+    return {"tasks": {t: task_status(args.dir, *parse_task(t, False), btime, tick) for t in args.task},
+            "lease": lease}
+
+
+def renew(root: str, ttl: float | None) -> dict | None:
+    """Renew the lease, keeping its ttl unless one is given; None if the cluster's files are gone
+    (a lapsed lease removed them: renewing must not bring an empty directory back)."""
+    if not os.path.isdir(root):
+        return None
+    old = read_json(lease_path(root)) or {}
+    return write_lease(root, old.get("ttl", 0) if ttl is None else ttl)
+
+
+def cmd_renew(args: argparse.Namespace) -> dict:
+    lease = renew(args.dir, args.ttl)
+    return {"lease": lease, "gone": lease is None}
 
 
 def cmd_stop(args: argparse.Namespace) -> dict:
@@ -256,6 +491,11 @@ def cmd_stop(args: argparse.Namespace) -> dict:
         except ProcessLookupError:
             pass
 
+    def server_of(t: str) -> dict:
+        sup = read_json(os.path.join(task_dir(args.dir, *parse_task(t, False)), "supervisor.json")) or {}
+        return {"pid": sup.get("server_pid") or 0, "start_ticks": sup.get("server_ticks")}
+
+    servers = {t: server_of(t) for t in args.task}
     for record in records.values():
         signal_group(record, signal.SIGTERM)
     deadline = time.monotonic() + args.grace
@@ -270,6 +510,16 @@ def cmd_stop(args: argparse.Namespace) -> dict:
         time.sleep(0.05)
     for t, record in records.items():
         results[t]["gone"] = not ours(record)
+    for t, server in servers.items():  # a server whose supervisor was killed alone: still ours
+        if server["pid"] and ours(server):
+            try:
+                os.killpg(os.getpgid(server["pid"]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + 5
+            while ours(server) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            results[t]["gone"] = results[t].get("gone", True) and not ours(server)
     return {"tasks": results}
 
 
@@ -293,10 +543,11 @@ def cmd_clean(args: argparse.Namespace) -> dict:
                 removed.append(target)
             if not os.listdir(path):
                 os.rmdir(path)
-    launcher = os.path.join(args.dir, "launcher.py")
-    if os.path.exists(launcher):
-        os.unlink(launcher)
-        removed.append(launcher)
+    for name in ("launcher.py", "lease.json", ".expire-lock"):
+        path = os.path.join(args.dir, name)
+        if os.path.exists(path):
+            os.unlink(path)
+            removed.append(path)
     shutil.rmtree(os.path.join(args.dir, "__pycache__"), ignore_errors=True)
     if not os.listdir(args.dir):
         os.rmdir(args.dir)
@@ -313,6 +564,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", action="append", default=[])
     p.add_argument("--env", action="append", default=[])
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--ttl", type=float, default=0.0)
+    p.add_argument("--restart-limit", type=int, default=10)
+    p.add_argument("--restart-backoff", type=float, default=0.5)
+    p = sub.add_parser("supervise")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--task", action="append", required=True)
+    p.add_argument("--restart-limit", type=int, default=10)
+    p.add_argument("--restart-backoff", type=float, default=0.5)
+    p = sub.add_parser("renew")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--ttl", type=float, default=None)
     p = sub.add_parser("serve")
     p.add_argument("--job", required=True)
     p.add_argument("--index", type=int, required=True)
@@ -323,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--dir", required=True)
         p.add_argument("--task", action="append", default=[])
         p.add_argument("--grace", type=float, default=10.0)
+        p.add_argument("--renew", action="store_true")
     p = sub.add_parser("clean")
     p.add_argument("--dir", required=True)
     p.add_argument("--keep-logs", action="store_true")
@@ -331,9 +594,11 @@ def main(argv: list[str] | None = None) -> int:
         args.dir = os.path.expanduser(args.dir)
     if getattr(args, "ready", None):
         args.ready = os.path.expanduser(args.ready)
-    handler = {"check": cmd_check, "start": cmd_start, "serve": cmd_serve, "status": cmd_status,
-               "stop": cmd_stop, "clean": cmd_clean}[args.command]
+    handler = {"check": cmd_check, "start": cmd_start, "supervise": cmd_supervise, "serve": cmd_serve,
+               "status": cmd_status, "renew": cmd_renew, "stop": cmd_stop, "clean": cmd_clean}[args.command]
     result = handler(args)
+    if args.command == "supervise":
+        return 0
     print(json.dumps(result), flush=True)
     if args.command == "start":
         return 0 if all(r["ok"] for r in result["tasks"].values()) else 1
