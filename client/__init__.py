@@ -5,7 +5,10 @@ This package is both the `dtf` command (dtf.cli) and a small helper API for trai
     import dtf
     strategy = dtf.strategy()          # ParameterServerStrategy on the cluster of `dtf train`
     coordinator = dtf.coordinator()    # its ClusterCoordinator
-    dtf.output_dir("checkpoints")      # a directory on the laptop for checkpoints, logs, models
+    dtf.output_dir("logs")             # a directory on the laptop for checkpoints, logs, models
+    dtf.checkpoint_dir()               # where to resume from: the same for every attempt of a run
+    dtf.BackupAndRestore()             # tf-keras BackupAndRestore, writing on the laptop
+    dtf.attempt()                      # 1, or 2, 3... when `dtf train` ran the program again
     dtf.checkpoint_options()           # pass to ModelCheckpoint / CheckpointManager.save / save_weights
     dtf.save_options()                 # pass to model.save / tf.saved_model.save
 
@@ -13,6 +16,11 @@ Why the options: under ParameterServerStrategy the variables live on the ps, and
 a checkpoint's save ops next to them, so without these options each ps writes its shard to ITS OWN
 disk (a relative path is even relative to the server's working directory). The options put all
 file I/O on the coordinator, so checkpoints and saved models land on the laptop.
+
+Resuming: a lost ps loses its variables, so `dtf train` runs the program again (after the ps is
+back) and the program must continue from its last checkpoint: `dtf.checkpoint_dir()` is the same
+directory in every attempt (under `dtf train --output`), `dtf.BackupAndRestore()` does it for
+`model.fit`, and a custom loop restores a `tf.train.CheckpointManager` there (examples/).
 
 Under `dtf train` the cluster comes from TF_CONFIG (chief = this program). Run plainly
 (`python my_model.py`) the same calls start a small in-process cluster (1 ps, 2 workers), so the
@@ -25,13 +33,15 @@ when TensorFlow has not been imported yet.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["strategy", "coordinator", "output_dir", "checkpoint_options", "save_options",
-           "num_workers", "under_dtf", "local_cluster_spec", "COORDINATOR_DEVICE"]
+__all__ = ["strategy", "coordinator", "output_dir", "checkpoint_dir", "checkpoint_options",
+           "save_options", "BackupAndRestore", "attempt", "num_workers", "under_dtf",
+           "local_cluster_spec", "COORDINATOR_DEVICE"]
 
 if "tensorflow" not in sys.modules:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -100,11 +110,82 @@ def output_dir(*parts: str) -> Path:
     return path
 
 
+def checkpoint_dir(*parts: str) -> Path:
+    """The directory to checkpoint to and resume from: `output_dir("checkpoints", *parts)`.
+
+    It is the same in every attempt of a `dtf train` run (and in a later `dtf train` with the
+    same --output, which then resumes too: delete it, or pick another --output, to start over).
+    """
+    return output_dir("checkpoints", *parts)
+
+
+def attempt() -> int:
+    """Which run of the program this is: 1, then 2, 3... when `dtf train` runs it again after a
+    lost ps (see --attempts)."""
+    return int(os.environ.get("DTF_ATTEMPT") or 1)
+
+
+def BackupAndRestore(backup_dir: str | os.PathLike | None = None, **kwargs: Any) -> Any:  # noqa: N802
+    """tf-keras' `BackupAndRestore` callback, with its backup written and read on the laptop.
+
+    The stock callback lets TensorFlow put its save and restore ops next to the variables, on
+    the ps: the backup would land on the ps's disk (see checkpoint_options). This one passes
+    `checkpoint_options()` to both. `backup_dir` defaults to `checkpoint_dir("backup")`; other
+    arguments (`save_freq`, `delete_checkpoint`) go to the callback. Under ParameterServerStrategy
+    the backup is taken at the end of each epoch.
+    """
+    import tensorflow as tf
+    from tf_keras.src.distribute import worker_training_state
+
+    base = tf.keras.callbacks.BackupAndRestore
+    options = checkpoint_options()
+
+    class CoordinatorState(worker_training_state.WorkerTrainingState):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            for manager in {id(m): m for m in (self.read_checkpoint_manager,
+                                               self.write_checkpoint_manager)}.values():
+                _io_on_coordinator(manager._checkpoint, options)
+
+    class OnCoordinator(base):  # type: ignore[misc, valid-type]
+        def on_train_begin(self, logs: Any = None) -> None:
+            # The base class makes its training state (and restores it) right here: give it ours.
+            real = worker_training_state.WorkerTrainingState
+            worker_training_state.WorkerTrainingState = CoordinatorState
+            try:
+                super().on_train_begin(logs)
+            finally:
+                worker_training_state.WorkerTrainingState = real
+
+    return OnCoordinator(str(backup_dir or checkpoint_dir("backup")), **kwargs)
+
+
+def _io_on_coordinator(checkpoint: Any, options: Any) -> None:
+    """Make one tf.train.Checkpoint read and write through the coordinator's device."""
+    import copy
+
+    write, restore = checkpoint._write, checkpoint.restore
+
+    def _write(file_prefix: Any, options: Any = None, **kw: Any) -> Any:
+        merged = copy.copy(options) if options is not None else copy.copy(default)
+        merged.experimental_io_device = COORDINATOR_DEVICE
+        return write(file_prefix, options=merged, **kw)
+
+    def _restore(save_path: Any, options: Any = None) -> Any:
+        return restore(save_path, options=options or default)
+
+    default = options
+    checkpoint._write = _write
+    checkpoint.restore = _restore
+
+
+@functools.cache
 def checkpoint_options() -> Any:
     """tf.train.CheckpointOptions that write checkpoints here, on the coordinator (the laptop).
 
     For `ModelCheckpoint(..., save_weights_only=True, options=...)`, `model.save_weights(...,
     options=...)`, `CheckpointManager.save(options=...)` and `Checkpoint.write/restore`.
+    Always the same object (TensorFlow traces its save function once per options object).
     """
     import tensorflow as tf
 

@@ -13,9 +13,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dtf.cluster import ClusterOps, LeaseKeeper
 from dtf.errors import ClusterDown, DtfError
 from dtf.netutil import free_ports, port_open
 from dtf.plan import Plan
+from dtf.transport import CONNECT_TIMEOUT
 
 PROBE_TIMEOUT = 3.0
 # After Ctrl-C: seconds until the program's main thread is sent SIGINT itself, until SIGTERM,
@@ -54,22 +56,32 @@ def tf_config(plan: Plan, chief_address: str) -> dict:
             "task": {"type": "chief", "index": 0}}
 
 
-def program_env(plan: Plan, chief_host: str, output: str | None) -> dict[str, str]:
+def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 1) -> dict[str, str]:
     env = dict(os.environ)
     env["TF_CONFIG"] = json.dumps(tf_config(plan, f"{chief_host}:{free_ports(1)[0]}"))
     env["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras = tf-keras: model.fit works under PS (FACTS.md)
     env["GRPC_FAIL_FAST"] = "use_caller"
     env["DTF_CLUSTER"] = plan.cluster
+    env["DTF_ATTEMPT"] = str(attempt)
     if output:
         env["DTF_OUTPUT_DIR"] = str(Path(output).resolve())
     return env
 
 
-def run_program(plan: Plan, record: dict, program: str, args: list[str], output: str | None) -> int:
-    """Run `python PROGRAM ARGS` with the cluster's TF_CONFIG; return its exit code.
+def say(message: str) -> None:
+    print(f"dtf: {message}", file=sys.stderr, flush=True)
 
-    Ctrl-C reaches the program (it is in our terminal's process group) and stops it; dtf waits
-    for it and leaves the cluster up. SIGTERM sent to dtf alone is passed on to the program.
+
+def run_program(plan: Plan, record: dict, program: str, args: list[str], output: str | None,
+                attempts: int = 3, ps_wait: float = 120.0,
+                connect_timeout: float = CONNECT_TIMEOUT) -> int:
+    """Run `python PROGRAM ARGS` as the cluster's chief; return its exit code.
+
+    While it runs, the cluster's lease is renewed. If the program fails because a ps was lost
+    (its server died and its supervisor restarted it, or it cannot be reached), dtf waits up to
+    `ps_wait` seconds for every task to serve again and runs the program again, up to `attempts`
+    runs in all: the program resumes from its last checkpoint (a lost ps loses its variables).
+    A failure with every ps intact is the program's own: its exit code is returned at once.
     """
     if not Path(program).is_file():
         raise DtfError(f"program not found: {program}")
@@ -77,7 +89,81 @@ def run_program(plan: Plan, record: dict, program: str, args: list[str], output:
     if dead:
         raise ClusterDown(f"cluster {plan.cluster!r}: not serving: {', '.join(dead)} "
                           f"(see `dtf status`, `dtf logs TASK`)")
-    env = program_env(plan, record.get("chief_host") or "127.0.0.1", output)
+    ops = ClusterOps(plan, connect_timeout=connect_timeout)
+    with LeaseKeeper(plan, warn=lambda m: say(f"warning: {m}"), connect_timeout=connect_timeout):
+        attempt = 1
+        while True:
+            before = ps_incarnations(ops)
+            code, interrupted = run_once(plan, record, program, args, output, attempt)
+            if code == 0 or interrupted:
+                return code
+            lost = lost_ps(ops, before)
+            if not lost:
+                return code
+            if attempt >= attempts:
+                say(f"{', '.join(lost)} lost during attempt {attempt}; no attempts left "
+                    f"(--attempts {attempts})")
+                return code
+            say(f"{', '.join(lost)} lost during attempt {attempt} of {attempts}; waiting up to "
+                f"{ps_wait:g}s for every task to serve again")
+            t0 = time.monotonic()
+            still = wait_serving(plan, ps_wait)
+            if still:
+                raise ClusterDown(f"cluster {plan.cluster!r}: still not serving after {ps_wait:g}s: "
+                                  f"{', '.join(still)} (see `dtf status`, `dtf logs TASK`)")
+            attempt += 1
+            say(f"cluster serving again after {time.monotonic() - t0:.1f}s; running the program "
+                f"again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
+
+
+def ps_incarnations(ops: ClusterOps) -> dict[str, tuple]:
+    """Each ps task's (restarts, server pid), as its host's launcher reports them; hosts that
+    cannot be asked are left out."""
+    found = {}
+    for o in ops.status().values():
+        for name, info in o.data.get("tasks", {}).items() if o.ok else ():
+            if name.startswith("ps:"):
+                found[name] = (info.get("restarts"), info.get("server_pid"))
+    return found
+
+
+def lost_ps(ops: ClusterOps, before: dict[str, tuple]) -> list[str]:
+    """The ps tasks lost since `before`: restarted or not serving on their host, or not
+    reachable from here. Names with the reason, e.g. "ps:0 (server killed by SIGKILL)"."""
+    lost = {}
+    for o in ops.status().values():
+        for name, info in o.data.get("tasks", {}).items() if o.ok else ():
+            if not name.startswith("ps:"):
+                continue
+            now = (info.get("restarts"), info.get("server_pid"))
+            if name in before and now != before[name]:
+                lost[name] = f"server {info.get('last_exit') or 'restarted'}"
+            elif not info.get("serving"):
+                lost[name] = "not serving"
+    for t in ops.plan.tasks():
+        if t.job == "ps" and t.name not in lost and not port_open(t.addr_host, t.port, PROBE_TIMEOUT):
+            lost[t.name] = f"{t.address} unreachable"
+    return [f"{name} ({why})" for name, why in sorted(lost.items())]
+
+
+def wait_serving(plan: Plan, timeout: float) -> list[str]:
+    """Wait until every task accepts connections from here; the ones that still do not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        dead = dead_tasks(plan, timeout=min(PROBE_TIMEOUT, max(0.1, deadline - time.monotonic())))
+        if not dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.25)
+
+
+def run_once(plan: Plan, record: dict, program: str, args: list[str], output: str | None,
+             attempt: int) -> tuple[int, bool]:
+    """One run of the program: (exit code, interrupted by Ctrl-C).
+
+    Ctrl-C reaches the program (it is in our terminal's process group) and stops it; dtf waits
+    for it and leaves the cluster up. SIGTERM sent to dtf alone is passed on to the program.
+    """
+    env = program_env(plan, record.get("chief_host") or "127.0.0.1", output, attempt)
     interrupted_at: float | None = None
     proc: subprocess.Popen | None = None
 
@@ -87,8 +173,11 @@ def run_program(plan: Plan, record: dict, program: str, args: list[str], output:
             interrupted_at = time.monotonic()  # the terminal sent it to the program too
 
     def on_sigterm(signum: int, frame: object) -> None:
+        nonlocal interrupted_at
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
+        if interrupted_at is None:
+            interrupted_at = time.monotonic()  # stopped on purpose: never run it again
 
     # Handlers (not SIG_IGN): a handler resets to the default in the child, so the program still
     # gets its KeyboardInterrupt.
@@ -101,9 +190,8 @@ def run_program(plan: Plan, record: dict, program: str, args: list[str], output:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     if interrupted_at is not None:
-        print(f"dtf: program interrupted; cluster {plan.cluster!r} is still up "
-              f"(`dtf down` stops it)", file=sys.stderr)
-    return 128 - code if code < 0 else code
+        say(f"program interrupted; cluster {plan.cluster!r} is still up (`dtf down` stops it)")
+    return (128 - code if code < 0 else code), interrupted_at is not None
 
 
 def _wait(proc: subprocess.Popen, interrupted_at) -> int:

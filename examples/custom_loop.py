@@ -7,6 +7,10 @@ This program (the coordinator) only schedules functions; the workers run them, e
 of the dataset, reading and updating the variables that live on the ps tasks. The data is generated
 here (no download): 10 classes of pen strokes at different angles, with noise. Writes checkpoints/
 and summary.json under the output directory (--output, else `dtf train --output`, else ./dtf-output).
+
+Fault tolerance: the loop keeps its own step counter (a variable, checkpointed with the model and
+optimizer after every epoch). A lost ps loses the variables: `dtf train` runs this program again,
+which restores the last checkpoint and runs exactly the steps still missing.
 """
 
 import dtf  # first: makes tf.keras resolve to tf-keras (see FACTS.md on Keras 3 and this strategy)
@@ -92,6 +96,9 @@ def main():
         ])
         optimizer = tf.keras.optimizers.Adam(args.learning_rate)
         optimizer.build(model.trainable_variables)  # slot variables now, not inside a worker's step
+        # The loop's own step counter: steps finished, advanced here after each epoch's join (not
+        # by the workers, whose steps may run twice when a worker is lost and they are retried).
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         train_loss = tf.keras.metrics.Mean("train_loss")
         train_accuracy = tf.keras.metrics.SparseCategoricalAccuracy("train_accuracy")
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
@@ -117,31 +124,45 @@ def main():
             loss = strategy.run(replica_fn, args=(next(iterator),))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
 
-    # Checkpoints are written here, on the coordinator: manager.save(options=dtf.checkpoint_options())
-    # (without the options, each ps would write its variables to its own disk).
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    manager = tf.train.CheckpointManager(checkpoint, str(dtf.output_dir("checkpoints")), max_to_keep=3)
+    # Checkpoints are written here, on the coordinator: options=dtf.checkpoint_options() (without
+    # them, each ps would write its variables to its own disk). dtf.checkpoint_dir() is the same
+    # directory in every attempt of a `dtf train` run: a resumed run continues from it.
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+    manager = tf.train.CheckpointManager(checkpoint, str(dtf.checkpoint_dir()), max_to_keep=3)
+    total = args.epochs * args.steps_per_epoch
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint, options=dtf.checkpoint_options()).assert_consumed()
+        print(f"resumed at step {int(step.numpy())}/{total} from {manager.latest_checkpoint} "
+              f"(attempt {dtf.attempt()})", flush=True)
+    first_step = int(step.numpy())
 
     history = []
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(first_step // args.steps_per_epoch + 1, args.epochs + 1):
         train_loss.reset_state()
         train_accuracy.reset_state()
         for _ in range(args.steps_per_epoch // args.steps_per_call):
             # Non-blocking: queues the function; a free worker runs it with ITS iterator.
             coordinator.schedule(train_steps, args=(per_worker_iterator,))
         coordinator.join()  # wait until every scheduled function has run
+        step.assign_add(args.steps_per_epoch)
+        manager.save(checkpoint_number=epoch, options=dtf.checkpoint_options())
         loss, accuracy = float(train_loss.result()), float(train_accuracy.result())
         history.append({"epoch": epoch, "loss": loss, "accuracy": accuracy})
-        manager.save(checkpoint_number=epoch, options=dtf.checkpoint_options())
-        print(f"epoch {epoch}: loss {loss:.4f}, accuracy {accuracy:.4f}, "
-              f"steps so far {int(optimizer.iterations.numpy())}")
+        print(f"epoch {epoch}/{args.epochs} done: step {int(step.numpy())}, loss {loss:.4f}, "
+              f"accuracy {accuracy:.4f} (attempt {dtf.attempt()})", flush=True)
 
+    if not history:
+        print(f"custom_loop: nothing to do: the checkpoint in {dtf.checkpoint_dir()} is at step "
+              f"{first_step}/{total} (delete it, or use another --output, to train again)")
+        return
     summary = {
         "example": "custom_loop",
         "global_batch": global_batch,
         "epochs": args.epochs,
-        "steps": int(optimizer.iterations.numpy()),  # steps run, counted on the ps
-        "steps_scheduled": args.epochs * args.steps_per_epoch,
+        "steps": int(step.numpy()),  # the loop's own counter: exactly epochs * steps_per_epoch
+        "optimizer_steps": int(optimizer.iterations.numpy()),  # more if a lost worker's steps ran twice
+        "resumed_at_step": first_step,
+        "attempt": dtf.attempt(),
         "first_loss": history[0]["loss"],  # mean training loss of the first epoch
         "final_loss": history[-1]["loss"],  # ... and of the last epoch
         "first_accuracy": history[0]["accuracy"],

@@ -6,6 +6,11 @@
 The data is generated here (no download): 10 classes of pen strokes at different angles, with noise.
 Writes checkpoints/, logs/ (TensorBoard), saved_model/ and summary.json under the output directory
 (--output, else `dtf train --output`, else ./dtf-output).
+
+Fault tolerance: a lost worker costs only time (the coordinator retries its steps elsewhere, and
+takes it back when its supervisor has restarted it). A lost ps loses the variables: `dtf train`
+runs this program again, and `dtf.BackupAndRestore()` (tf-keras BackupAndRestore, written on the
+laptop) resumes `fit` at the epoch after the last one finished.
 """
 
 import dtf  # first: makes tf.keras resolve to tf-keras (Keras 3 has no ParameterServerStrategy fit)
@@ -96,11 +101,22 @@ def main():
             pss_evaluation_shards="auto",
         )
 
+    class Progress(tf.keras.callbacks.Callback):
+        """One line per finished epoch (after its backup): where a resumed run picks up."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            print(f"epoch {epoch + 1}/{args.epochs} done: step {int(self.model.optimizer.iterations.numpy())}, "
+                  f"loss {logs['loss']:.4f} (attempt {dtf.attempt()})", flush=True)
+
     callbacks = [
+        # First: restores model, optimizer and epoch from the last backup if this is a resumed run,
+        # and backs them up at the end of each epoch. Deleted when fit() completes.
+        dtf.BackupAndRestore(),
+        Progress(),  # right after the backup: a printed epoch is a backed-up epoch
         # Runs on this program (the coordinator): reads the variables from the ps and writes locally.
         # options: the save ops run here, not on the ps (whose disk is not the laptop's).
         tf.keras.callbacks.ModelCheckpoint(
-            str(dtf.output_dir("checkpoints") / "ckpt-{epoch:02d}"), save_weights_only=True,
+            str(dtf.checkpoint_dir() / "ckpt-{epoch:02d}"), save_weights_only=True,
             options=dtf.checkpoint_options()),
         # Halve the learning rate every 2 epochs. (Only epoch-level callbacks are allowed under
         # ParameterServerStrategy: batch-level hooks raise a ValueError in fit.)
@@ -129,7 +145,9 @@ def main():
         "global_batch": global_batch,
         "epochs": args.epochs,
         "steps": int(model.optimizer.iterations.numpy()),
-        "first_loss": history.history["loss"][0],  # mean training loss of the first epoch
+        "attempt": dtf.attempt(),
+        "epochs_this_attempt": len(history.epoch),  # fewer than epochs if this run resumed
+        "first_loss": history.history["loss"][0],  # mean training loss of this attempt's first epoch
         "final_loss": history.history["loss"][-1],  # ... and of the last epoch
         "first_accuracy": history.history["accuracy"][0],
         "final_accuracy": history.history["accuracy"][-1],
