@@ -6,7 +6,7 @@ anything else is a bug: one line on screen, the traceback in $DTF_HOME/debug.log
 from __future__ import annotations
 
 import functools
-import hashlib
+import re
 import sys
 import time
 import traceback
@@ -17,7 +17,7 @@ from typing import Any, Optional
 import typer
 
 from dtf import state
-from dtf.errors import ClusterDown, DtfError, ExitCode, HostFailure, NoCluster
+from dtf.errors import ClusterChanged, DtfError, ExitCode, HostFailure, NoCluster, UsageError
 
 app = typer.Typer(
     help="Train TensorFlow models on a cluster of SSH hosts, driven from your laptop.",
@@ -61,13 +61,39 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _load_plan(inventory_path: Path):
+def _load_plan(inventory_path: Path, ttl: float | None = None):
     from dtf import inventory
-    from dtf.plan import make_plan
+    from dtf.plan import DEFAULT_TTL, make_plan
     from dtf.transport import resolver
 
     inv = inventory.load(inventory_path)
-    return make_plan(inv, resolve=resolver(inv.ssh_config), local_python=sys.executable)
+    if inv.ssh_config:
+        _check_ssh_config(inventory_path, inv.ssh_config)
+    return make_plan(inv, resolve=resolver(inv.ssh_config), local_python=sys.executable,
+                     ttl=DEFAULT_TTL if ttl is None else ttl)
+
+
+def _check_ssh_config(inventory_path: Path, ssh_config: str) -> None:
+    """The inventory's ssh_config must be a file paramiko can read: say so at the inventory's
+    `ssh_config:` line, not with a traceback later."""
+    import os
+
+    import paramiko
+
+    from dtf.errors import InventoryError, Problem
+
+    text = inventory_path.read_text(errors="replace")
+    line = next((i for i, s in enumerate(text.splitlines(), 1) if s.startswith("ssh_config")), 1)
+    path = os.path.expanduser(ssh_config)
+    try:
+        paramiko.SSHConfig.from_path(path)
+    except OSError as e:
+        reason = e.strerror or str(e)
+    except Exception as e:  # paramiko's own parse errors
+        reason = f"cannot parse it: {e}"
+    else:
+        return
+    raise InventoryError([Problem(str(inventory_path), line, 1, "ssh_config", f"{ssh_config}: {reason}")])
 
 
 def _recorded(cluster: Optional[str]) -> tuple[str, dict]:
@@ -76,69 +102,147 @@ def _recorded(cluster: Optional[str]) -> tuple[str, dict]:
         return name, state.load(name)
 
 
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, option: str) -> float:
+    """'90', '90s', '30m', '2h', '1d' in seconds; '0' or 'never' is 0 (no limit)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip().lower())
+    if text.strip().lower() == "never":
+        return 0.0
+    if not m:
+        raise UsageError(f"{option}: expected a duration like 90s, 30m, 2h or 0 (never), got {text!r}")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _by_host(rows: list[dict]) -> dict[str, set[str]]:
+    tasks: dict[str, set[str]] = {}
+    for r in rows:
+        tasks.setdefault(r["host"], set()).add(r["task"])
+    return tasks
+
+
 @app.command()
 @guarded
 def up(
     inventory: Path = typer.Argument(..., help="The inventory YAML file."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; touch nothing."),
+    ttl: Optional[str] = typer.Option(
+        None, "--ttl", show_default=False,
+        help="Idle timeout: when no dtf command has used the cluster for this long (90s, 30m, 2h), "
+             "its tasks stop themselves and remove their files. 0 or never: no timeout. "
+             "Default: 1h."),
+    replace: bool = typer.Option(False, "--replace",
+                                 help="If the cluster is up from a different inventory: stop it "
+                                      "and start this one."),
     connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
-    """Start one TensorFlow server per ps and worker task of INVENTORY, and wait until all serve."""
-    from dtf import ui
-    from dtf.cluster import ClusterOps
-    from dtf.plan import Plan
+    """Start one TensorFlow server per ps and worker task of INVENTORY, and wait until all serve.
 
-    plan = _load_plan(inventory)
+    On a cluster that is already up: restart only the tasks that are not serving.
+    """
+    from dtf import ui
+    from dtf.plan import Plan, differences
+
+    ttl_seconds = None if ttl is None else parse_duration(ttl, "--ttl")
+    plan = _load_plan(inventory, ttl_seconds)
     if dry_run:
         ui.show_plan(plan)
         return
-    digest = hashlib.sha256(inventory.read_bytes()).hexdigest()
     with state.locked():
         if plan.cluster in state.names():
             record = state.load(plan.cluster)
-            if record.get("inventory_digest") != digest:
-                raise DtfError(f"cluster {plan.cluster!r} is already up from {record['inventory']}, "
-                               f"which differs from {inventory}: run `dtf down -c {plan.cluster}` first")
             recorded = Plan.from_dict(record["plan"])
-            rows = ui.status_rows(recorded, ClusterOps(recorded, connect_timeout=connect_timeout).status())
-            dead = [r["task"] for r in rows if not r["serving"]]
-            if dead:
-                raise ClusterDown(f"cluster {plan.cluster!r} is up but {', '.join(dead)} not serving: "
-                                  f"run `dtf down -c {plan.cluster}`, then `dtf up` again")
-            ui.out.print(f"cluster {plan.cluster} is already up: {len(rows)} tasks serving; "
-                         f"nothing changed", markup=False)
-            return
-
+            changes = differences(recorded, plan)
+            if changes and not replace:
+                raise ClusterChanged(plan.cluster, record["inventory"], str(inventory), changes)
+            if changes:
+                _down(plan.cluster, record, recorded, keep_logs=False, grace=10.0,
+                      connect_timeout=connect_timeout)
+            else:
+                _repair(inventory, record, recorded, ttl_seconds, connect_timeout)
+                return
         t0 = time.monotonic()
-        with ui.host_progress([h.name for h in plan.hosts], f"dtf up {plan.cluster}") as progress:
-            ops = ClusterOps(plan, progress, connect_timeout=connect_timeout)
-            outcomes = ops.up()
-            failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
-            if failures or ops.cancel.is_set():
-                touched = tuple(hp for hp in plan.hosts if hp.name in ops.touched)
-                if touched:
-                    # A fresh ClusterOps: `ops` may be cancelled (Ctrl-C), and a cancelled one
-                    # refuses every step, the rollback's too.
-                    rollback = ClusterOps(plan, progress, connect_timeout=connect_timeout)
-                    for host, o in rollback.down(hosts=touched).items():
-                        if not o.ok:
-                            failures[host] = f"{failures.get(host, 'started')}; rollback failed: {o.reason}"
-        if ops.cancel.is_set():
-            raise KeyboardInterrupt
-        if failures:
-            raise HostFailure("dtf up", failures)
+        outcomes = _start(plan, None, connect_timeout)
         client = next((o.data["client_address"] for o in outcomes.values()
                        if o.data.get("client_address")), None)
         state.save(plan.cluster, {
             "cluster": plan.cluster,
             "inventory": str(inventory.resolve()),
-            "inventory_digest": digest,
             "created": time.time(),
             "chief_host": client or "127.0.0.1",  # the laptop as the hosts see it
             "pids": {name: pid for o in outcomes.values() for name, pid in o.data["pids"].items()},
             "plan": plan.to_dict(),
         })
     ui.show_up(plan, outcomes, time.monotonic() - t0)
+
+
+def _start(plan, only: dict[str, set[str]] | None, connect_timeout: float) -> dict:
+    """Start the plan's tasks (or only some, per host); on any failure or Ctrl-C, stop what was
+    started and raise."""
+    from dtf import ui
+    from dtf.cluster import ClusterOps
+
+    hosts = [h.name for h in plan.hosts if only is None or only.get(h.name)]
+    with ui.host_progress(hosts, f"dtf up {plan.cluster}") as progress:
+        ops = ClusterOps(plan, progress, connect_timeout=connect_timeout)
+        outcomes = ops.up(only)
+        failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
+        if failures or ops.cancel.is_set():
+            # A fresh ClusterOps: `ops` may be cancelled (Ctrl-C), and a cancelled one refuses
+            # every step, the rollback's too.
+            rollback = ClusterOps(plan, progress, connect_timeout=connect_timeout)
+            if only is None:
+                touched = tuple(hp for hp in plan.hosts if hp.name in ops.touched)
+                undone = rollback.down(hosts=touched)
+            else:  # leave the tasks that were serving alone
+                undone = rollback.stop_tasks({h: only[h] for h in only if h in ops.touched})
+            for host, o in undone.items():
+                if not o.ok:
+                    failures[host] = f"{failures.get(host, 'started')}; rollback failed: {o.reason}"
+    if ops.cancel.is_set():
+        raise KeyboardInterrupt
+    if failures:
+        raise HostFailure("dtf up", failures)
+    return outcomes
+
+
+def _repair(inventory: Path, record: dict, plan, ttl: float | None, connect_timeout: float) -> None:
+    """`dtf up` on a cluster that is up from the same inventory: restart only the tasks that are
+    not serving (their supervisor gave up, or was killed, or the host rebooted)."""
+    import dataclasses
+
+    from dtf import ui
+    from dtf.cluster import ClusterOps
+
+    if ttl is not None and any(hp.ttl != ttl for hp in plan.hosts):
+        plan = dataclasses.replace(plan, hosts=tuple(dataclasses.replace(hp, ttl=ttl) for hp in plan.hosts))
+        for o in ClusterOps(plan, connect_timeout=connect_timeout).renew(ttl).values():
+            if not o.ok:
+                raise HostFailure("dtf up (renewing the lease)", {o.host: o.reason})
+        record["plan"] = plan.to_dict()
+        state.save(plan.cluster, record)
+    rows = ui.status_rows(plan, ClusterOps(plan, connect_timeout=connect_timeout).status())
+    unknown = {r["host"]: r["error"] for r in rows if r["state"] == "unknown"}
+    if unknown:
+        raise HostFailure("dtf up (checking the running cluster)", unknown)
+    dead = [r for r in rows if r["state"] != "alive"]
+    if not dead:
+        lease = f"; idle timeout now {ttl:g}s" if ttl is not None else ""
+        ui.out.print(f"cluster {plan.cluster} is already up: {len(rows)} tasks serving{lease}",
+                     markup=False)
+        return
+    t0 = time.monotonic()
+    only = _by_host(dead)
+    ClusterOps(plan, connect_timeout=connect_timeout).stop_tasks(only)  # supervisors that gave up
+    outcomes = _start(plan, only, connect_timeout)
+    for o in outcomes.values():
+        record["pids"].update(o.data["pids"])
+    record["inventory"] = str(inventory.resolve())
+    state.save(plan.cluster, record)
+    restarted = ", ".join(f"{r['task']} (was {r['state']})" for r in dead)
+    ui.out.print(f"cluster {plan.cluster}: restarted {restarted} in {time.monotonic() - t0:.1f}s; "
+                 f"{len(rows) - len(dead)} task(s) kept running", markup=False)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -149,6 +253,12 @@ def train(
     args: list[str] = typer.Argument(None, help="Arguments passed to the program."),
     cluster: Optional[str] = ClusterOpt,
     output: Optional[Path] = typer.Option(None, help="Sets $DTF_OUTPUT_DIR (dtf.output_dir())."),
+    attempts: int = typer.Option(3, "--attempts", min=1,
+                                 help="Runs of the program in all: after a lost ps, dtf waits for "
+                                      "it to serve again and runs the program again (it resumes "
+                                      "from its last checkpoint)."),
+    ps_wait: float = typer.Option(120.0, "--ps-wait", help="Seconds to wait for a lost ps to serve again."),
+    connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
     """Run PROGRAM here as the chief of the cluster; its exit code is dtf's."""
     from dtf.plan import Plan
@@ -156,7 +266,8 @@ def train(
 
     _, record = _recorded(cluster)
     code = run_program(Plan.from_dict(record["plan"]), record, str(program), list(args or []),
-                       str(output) if output else None)
+                       str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
+                       connect_timeout=connect_timeout)
     raise typer.Exit(code)
 
 
@@ -202,6 +313,7 @@ def logs(
     argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), t.log]
     try:
         with transport_for(hp.spec, plan.ssh_config) as conn:
+            conn.run(hp.renew_argv(), timeout=15)  # reading a log is using the cluster
             code = conn.stream(argv)
     except HostError as e:
         raise HostFailure("dtf logs", {hp.name: str(e)})
@@ -218,28 +330,35 @@ def down(
 ) -> None:
     """Stop every task, check none remains, remove dtf's files from the hosts, forget the cluster."""
     from dtf import ui
-    from dtf.cluster import ClusterOps
     from dtf.plan import Plan
 
     with state.locked():
         name = state.resolve_name(cluster)
         record = state.load(name)
-        plan = Plan.from_dict(record["plan"])
         t0 = time.monotonic()
-        with ui.host_progress([h.name for h in plan.hosts], f"dtf down {name}") as progress:
-            ops = ClusterOps(plan, progress, connect_timeout=connect_timeout)
-            outcomes = ops.down(keep_logs=keep_logs, grace=grace)
-        failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
-        if failures:
-            # Keep only the hosts that could not be cleaned, so a later `dtf down` retries them.
-            record["plan"]["hosts"] = [h for h in record["plan"]["hosts"] if h["spec"]["host"] in failures]
-            state.save(name, record)
-            raise HostFailure("dtf down", {h: f"{r} (kept in the record: run `dtf down` again)"
-                                           for h, r in failures.items()})
-        state.remove(name)
+        outcomes = _down(name, record, Plan.from_dict(record["plan"]), keep_logs, grace, connect_timeout)
     stopped = sum(1 for o in outcomes.values() for s in o.data["stopped"].values() if s["was_running"])
     ui.out.print(f"cluster {name} is down: {stopped} server(s) stopped on {len(outcomes)} host(s) "
                  f"in {time.monotonic() - t0:.1f}s", markup=False)
+
+
+def _down(name: str, record: dict, plan, keep_logs: bool, grace: float, connect_timeout: float) -> dict:
+    """Stop every task and remove the files; forget the cluster, or keep the hosts that failed."""
+    from dtf import ui
+    from dtf.cluster import ClusterOps
+
+    with ui.host_progress([h.name for h in plan.hosts], f"dtf down {name}") as progress:
+        ops = ClusterOps(plan, progress, connect_timeout=connect_timeout)
+        outcomes = ops.down(keep_logs=keep_logs, grace=grace)
+    failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
+    if failures:
+        # Keep only the hosts that could not be cleaned, so a later `dtf down` retries them.
+        record["plan"]["hosts"] = [h for h in record["plan"]["hosts"] if h["spec"]["host"] in failures]
+        state.save(name, record)
+        raise HostFailure("dtf down", {h: f"{r} (kept in the record: run `dtf down` again)"
+                                       for h, r in failures.items()})
+    state.remove(name)
+    return outcomes
 
 
 def main() -> None:
