@@ -33,6 +33,7 @@ unit: venv
 
 bench: venv
 	$(BIN)/python bench/provision.py
+	$(BIN)/python bench/faults.py
 
 clean:
 	rm -rf $(VENV) dtf-output .pytest_cache

@@ -46,3 +46,8 @@ def pids_alive(pids: list[int]) -> list[int]:
         except OSError:
             pass
     return alive
+
+
+def leftovers(lab) -> dict[str, list]:
+    """Processes still running from any lab host's dtf workdir."""
+    return {h.name: p for h in lab.hosts if (p := lab.processes(h))}

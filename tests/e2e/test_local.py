@@ -120,7 +120,7 @@ def test_train_fails_fast_naming_dead_tasks(tmp_path: Path, local_inventory: Pat
     assert dtf("up", str(local_inventory), home=home).returncode == 0
     try:
         record = json.loads((home / "state" / "loc.json").read_text())
-        os.kill(record["pids"]["worker:1"], signal.SIGKILL)
+        os.killpg(record["pids"]["worker:1"], signal.SIGKILL)  # supervisor and server: dead for good
         program = tmp_path / "tiny.py"
         program.write_text(TINY)
         r = dtf("train", str(program), home=home, timeout=60)
@@ -136,8 +136,8 @@ SLOW = textwrap.dedent("""
     import dtf
     import tensorflow as tf
     strategy, coordinator = dtf.strategy(), dtf.coordinator()
-    print("training", flush=True)
     try:
+        print("training", flush=True)  # inside: Ctrl-C may come while print returns
         time.sleep(120)
     except KeyboardInterrupt:
         print("program got Ctrl-C", flush=True)
@@ -161,8 +161,8 @@ def test_ctrl_c_stops_the_program_and_leaves_the_cluster_up(tmp_path: Path, loca
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130
-    assert "program got Ctrl-C" in out
+    assert proc.returncode == 130, (out, err)
+    assert "program got Ctrl-C" in out, (out, err)
     assert "cluster 'loc' is still up" in err and "Traceback" not in err
     assert [r["state"] for r in status_json(home)["tasks"]] == ["alive"] * 3
 
@@ -197,3 +197,36 @@ def test_down_keep_logs_and_never_kills_what_it_did_not_start(tmp_path: Path, lo
     left = sorted(str(p.relative_to(tmp_path / "work")) for p in (tmp_path / "work").rglob("*"))
     assert left == ["loc", "loc/ps-0", "loc/ps-0/log", "loc/worker-0", "loc/worker-0/log",
                     "loc/worker-1", "loc/worker-1/log"]
+
+
+BACKUP = textwrap.dedent("""
+    import dtf
+    import numpy as np
+    import tensorflow as tf
+    strategy = dtf.strategy()
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input(shape=(4,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensor_slices((np.ones((64, 4), "float32"), np.ones((64, 1), "float32")))
+    backup = dtf.BackupAndRestore("relative/backup", delete_checkpoint=False)
+    model.fit(data.repeat().batch(8), epochs=2, steps_per_epoch=5, callbacks=[backup], verbose=0)
+    print("iterations", int(model.optimizer.iterations.numpy()))
+""")
+
+
+def test_backup_and_restore_writes_and_reads_on_the_coordinator(tmp_path: Path, local_inventory: Path):
+    """A relative backup_dir shows who does the file I/O: the coordinator writes below ITS working
+    directory, a ps would write below its own (its task directory). A second run restores from
+    the backup: the epochs are done, so it trains no more."""
+    home = tmp_path / "home"
+    assert dtf("up", str(local_inventory), home=home).returncode == 0
+    program = tmp_path / "backup.py"
+    program.write_text(BACKUP)
+    laptop = tmp_path / "laptop"
+    laptop.mkdir()
+    for _ in range(2):
+        r = dtf("train", str(program), home=home, cwd=laptop, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "iterations 10" in r.stdout
+    assert list((laptop / "relative" / "backup" / "chief").glob("ckpt-*.index"))
+    assert not list((tmp_path / "work").rglob("relative"))

@@ -12,24 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, REPO, assert_one_line_error, dtf, pids_alive, status_json
+from helpers import EXAMPLES, REPO, assert_one_line_error, dtf, leftovers, pids_alive, status_json
 
 pytestmark = pytest.mark.lab
-
-
-def leftovers(lab) -> dict[str, list]:
-    """Processes still running from any lab host's dtf workdir."""
-    return {h.name: p for h in lab.hosts if (p := lab.processes(h))}
-
-
-@pytest.fixture
-def home(tmp_path: Path, lab):
-    """A DTF_HOME; after the test, any cluster it recorded is taken down and nothing may be left."""
-    home = tmp_path / "home"
-    yield home
-    for record in (home / "state").glob("*.json") if (home / "state").is_dir() else []:
-        dtf("down", "-c", record.stem, home=home, timeout=120)
-    assert leftovers(lab) == {}
 
 
 def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp_path):
@@ -47,8 +32,9 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
         ("worker:0", "h1", f"{addr['h1']}:{w0}", "alive", True),
         ("worker:1", "h1", f"{addr['h1']}:{w1}", "alive", True),
         ("worker:2", "h2", f"{addr['h2']}:{w2}", "alive", True)]
-    # The servers run on the hosts, detached from the SSH sessions that started them.
-    assert {h: len(p) for h, p in ((h.name, lab.processes(h)) for h in lab.hosts)} == {"h0": 1, "h1": 2, "h2": 1}
+    # The servers run on the hosts, detached from the SSH sessions that started them: per task,
+    # a supervisor and its server.
+    assert {h: len(p) for h, p in ((h.name, lab.processes(h)) for h in lab.hosts)} == {"h0": 2, "h1": 4, "h2": 2}
     if lab.mode == "netns":  # the chief is advertised at the laptop's address as the hosts see it
         assert record["chief_host"] == "10.213.37.1"
 
@@ -56,7 +42,7 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert log.returncode == 0 and f"worker:1 serving on port {w1}" in log.stdout
     follow_log_until_interrupted(home, "ps:0", f"ps:0 serving on port {ps}")
     assert tails_left(lab, "h0") == []  # following left no `tail` behind on the host
-    assert len(lab.processes("h0")) == 1
+    assert len(lab.processes("h0")) == 2
 
     # Relative output paths, given to the programs themselves, from the laptop's working
     # directory: a file written by a server instead of the coordinator would land in that
@@ -80,7 +66,8 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert s["steps"] == 3 * 50
     assert list((tmp_path / "loop" / "checkpoints").glob("ckpt-*.index"))
     on_hosts = [str(p) for h in lab.hosts for p in Path(h.workdir, "lab").rglob("*")
-                if p.name not in ("launcher.py", "log", "pid.json", "ready.json")
+                if p.name not in ("launcher.py", "log", "pid.json", "ready.json", "supervisor.json",
+                                  "lease.json")
                 and not p.is_dir()]
     assert on_hosts == []  # nothing the programs saved went to the hosts
 
@@ -199,7 +186,7 @@ def test_down_keeps_an_unreachable_host_for_a_retry(lab, write_inventory, home):
         r = dtf("down", "--connect-timeout", "3", home=home, timeout=120)
         assert_one_line_error(r, 4, "dtf down failed on 1 host(s)", "h1: unreachable",
                               "kept in the record: run `dtf down` again")
-        assert lab.processes("h0") == [] and len(lab.processes("h1")) == 1
+        assert lab.processes("h0") == [] and len(lab.processes("h1")) == 2
         record = json.loads((home / "state" / "lab.json").read_text())
         assert [h["spec"]["host"] for h in record["plan"]["hosts"]] == ["h1"]
     finally:
@@ -231,7 +218,7 @@ def test_ssh_config_alias_with_proxyjump(lab, write_inventory, home, tmp_path):
     rows = status_json(home)["tasks"]
     assert [(x["task"], x["address"], x["state"]) for x in rows] == [
         ("ps:0", f"{lab.host('h1').address}:{ps}", "alive"), ("worker:0", f"{h2.address}:{w0}", "alive")]
-    assert len(lab.processes("h2")) == 1 and lab.processes("h0") == []
+    assert len(lab.processes("h2")) == 2 and lab.processes("h0") == []
     assert dtf("down", home=home, timeout=120).returncode == 0
     assert leftovers(lab) == {}
 

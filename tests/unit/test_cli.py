@@ -38,7 +38,7 @@ def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path: Path, dtf_home: P
     assert r.exit_code == 0, r.output
     assert "host gpu-02 (ssh gpu-02)" in r.output
     assert ("start    /opt/tf/bin/python3 ~/.dtf/demo/launcher.py start --dir ~/.dtf/demo --timeout 90 "
-            "--env GRPC_FAIL_FAST=use_caller --env PYTHONUNBUFFERED=1 --task worker:0:2222 "
+            "--ttl 3600 --restart-limit 10 --restart-backoff 0.5 --env GRPC_FAIL_FAST=use_caller --env PYTHONUNBUFFERED=1 --task worker:0:2222 "
             "--task worker:1:2223") in r.output
     assert '"worker": ["gpu-02:2222", "gpu-02:2223"]' in r.output
     assert not dtf_home.exists()
@@ -109,3 +109,32 @@ def test_train_missing_program(dtf_home: Path):
     state.save("c", {"plan": {"cluster": "c", "inventory": "i", "ssh_config": None, "hosts": []}})
     r = runner.invoke(app, ["train", "no_such_program.py"])
     assert r.exit_code == 1 and "program not found: no_such_program.py" in r.output
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("1.5m", 90), ("2h", 7200),
+                                           ("1d", 86400), ("0", 0), ("never", 0), (" 30M ", 1800)])
+def test_durations(text: str, seconds: float):
+    from dtf.cli import parse_duration
+
+    assert parse_duration(text, "--ttl") == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "-5s", "5 minutes", "1e3", "h", "5x"])
+def test_bad_ttl_is_a_usage_error(tmp_path: Path, bad: str):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("cluster: demo\nhosts:\n  - {host: a, ps: 1, workers: 1}\n")
+    r = runner.invoke(app, ["up", "--ttl", bad, "--dry-run", str(inv)])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines() == [
+        f"dtf: error: --ttl: expected a duration like 90s, 30m, 2h or 0 (never), got {bad!r}"]
+
+
+def test_missing_or_broken_ssh_config_is_an_inventory_error(tmp_path: Path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"cluster: demo\nssh_config: {tmp_path}/nope\nhosts:\n  - {{host: a, ps: 1, workers: 1}}\n")
+    r = runner.invoke(app, ["up", "--dry-run", str(inv)])
+    assert r.exit_code == 3
+    assert r.output.splitlines() == [f"dtf: error: {inv}:2:1: ssh_config: {tmp_path}/nope: No such file or directory"]
+    (tmp_path / "nope").write_text("Host a\n  ProxyCommand\n")
+    r = runner.invoke(app, ["up", "--dry-run", str(inv)])
+    assert r.exit_code == 3 and "ssh_config: " in r.output and "cannot parse it" in r.output

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from dtf import inventory
-from dtf.plan import Plan, make_plan
+from dtf.plan import Plan, differences, make_plan
 from dtf.shell import expand_local, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,8 +50,10 @@ def test_commands_are_exact_argv():
     assert hp.root == "~/.dtf/demo"
     assert hp.start_argv == [
         "/opt/tf/bin/python3", "~/.dtf/demo/launcher.py", "start", "--dir", "~/.dtf/demo",
-        "--timeout", "90", "--env", "GRPC_FAIL_FAST=use_caller", "--env", "PYTHONUNBUFFERED=1",
+        "--timeout", "90", "--ttl", "3600", "--restart-limit", "10", "--restart-backoff", "0.5",
+        "--env", "GRPC_FAIL_FAST=use_caller", "--env", "PYTHONUNBUFFERED=1",
         "--task", "worker:0:3000", "--task", "worker:1:3001"]
+    assert hp.start_argv_for({"worker:1"})[-2:] == ["--task", "worker:1:3001"]
     assert hp.stop_argv(5) == ["/opt/tf/bin/python3", "~/.dtf/demo/launcher.py", "stop", "--dir",
                                "~/.dtf/demo", "--grace", "5", "--task", "worker:0", "--task", "worker:1"]
     assert hp.tasks[1].log == "~/.dtf/demo/worker-1/log"
@@ -87,3 +89,29 @@ def test_render_quotes_every_value_but_a_leading_tilde(tmp_path):
     home = subprocess.run(["bash", "-c", render(["echo", "~/a b"])], capture_output=True, text=True).stdout
     assert home.strip() == os.path.expanduser("~/a b")
     assert expand_local(["~/a b", "x~/"]) == [os.path.expanduser("~/a b"), "x~/"]
+
+
+def test_differences_name_every_change_and_nothing_else():
+    assert differences(plan(), plan()) == []
+    assert differences(plan(), plan(ttl=60)) == []  # the lease is not the inventory
+    changed = INV.replace("workers: 2, tf_port: 3000", "workers: 3, tf_port: 3000, python: python3.11")
+    changed = changed.replace("  - {host: gpu-03, address: 192.0.2.7, workers: [4000]}\n",
+                              "  - {host: gpu-04, workers: [4000]}\n")
+    assert differences(plan(), plan(changed)) == [
+        "host gpu-04: added",
+        "host gpu-03: removed",
+        "host gpu-02: python '/opt/tf/bin/python3' -> 'python3.11'",
+        "task worker:2: gpu-03 192.0.2.7:4000 -> gpu-02 gpu-02:3002",
+        "task worker:3: added on gpu-04 at gpu-04:4000",
+    ]
+    fewer = INV.replace("workers: 2, tf_port: 3000", "workers: 1, tf_port: 3000")
+    assert differences(plan(), plan(fewer))[-1] == "task worker:2: removed (was on gpu-03 at 192.0.2.7:4000)"
+
+
+def test_restart_policy_and_lease_reach_the_start_command():
+    p = plan(INV.replace("workdir: ~/.dtf}", "workdir: ~/.dtf, restart_limit: 0, restart_backoff: 2.5}"), ttl=0)
+    argv = p.hosts[0].start_argv
+    assert argv[argv.index("--ttl") + 1] == "0"
+    assert argv[argv.index("--restart-limit") + 1] == "0"
+    assert argv[argv.index("--restart-backoff") + 1] == "2.5"
+    assert p.hosts[0].status_argv()[3:5] == ["--dir", "~/.dtf/demo"] and "--renew" in p.hosts[0].status_argv()

@@ -1,0 +1,344 @@
+"""Training that survives, on the SSH lab: real servers killed, real links cut, real leases lapsing.
+
+Each test is bounded (every wait has a deadline), restores any link it cut, and leaves no process
+behind (the `home` fixture takes the cluster down and checks every lab host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import EXAMPLES, assert_one_line_error, dtf, leftovers, status_json
+
+pytestmark = pytest.mark.lab
+
+
+class Train:
+    """`dtf train ...` running in the background; stdout and stderr in one file, as a user sees."""
+
+    def __init__(self, home: Path, out: Path, *args: str, cwd: Path | None = None) -> None:
+        self.path = out
+        self.file = open(out, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dtf.cli", "train", *args],
+            env={**os.environ, "DTF_HOME": str(home)}, stdout=self.file, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, cwd=cwd)
+
+    def text(self) -> str:
+        return self.path.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> float:
+        """Wait until the output matches `pattern`; the time it did (time.monotonic())."""
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.text(), re.M):
+            assert self.proc.poll() is None, f"exited {self.proc.returncode} first:\n{self.text()[-4000:]}"
+            assert time.monotonic() < deadline, f"no {pattern!r} after {timeout}s:\n{self.text()[-4000:]}"
+            time.sleep(0.05)
+        return time.monotonic()
+
+    def finish(self, timeout: float = 300) -> tuple[int, str]:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.file.close()
+        return code, self.text()
+
+
+def task_row(home: Path, task: str) -> dict:
+    return next(r for r in status_json(home)["tasks"] if r["task"] == task)
+
+
+def wait_serving(home: Path, task: str, after_pid: int, timeout: float = 60) -> dict:
+    """Wait until `task` serves again with a server other than `after_pid`; its status row."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = task_row(home, task)
+        if row["state"] == "alive" and row["server_pid"] not in (None, after_pid):
+            return row
+        assert time.monotonic() < deadline, row
+        time.sleep(0.2)
+
+
+def epochs_done(text: str) -> list[tuple[int, int]]:
+    """(epoch, attempt) of every "epoch E/N done: ... (attempt A)" line, in order."""
+    return [(int(e), int(a)) for e, a in re.findall(r"^epoch (\d+)/\d+ done: .*\(attempt (\d+)\)$", text, re.M)]
+
+
+def kill_server(home: Path, task: str) -> int:
+    pid = task_row(home, task)["server_pid"]
+    assert pid
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+# -- 1. supervision --------------------------------------------------------------------------------
+
+def test_a_dead_server_is_restarted_on_its_port_until_the_limit(lab, write_inventory, home):
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}],
+                          restart_limit=2, restart_backoff=0.2)
+    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    before = task_row(home, "worker:0")
+
+    killed = kill_server(home, "worker:0")
+    t0 = time.monotonic()
+    row = wait_serving(home, "worker:0", killed)
+    print(f"worker:0 serving again {time.monotonic() - t0:.1f}s after SIGKILL")
+    assert (row["restarts"], row["last_exit"], row["pid"]) == (1, "killed by SIGKILL", before["pid"])
+    assert row["address"] == before["address"]  # the same port: the coordinator takes it back
+    log = dtf("logs", "worker:0", home=home, timeout=60).stdout
+    assert "worker:0: server killed by SIGKILL after" in log and "restart 1 of 2 in 0.2s" in log
+
+    # An OOM kill or a crash is the same to the supervisor: a second death, a second restart...
+    row = wait_serving(home, "worker:0", kill_server(home, "worker:0"))
+    assert row["restarts"] == 2
+    # ... and the third is past the limit: it gives up, and says so.
+    kill_server(home, "worker:0")
+    deadline = time.monotonic() + 30
+    while (row := task_row(home, "worker:0"))["state"] != "failed":
+        assert time.monotonic() < deadline, row
+        time.sleep(0.2)
+    r = dtf("status", home=home, timeout=60)
+    assert r.returncode == 7
+    assert "worker:0 (h1): gave up after 2 restart(s); last exit: killed by SIGKILL" in r.stderr
+    assert task_row(home, "ps:0")["restarts"] == 0
+
+    # `dtf up` again restarts only what is not serving; the ps keeps its process.
+    ps_pid = task_row(home, "ps:0")["server_pid"]
+    r = dtf("up", str(inv), home=home, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "restarted worker:0 (was failed)" in r.stdout and "1 task(s) kept running" in r.stdout
+    rows = status_json(home)["tasks"]
+    assert [(x["task"], x["state"], x["restarts"]) for x in rows] == [("ps:0", "alive", 0), ("worker:0", "alive", 0)]
+    assert rows[0]["server_pid"] == ps_pid
+
+    # `dtf down` stops supervisors and servers alike.
+    r = dtf("down", home=home, timeout=120)
+    assert r.returncode == 0 and "2 server(s) stopped" in r.stdout, r.stderr
+    assert leftovers(lab) == {}
+
+
+def test_up_on_a_partly_dead_cluster_and_on_a_changed_inventory(lab, write_inventory, home, tmp_path):
+    ps, w0, w1 = lab.ports(3)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
+    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    # A whole task dies (supervisor and server: a reboot, a `kill -9 -PGID`).
+    os.killpg(task_row(home, "worker:0")["pid"], signal.SIGKILL)
+    assert task_row(home, "worker:0")["state"] == "dead"
+    ps_pid = task_row(home, "ps:0")["server_pid"]
+    r = dtf("up", str(inv), home=home, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "restarted worker:0 (was dead)" in r.stdout
+    assert [x["state"] for x in status_json(home)["tasks"]] == ["alive", "alive"]
+    assert task_row(home, "ps:0")["server_pid"] == ps_pid
+
+    # The inventory changes: dtf says what differs and changes nothing...
+    changed = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
+                               {"host": "h2", "workers": [w1]}])
+    r = dtf("up", str(changed), home=home, timeout=120)
+    assert r.returncode == 8, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.splitlines()[0].startswith(f"dtf: error: cluster 'lab' is up from {inv}, and {changed} differs")
+    assert r.stderr.splitlines()[1:] == ["  host h2: added",
+                                         f"  task worker:1: added on h2 at {lab.host('h2').address}:{w1}"]
+    assert lab.processes("h2") == [] and task_row(home, "ps:0")["server_pid"] == ps_pid
+    # ... unless told to replace the cluster.
+    r = dtf("up", "--replace", str(changed), home=home, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert [x["task"] for x in status_json(home)["tasks"]] == ["ps:0", "worker:0", "worker:1"]
+    assert task_row(home, "ps:0")["server_pid"] != ps_pid
+
+
+def test_ctrl_c_during_up_rolls_back(lab, write_inventory, home, tmp_path):
+    ports = lab.ports(3)
+    inv = write_inventory([{"host": h, "workers" if i else "ps": [p]}
+                           for i, (h, p) in enumerate(zip(("h0", "h1", "h2"), ports))])
+    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "up", str(inv)],
+                            env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        seen = ""
+        while "starting 1 server(s)" not in seen:  # the servers are being started: Ctrl-C now
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            seen += proc.stderr.readline()
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, seen + err
+    assert "Traceback" not in err and "dtf: error: interrupted" in err
+    assert leftovers(lab) == {}
+    assert not (home / "state" / "lab.json").exists()
+    for h in lab.hosts:
+        assert not Path(h.workdir, "lab").exists(), list(Path(h.workdir, "lab").rglob("*"))
+
+
+# -- 2. a lost worker ------------------------------------------------------------------------------
+
+def test_a_worker_killed_mid_training_costs_only_time(lab, write_inventory, home, tmp_path):
+    """The coordinator retries the lost worker's steps elsewhere; the supervisor restarts it on
+    its port; the coordinator takes it back. Also: the lease (ttl 8s) is renewed by `dtf train`
+    for the whole run, which lasts longer than that."""
+    ps, w0, w1 = lab.ports(3)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
+                           {"host": "h2", "workers": [w1]}])
+    assert dtf("up", "--ttl", "8s", str(inv), home=home, timeout=120).returncode == 0
+    run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "fit"),
+                str(EXAMPLES / "mnist_fit.py"), "--epochs", "6", "--steps-per-epoch", "40")
+    run.wait_for(r"^epoch 2/6 done")
+    t0 = time.monotonic()
+    killed = kill_server(home, "worker:1")
+    row = wait_serving(home, "worker:1", killed)
+    print(f"worker:1 serving again {time.monotonic() - t0:.1f}s after SIGKILL")
+    code, text = run.finish()
+    assert code == 0, text[-5000:]
+    assert "lost during attempt" not in text  # no rerun: only a worker was lost
+    assert epochs_done(text) == [(e, 1) for e in range(1, 7)]
+    s = json.loads((tmp_path / "fit" / "summary.json").read_text())
+    assert s["steps"] >= 6 * 40 and s["final_loss"] < 0.5 * s["first_loss"], s
+    row = task_row(home, "worker:1")
+    assert (row["state"], row["restarts"], row["last_exit"]) == ("alive", 1, "killed by SIGKILL")
+    assert all(r["state"] == "alive" for r in status_json(home)["tasks"])  # the lease held
+
+
+# -- 3. a lost ps ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("example", ["mnist_fit.py", "custom_loop.py"])
+def test_a_lost_ps_resumes_from_the_last_checkpoint(lab, write_inventory, home, tmp_path, example):
+    ps, w0, w1 = lab.ports(3)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
+                           {"host": "h2", "workers": [w1]}])
+    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    epochs, steps = 6, 40
+    run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"), str(EXAMPLES / example),
+                "--epochs", str(epochs), "--steps-per-epoch", str(steps))
+    run.wait_for(r"^epoch 2/6 done")
+    t_kill = time.monotonic()
+    kill_server(home, "ps:0")
+    t_back = run.wait_for(r"running the program again \(attempt 2 of 3\)")
+    code, text = run.finish()
+    assert code == 0, text[-5000:]
+    print(f"ps:0 killed -> program rerun in {t_back - t_kill:.1f}s")
+    assert "dtf: ps:0 (server killed by SIGKILL) lost during attempt 1 of 3" in text
+
+    done = epochs_done(text)
+    first = [e for e, a in done if a == 1]
+    second = [e for e, a in done if a == 2]
+    assert first == list(range(1, len(first) + 1)) and len(first) >= 2
+    assert second == list(range(second[0], epochs + 1))
+    # Nothing was skipped (the run ends at exactly 6 epochs) and at most the epoch that was in
+    # progress when the ps died is done again: each epoch is backed up before it is reported,
+    # so the resumed run starts right after the last one reported (or after the one whose
+    # report the kill interrupted).
+    assert first[-1] + 1 <= second[0] <= first[-1] + 2, done
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["attempt"] == 2
+    assert s["steps"] == epochs * steps, s  # exactly what was asked, not more, not fewer
+    if example == "custom_loop.py":
+        assert f"resumed at step {(second[0] - 1) * steps}/{epochs * steps}" in text
+        assert s["resumed_at_step"] == (second[0] - 1) * steps
+    else:
+        assert s["epochs_this_attempt"] == epochs - second[0] + 1
+        assert s["eval_accuracy"] > 0.8, s
+    assert task_row(home, "ps:0")["restarts"] == 1
+
+
+def test_a_program_that_fails_on_its_own_is_not_run_again(lab, write_inventory, home, tmp_path):
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
+    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    program = tmp_path / "bad.py"
+    program.write_text("import sys\nprint('attempt', flush=True)\nsys.exit(3)\n")
+    r = dtf("train", str(program), home=home, timeout=120)
+    assert r.returncode == 3 and r.stdout.count("attempt") == 1 and "lost" not in r.stderr
+
+
+# -- 4. a lost laptop ------------------------------------------------------------------------------
+
+def test_an_abandoned_cluster_stops_itself_when_its_lease_lapses(lab, write_inventory, home):
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
+    t_up = time.monotonic()
+    assert dtf("up", "--ttl", "6s", str(inv), home=home, timeout=120).returncode == 0
+    # A laptop that comes back in time finds its cluster intact: any dtf command renews.
+    time.sleep(max(0.0, t_up + 4 - time.monotonic()))
+    assert [r["state"] for r in status_json(home)["tasks"]] == ["alive", "alive"]
+    t_renewed = time.monotonic()
+    time.sleep(max(0.0, t_up + 9 - time.monotonic()))  # past the first lease, not the renewed one
+    assert lab.processes("h0") and lab.processes("h1")
+    assert [r["state"] for r in status_json(home)["tasks"]] == ["alive", "alive"]
+    t_renewed = time.monotonic()
+
+    # Then nothing renews it: each task stops itself and the last one removes dtf's files.
+    deadline = t_renewed + 6 + 20
+    while leftovers(lab) or any(Path(h.workdir, "lab").exists() for h in lab.hosts[:2]):
+        assert time.monotonic() < deadline, (leftovers(lab), [list(Path(h.workdir).rglob("*")) for h in lab.hosts])
+        time.sleep(0.1)
+    print(f"hosts cleared {time.monotonic() - (t_renewed + 6):.1f}s after the lease lapsed")
+    r = dtf("status", home=home, timeout=60)
+    assert r.returncode == 7 and "dtf's files are gone" in r.stderr and "lease lapsed" in r.stderr
+    # `dtf up` brings it back from the same record; `dtf down` then stops it as usual.
+    r = dtf("up", str(inv), home=home, timeout=120)
+    assert r.returncode == 0 and "restarted ps:0 (was dead), worker:0 (was dead)" in r.stdout, r.stderr
+    assert dtf("down", home=home, timeout=120).returncode == 0
+    assert leftovers(lab) == {}
+
+
+# -- 5. a partitioned host -------------------------------------------------------------------------
+
+def test_a_worker_host_cut_off_for_20s_mid_training(lab, write_inventory, home, tmp_path):
+    if lab.mode != "netns":
+        pytest.skip("cutting one host off needs network namespaces (lab in loopback mode)")
+    ps, w0, w1 = lab.ports(3)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
+                           {"host": "h2", "workers": [w1]}])
+    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    epochs, steps = 8, 40
+    run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"),
+                str(EXAMPLES / "custom_loop.py"), "--epochs", str(epochs), "--steps-per-epoch", str(steps))
+    run.wait_for(r"^epoch 1/8 done")
+    lab.link_down("h2")
+    try:
+        time.sleep(20)
+        assert run.proc.poll() is None, run.text()[-4000:]  # still training, on the other worker
+    finally:
+        lab.link_up("h2")
+    code, text = run.finish(timeout=400)
+    assert code == 0, text[-5000:]
+    assert "lost during attempt" not in text
+    assert epochs_done(text) == [(e, 1) for e in range(1, epochs + 1)]
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["steps"] == epochs * steps and s["final_loss"] < 0.5 * s["first_loss"], s
+    assert [r["state"] for r in status_json(home)["tasks"]] == ["alive"] * 3
+
+
+# -- 6. bounded waits ------------------------------------------------------------------------------
+
+def test_train_against_a_dead_cluster_fails_fast_naming_the_tasks(lab, write_inventory, home, tmp_path):
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
+    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    for task in ("ps:0", "worker:0"):
+        os.killpg(task_row(home, task)["pid"], signal.SIGKILL)
+    t0 = time.monotonic()
+    r = dtf("train", str(EXAMPLES / "custom_loop.py"), home=home, timeout=120)
+    assert time.monotonic() - t0 < 30
+    assert_one_line_error(r, 7, f"ps:0 (h0, {lab.host('h0').address}:{ps})",
+                          f"worker:0 (h1, {lab.host('h1').address}:{w0})")
