@@ -193,10 +193,11 @@ def _start(plan, only: dict[str, set[str]] | None, connect_timeout: float) -> di
             # every step, the rollback's too.
             rollback = ClusterOps(plan, progress, connect_timeout=connect_timeout)
             if only is None:
-                touched = tuple(hp for hp in plan.hosts if hp.name in ops.touched)
-                undone = rollback.down(hosts=touched)
+                started = tuple(hp for hp in plan.hosts if hp.name in ops.started)
+                uploaded = tuple(hp for hp in plan.hosts if hp.name in ops.touched - ops.started)
+                undone = {**rollback.down(hosts=started), **rollback.remove_launcher(uploaded)}
             else:  # leave the tasks that were serving alone
-                undone = rollback.stop_tasks({h: only[h] for h in only if h in ops.touched})
+                undone = rollback.stop_tasks({h: only[h] for h in only if h in ops.started})
             for host, o in undone.items():
                 if not o.ok:
                     failures[host] = f"{failures.get(host, 'started')}; rollback failed: {o.reason}"

@@ -64,7 +64,8 @@ class ClusterOps:
         self.progress = progress
         self.connect_timeout = connect_timeout
         self.cancel = threading.Event()
-        self.touched: set[str] = set()  # hosts `up` got far enough on to leave something behind
+        self.touched: set[str] = set()  # hosts `up` uploaded the launcher to
+        self.started: set[str] = set()  # hosts `up` started tasks on
 
     def transport(self, hp: HostPlan) -> Transport:
         return transport_for(hp.spec, self.plan.ssh_config, self.connect_timeout)
@@ -120,7 +121,7 @@ class ClusterOps:
         self._step(hp, "connecting")
         with self.transport(hp) as t:
             self._step(hp, "uploading launcher")
-            self.touched.add(hp.name)  # from here on, a rollback must visit this host
+            self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
             self._upload(t, hp)
             self._step(hp, "checking python and TensorFlow")
             r = t.run(hp.check_argv(only), timeout=30)
@@ -134,11 +135,17 @@ class ClusterOps:
             if tf_version and remote_tf != tf_version:
                 raise HostError(f"TensorFlow mismatch: {remote_tf} on the host ({hp.python}), "
                                 f"{tf_version} on this machine")
+            if check.get("running") and only is None:
+                raise HostError(
+                    f"cluster {self.plan.cluster!r} already runs here ({', '.join(check['running'])} "
+                    f"in {hp.root}), started by another dtf (another DTF_HOME or machine): "
+                    f"`dtf down` it there, or name this cluster differently")
             if check["busy"]:
                 raise HostError("port busy: " + ", ".join(
                     f"{task.port} ({task.name})" for task in hp.tasks if task.port in check["busy"]))
             tasks = [task for task in hp.tasks if only is None or task.name in only]
             self._step(hp, f"starting {len(tasks)} server(s)")
+            self.started.add(hp.name)  # from here on, a rollback must stop tasks there
             r = t.run(hp.start_argv_for(only), timeout=hp.start_timeout + 30)
             started = self._json(r, "starting servers")["tasks"]
         pids = {name: s["pid"] for name, s in started.items()}
@@ -213,6 +220,15 @@ class ClusterOps:
     def down(self, keep_logs: bool = False, grace: float = STOP_GRACE,
              hosts: tuple[HostPlan, ...] | None = None) -> dict[str, Outcome]:
         return self.each_host(lambda hp: self.stop_host(hp, keep_logs, grace), hosts)
+
+    def remove_launcher(self, hosts: tuple[HostPlan, ...]) -> dict[str, Outcome]:
+        """Undo an upload that no start followed: remove dtf's files unless tasks (another
+        dtf's) run there."""
+        def clean(hp: HostPlan) -> dict:
+            with self.transport(hp) as t:
+                return self._json(t.run(hp.clean_argv(False, if_unused=True), timeout=30), "cleaning up")
+
+        return self.each_host(clean, hosts)
 
     def stop_tasks(self, only: dict[str, set[str]], grace: float = STOP_GRACE) -> dict[str, Outcome]:
         """Stop the tasks named per host (a partial rollback); leave the rest and the files."""

@@ -88,8 +88,9 @@ class HostPlan:
         )
 
     def check_argv(self, only: Collection[str] | None = None) -> list[str]:
-        return self.launcher_argv("check", *[a for t in self.tasks if only is None or t.name in only
-                                             for a in ("--port", str(t.port))])
+        return self.launcher_argv("check", "--dir", self.root,
+                                  *[a for t in self.tasks if only is None or t.name in only
+                                    for a in ("--port", str(t.port))])
 
     def status_argv(self) -> list[str]:
         """Status of every task; renews the lease (whoever asks is using the cluster)."""
@@ -102,8 +103,9 @@ class HostPlan:
         return self.launcher_argv("stop", "--dir", self.root, "--grace", f"{grace:g}",
                                   *self.task_args(only=only))
 
-    def clean_argv(self, keep_logs: bool) -> list[str]:
-        return self.launcher_argv("clean", "--dir", self.root, *(["--keep-logs"] if keep_logs else []))
+    def clean_argv(self, keep_logs: bool, if_unused: bool = False) -> list[str]:
+        return self.launcher_argv("clean", "--dir", self.root, *(["--keep-logs"] if keep_logs else []),
+                                  *(["--if-unused"] if if_unused else []))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ Every subcommand prints one JSON document on stdout and exits 0 when it did what
     status    --dir D --task JOB:INDEX ...     is each task alive, serving, restarted how often
     renew     --dir D [--ttl S]                renew the cluster's lease on this host
     stop      --dir D --task JOB:INDEX ...     TERM the task's process group, KILL after a grace
-    clean     --dir D [--keep-logs]            remove what dtf put in D
+    clean     --dir D [--keep-logs] [--if-unused]  remove what dtf put in D
 
 Each task is a supervisor process (its own session and process group) with the server as its
 child in the same group: one `killpg` stops both. The supervisor restarts a server that dies, on
@@ -199,7 +199,20 @@ def cmd_check(args: argparse.Namespace) -> dict:
         "tensorflow": tf_version(),
         "busy": [p for p in args.port if port_busy(p)],
         "client_address": client[0] if client else None,
+        "running": running_tasks(args.dir) if args.dir else [],
     }
+
+
+def running_tasks(root: str) -> list[str]:
+    """Tasks below `root` whose supervisor is alive (as JOB:INDEX)."""
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in sorted(os.listdir(root)):
+        record = read_json(os.path.join(root, name, "pid.json"))
+        if ours(record):
+            found.append(f"{record['job']}:{record['index']}")
+    return found
 
 
 def supervise_argv(python: str, launcher: str, root: str, job: str, index: int, port: int,
@@ -527,6 +540,8 @@ def cmd_clean(args: argparse.Namespace) -> dict:
     removed = []
     if not os.path.isdir(args.dir):
         return {"removed": removed}
+    if args.if_unused and running_tasks(args.dir):
+        return {"removed": removed, "in_use": True}  # another dtf's tasks live here: not ours
     for name in sorted(os.listdir(args.dir)):
         path = os.path.join(args.dir, name)
         if os.path.isdir(path):
@@ -558,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="launcher.py")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("check")
+    p.add_argument("--dir")
     p.add_argument("--port", type=int, action="append", default=[])
     p = sub.add_parser("start")
     p.add_argument("--dir", required=True)
@@ -589,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("clean")
     p.add_argument("--dir", required=True)
     p.add_argument("--keep-logs", action="store_true")
+    p.add_argument("--if-unused", action="store_true")
     args = parser.parse_args(argv)
     if getattr(args, "dir", None):
         args.dir = os.path.expanduser(args.dir)

@@ -230,3 +230,17 @@ def test_backup_and_restore_writes_and_reads_on_the_coordinator(tmp_path: Path, 
         assert "iterations 10" in r.stdout
     assert list((laptop / "relative" / "backup" / "chief").glob("ckpt-*.index"))
     assert not list((tmp_path / "work").rglob("relative"))
+
+
+def test_a_second_dtf_home_cannot_take_over_a_running_cluster(tmp_path: Path, local_inventory: Path):
+    """Same inventory, another DTF_HOME (another laptop, another user): refused, and its rollback
+    leaves the running cluster alone."""
+    home, other = tmp_path / "home", tmp_path / "other"
+    assert dtf("up", str(local_inventory), home=home).returncode == 0
+    pids = {r["task"]: r["server_pid"] for r in status_json(home)["tasks"]}
+    r = dtf("up", str(local_inventory), home=other)
+    assert_one_line_error(r, 4, "cluster 'loc' already runs here (ps:0, worker:0, worker:1",
+                          "started by another dtf")
+    assert not (other / "state" / "loc.json").exists()
+    assert {r["task"]: r["server_pid"] for r in status_json(home)["tasks"]} == pids
+    assert [r["state"] for r in status_json(home)["tasks"]] == ["alive"] * 3
