@@ -160,21 +160,21 @@ def BackupAndRestore(backup_dir: str | os.PathLike | None = None, **kwargs: Any)
     return OnCoordinator(str(backup_dir or checkpoint_dir("backup")), **kwargs)
 
 
-def _io_on_coordinator(checkpoint: Any, options: Any) -> None:
+def _io_on_coordinator(checkpoint: Any, coordinator_options: Any) -> None:
     """Make one tf.train.Checkpoint read and write through the coordinator's device."""
     import copy
 
     write, restore = checkpoint._write, checkpoint.restore
 
     def _write(file_prefix: Any, options: Any = None, **kw: Any) -> Any:
-        merged = copy.copy(options) if options is not None else copy.copy(default)
+        # CheckpointManager passes options of its own (write callbacks): keep them, set the device.
+        merged = copy.copy(options if options is not None else coordinator_options)
         merged.experimental_io_device = COORDINATOR_DEVICE
         return write(file_prefix, options=merged, **kw)
 
     def _restore(save_path: Any, options: Any = None) -> Any:
-        return restore(save_path, options=options or default)
+        return restore(save_path, options=options or coordinator_options)
 
-    default = options
     checkpoint._write = _write
     checkpoint.restore = _restore
 

@@ -216,14 +216,17 @@ def _repair(inventory: Path, record: dict, plan, ttl: float | None, connect_time
     from dtf import ui
     from dtf.cluster import ClusterOps
 
-    if ttl is not None and any(hp.ttl != ttl for hp in plan.hosts):
+    new_ttl = ttl is not None and any(hp.ttl != ttl for hp in plan.hosts)
+    if new_ttl:
         plan = dataclasses.replace(plan, hosts=tuple(dataclasses.replace(hp, ttl=ttl) for hp in plan.hosts))
-        for o in ClusterOps(plan, connect_timeout=connect_timeout).renew(ttl).values():
+    ops = ClusterOps(plan, connect_timeout=connect_timeout)
+    if new_ttl:
+        for o in ops.renew(ttl).values():
             if not o.ok:
                 raise HostFailure("dtf up (renewing the lease)", {o.host: o.reason})
         record["plan"] = plan.to_dict()
         state.save(plan.cluster, record)
-    rows = ui.status_rows(plan, ClusterOps(plan, connect_timeout=connect_timeout).status())
+    rows = ui.status_rows(plan, ops.status())
     unknown = {r["host"]: r["error"] for r in rows if r["state"] == "unknown"}
     if unknown:
         raise HostFailure("dtf up (checking the running cluster)", unknown)
@@ -235,7 +238,7 @@ def _repair(inventory: Path, record: dict, plan, ttl: float | None, connect_time
         return
     t0 = time.monotonic()
     only = _by_host(dead)
-    ClusterOps(plan, connect_timeout=connect_timeout).stop_tasks(only)  # supervisors that gave up
+    ops.stop_tasks(only)  # supervisors that gave up
     outcomes = _start(plan, only, connect_timeout)
     for o in outcomes.values():
         record["pids"].update(o.data["pids"])

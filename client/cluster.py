@@ -105,6 +105,14 @@ class ClusterOps:
         self.progress(hp.name, what)
 
     @staticmethod
+    def _launcher_gone(result: Any) -> bool:
+        """The command failed because launcher.py is not there (dtf's files were removed)."""
+        return not result.ok and "launcher.py" in result.stderr and "No such file" in result.stderr
+
+    def _hosts_in(self, only: dict[str, set[str]]) -> tuple[HostPlan, ...]:
+        return tuple(hp for hp in self.plan.hosts if only.get(hp.name))
+
+    @staticmethod
     def _json(result: Any, what: str) -> dict:
         try:
             return json.loads(result.stdout.strip().splitlines()[-1])
@@ -143,7 +151,7 @@ class ClusterOps:
             if check["busy"]:
                 raise HostError("port busy: " + ", ".join(
                     f"{task.port} ({task.name})" for task in hp.tasks if task.port in check["busy"]))
-            tasks = [task for task in hp.tasks if only is None or task.name in only]
+            tasks = hp.tasks_in(only)
             self._step(hp, f"starting {len(tasks)} server(s)")
             self.started.add(hp.name)  # from here on, a rollback must stop tasks there
             r = t.run(hp.start_argv_for(only), timeout=hp.start_timeout + 30)
@@ -167,14 +175,13 @@ class ClusterOps:
         version = local_tf_version()
         if only is None:
             return self.each_host(lambda hp: self.start_host(hp, version))
-        hosts = tuple(hp for hp in self.plan.hosts if only.get(hp.name))
-        return self.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), hosts)
+        return self.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), self._hosts_in(only))
 
     # -- the lease -----------------------------------------------------------------------------
     def renew_host(self, hp: HostPlan, ttl: float | None = None) -> dict:
         with self.transport(hp) as t:
             r = t.run(hp.renew_argv(ttl), timeout=RENEW_TIMEOUT)
-            if not r.ok and "launcher.py" in r.stderr and "No such file" in r.stderr:
+            if self._launcher_gone(r):
                 return {"gone": True}
             return self._json(r, "renewing the lease")
 
@@ -186,7 +193,7 @@ class ClusterOps:
         self._step(hp, "connecting")
         with self.transport(hp) as t:
             r = t.run(hp.status_argv(), timeout=30)
-            if not r.ok and "launcher.py" in r.stderr and "No such file" in r.stderr:
+            if self._launcher_gone(r):
                 # dtf's files are gone: the lease lapsed and the tasks cleaned up after
                 # themselves, or the host was wiped. Every task is dead.
                 reason = f"dtf's files are gone from {hp.root} (lease lapsed?)"
@@ -232,8 +239,8 @@ class ClusterOps:
 
     def stop_tasks(self, only: dict[str, set[str]], grace: float = STOP_GRACE) -> dict[str, Outcome]:
         """Stop the tasks named per host (a partial rollback); leave the rest and the files."""
-        hosts = tuple(hp for hp in self.plan.hosts if only.get(hp.name))
-        return self.each_host(lambda hp: self.stop_host(hp, grace=grace, only=only[hp.name]), hosts)
+        return self.each_host(lambda hp: self.stop_host(hp, grace=grace, only=only[hp.name]),
+                              self._hosts_in(only))
 
 
 class LeaseKeeper:

@@ -66,13 +66,14 @@ class HostPlan:
     def launcher_argv(self, *args: str) -> list[str]:
         return [self.python, self.launcher, *args]
 
+    def tasks_in(self, only: Collection[str] | None) -> list[TaskPlan]:
+        """Every task of this host, or the ones named in `only`."""
+        return [t for t in self.tasks if only is None or t.name in only]
+
     def task_args(self, with_port: bool = False, only: Collection[str] | None = None) -> list[str]:
         """`--task` arguments for every task of this host, or for the tasks named in `only`."""
-        args = []
-        for t in self.tasks:
-            if only is None or t.name in only:
-                args += ["--task", f"{t.job}:{t.index}:{t.port}" if with_port else t.name]
-        return args
+        return [a for t in self.tasks_in(only)
+                for a in ("--task", f"{t.job}:{t.index}:{t.port}" if with_port else t.name)]
 
     @property
     def start_argv(self) -> list[str]:
@@ -89,8 +90,7 @@ class HostPlan:
 
     def check_argv(self, only: Collection[str] | None = None) -> list[str]:
         return self.launcher_argv("check", "--dir", self.root,
-                                  *[a for t in self.tasks if only is None or t.name in only
-                                    for a in ("--port", str(t.port))])
+                                  *[a for t in self.tasks_in(only) for a in ("--port", str(t.port))])
 
     def status_argv(self) -> list[str]:
         """Status of every task; renews the lease (whoever asks is using the cluster)."""

@@ -116,30 +116,31 @@ def run_program(plan: Plan, record: dict, program: str, args: list[str], output:
                 f"again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
 
 
+def ps_status(ops: ClusterOps) -> dict[str, dict]:
+    """Each ps task's status as its host's launcher reports it; hosts that cannot be asked are
+    left out."""
+    return {name: info for o in ops.status().values() if o.ok
+            for name, info in o.data.get("tasks", {}).items() if name.startswith("ps:")}
+
+
+def incarnation(info: dict) -> tuple:
+    """What changes when a ps's server is restarted."""
+    return info.get("restarts"), info.get("server_pid")
+
+
 def ps_incarnations(ops: ClusterOps) -> dict[str, tuple]:
-    """Each ps task's (restarts, server pid), as its host's launcher reports them; hosts that
-    cannot be asked are left out."""
-    found = {}
-    for o in ops.status().values():
-        for name, info in o.data.get("tasks", {}).items() if o.ok else ():
-            if name.startswith("ps:"):
-                found[name] = (info.get("restarts"), info.get("server_pid"))
-    return found
+    return {name: incarnation(info) for name, info in ps_status(ops).items()}
 
 
 def lost_ps(ops: ClusterOps, before: dict[str, tuple]) -> list[str]:
     """The ps tasks lost since `before`: restarted or not serving on their host, or not
     reachable from here. Names with the reason, e.g. "ps:0 (server killed by SIGKILL)"."""
     lost = {}
-    for o in ops.status().values():
-        for name, info in o.data.get("tasks", {}).items() if o.ok else ():
-            if not name.startswith("ps:"):
-                continue
-            now = (info.get("restarts"), info.get("server_pid"))
-            if name in before and now != before[name]:
-                lost[name] = f"server {info.get('last_exit') or 'restarted'}"
-            elif not info.get("serving"):
-                lost[name] = "not serving"
+    for name, info in ps_status(ops).items():
+        if name in before and incarnation(info) != before[name]:
+            lost[name] = f"server {info.get('last_exit') or 'restarted'}"
+        elif not info.get("serving"):
+            lost[name] = "not serving"
     for t in ops.plan.tasks():
         if t.job == "ps" and t.name not in lost and not port_open(t.addr_host, t.port, PROBE_TIMEOUT):
             lost[t.name] = f"{t.address} unreachable"

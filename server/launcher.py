@@ -73,14 +73,6 @@ def proc_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def boot_time() -> float:
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    return 0.0
-
-
 def read_json(path: str) -> dict | None:
     try:
         with open(path) as f:
@@ -101,6 +93,13 @@ def ours(record: dict | None) -> bool:
     if not record:
         return False
     return proc_start_ticks(record["pid"]) == record["start_ticks"]
+
+
+def server_record(sup: dict) -> dict | None:
+    """The server a supervisor.json names, as a record `ours` checks (None: no server now)."""
+    if not sup.get("server_pid"):
+        return None
+    return {"pid": sup["server_pid"], "start_ticks": sup.get("server_ticks")}
 
 
 def port_busy(port: int) -> bool:
@@ -296,9 +295,8 @@ class Supervisor:
         self.ready = os.path.join(self.dir, "ready.json")
         self.stopping = False
         self.server: subprocess.Popen | None = None
-        self.state = {"state": "starting", "restarts": 0, "last_exit": None, "last_exit_time": None,
-                      "server_pid": None, "server_ticks": None, "server_started": None,
-                      "limit": limit}
+        self.state = {"state": "starting", "restarts": 0, "last_exit": None,
+                      "server_pid": None, "server_ticks": None, "server_started": None}
         self.lease: dict | None = None
         self.lease_read = 0.0
 
@@ -378,8 +376,7 @@ class Supervisor:
             ran = now - self.state["server_started"]
             quick_deaths = 1 if ran >= STABLE_AFTER else quick_deaths + 1
             reason = exit_reason(code)
-            self.save(state="restarting", last_exit=reason, last_exit_time=now, server_pid=None,
-                      server_ticks=None)
+            self.save(state="restarting", last_exit=reason, server_pid=None, server_ticks=None)
             if self.state["restarts"] >= self.limit:
                 log_line(f"{self.name}: server {reason} after {ran:.1f}s; restart limit "
                          f"({self.limit}) reached: giving up")
@@ -410,9 +407,7 @@ class Supervisor:
         with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one task at a time: the last one sees no others
             shutil.rmtree(self.dir, ignore_errors=True)
-            others = [d for d in os.listdir(self.root)
-                      if ours(read_json(os.path.join(self.root, d, "pid.json")))]
-            if not others:
+            if not running_tasks(self.root):
                 shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -436,15 +431,14 @@ def cmd_serve(args: argparse.Namespace) -> dict:
     return {}
 
 
-def task_status(root: str, job: str, index: int, btime: float, tick: int) -> dict:
+def task_status(root: str, job: str, index: int) -> dict:
     tdir = task_dir(root, job, index)
     record = read_json(os.path.join(tdir, "pid.json"))
     if record is None:
         return {"alive": False, "pid": None, "uptime": None, "reason": "never started"}
     sup = read_json(os.path.join(tdir, "supervisor.json")) or {}
     alive = ours(record)  # the supervisor
-    server_alive = bool(alive and sup.get("server_pid")
-                        and proc_start_ticks(sup["server_pid"]) == sup.get("server_ticks"))
+    server_alive = alive and ours(server_record(sup))
     port = record.get("port")
     state = sup.get("state", "starting") if alive else "dead"
     reason = None
@@ -461,15 +455,13 @@ def task_status(root: str, job: str, index: int, btime: float, tick: int) -> dic
         "serving": bool(server_alive and port and port_open(port)),
         "restarts": sup.get("restarts", 0),
         "last_exit": sup.get("last_exit"),
-        "last_exit_time": sup.get("last_exit_time"),
         "reason": reason,
     }
 
 
 def cmd_status(args: argparse.Namespace) -> dict:
-    btime, tick = boot_time(), os.sysconf("SC_CLK_TCK")
     lease = renew(args.dir, None) if args.renew else read_json(lease_path(args.dir))
-    return {"tasks": {t: task_status(args.dir, *parse_task(t, False), btime, tick) for t in args.task},
+    return {"tasks": {t: task_status(args.dir, *parse_task(t, False)) for t in args.task},
             "lease": lease}
 
 
@@ -488,51 +480,45 @@ def cmd_renew(args: argparse.Namespace) -> dict:
 
 
 def cmd_stop(args: argparse.Namespace) -> dict:
-    records = {}
+    # Per running task: its process group (the supervisor's pid) and the processes to see gone,
+    # supervisor and server.
+    groups: dict[str, tuple[int, list[dict]]] = {}
     for t in args.task:
-        job, index = parse_task(t, with_port=False)
-        record = read_json(os.path.join(task_dir(args.dir, job, index), "pid.json"))
-        if ours(record):
-            records[t] = record
-    results = {t: {"was_running": t in records, "killed": False} for t in args.task}
+        tdir = task_dir(args.dir, *parse_task(t, with_port=False))
+        record = read_json(os.path.join(tdir, "pid.json"))
+        server = server_record(read_json(os.path.join(tdir, "supervisor.json")) or {})
+        members = [r for r in (record, server) if ours(r)]
+        if record and members:
+            groups[t] = (record["pid"], members)
+    results = {t: {"was_running": t in groups, "killed": False} for t in args.task}
 
-    def signal_group(record: dict, sig: int) -> None:
-        if not ours(record):
-            return
-        try:
-            os.killpg(record["pid"], sig)  # the server leads its own session and group
-        except ProcessLookupError:
-            pass
+    def alive(t: str) -> bool:
+        return any(ours(m) for m in groups[t][1])
 
-    def server_of(t: str) -> dict:
-        sup = read_json(os.path.join(task_dir(args.dir, *parse_task(t, False)), "supervisor.json")) or {}
-        return {"pid": sup.get("server_pid") or 0, "start_ticks": sup.get("server_ticks")}
-
-    servers = {t: server_of(t) for t in args.task}
-    for record in records.values():
-        signal_group(record, signal.SIGTERM)
-    deadline = time.monotonic() + args.grace
-    while any(ours(r) for r in records.values()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for t, record in records.items():
-        if ours(record):
-            signal_group(record, signal.SIGKILL)
-            results[t]["killed"] = True
-    deadline = time.monotonic() + 5
-    while any(ours(r) for r in records.values()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for t, record in records.items():
-        results[t]["gone"] = not ours(record)
-    for t, server in servers.items():  # a server whose supervisor was killed alone: still ours
-        if server["pid"] and ours(server):
+    def signal_group(t: str, sig: int) -> None:
+        # The group outlives its leader while any member lives, and Linux never hands out a pid
+        # that is still a group's id: a group with a live member of ours is still ours.
+        if alive(t):
             try:
-                os.killpg(os.getpgid(server["pid"]), signal.SIGKILL)
+                os.killpg(groups[t][0], sig)
             except ProcessLookupError:
                 pass
-            deadline = time.monotonic() + 5
-            while ours(server) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            results[t]["gone"] = results[t].get("gone", True) and not ours(server)
+
+    def wait(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while any(alive(t) for t in groups) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    for t in groups:
+        signal_group(t, signal.SIGTERM)
+    wait(args.grace)
+    for t in groups:
+        if alive(t):
+            signal_group(t, signal.SIGKILL)
+            results[t]["killed"] = True
+    wait(5)
+    for t in groups:
+        results[t]["gone"] = not alive(t)
     return {"tasks": results}
 
 
