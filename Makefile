@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 INVENTORY ?= inventory/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test unit bench clean
+.PHONY: venv demo test test-fast lint unit bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,17 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
 
+# The fast tier: pure, CLI and fake-server tests (no TensorFlow is imported), under a minute.
+test-fast: venv
+	$(BIN)/python -m pytest -q -rs -m "not tf" $(PYTEST_ARGS)
+
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit
+
+# Type checker (strict on the client, the host package checked too) and linter.
+lint: venv
+	$(BIN)/ruff check client server tests bench
+	$(BIN)/mypy -p dtf -p dtf_server
 
 bench: venv
 	$(BIN)/python bench/provision.py

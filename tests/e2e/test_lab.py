@@ -16,7 +16,7 @@ import yaml
 
 from lab import Host, Lab, LabError, LabUnsupported, _alive
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
 FAKE_PYTHON = Path(__file__).resolve().parents[1] / "fakes" / "python-tf-mismatch"
 VERSIONS = "import importlib.metadata as m; print(m.version('tensorflow'), m.version('tensorflow-cpu'))"

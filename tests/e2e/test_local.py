@@ -16,6 +16,8 @@ import pytest
 from dtf.netutil import free_ports
 from helpers import assert_one_line_error, dtf, pids_alive, status_json
 
+pytestmark = pytest.mark.tf
+
 TINY = textwrap.dedent("""
     import sys
     import dtf

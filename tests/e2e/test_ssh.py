@@ -14,7 +14,7 @@ import pytest
 
 from helpers import EXAMPLES, REPO, assert_one_line_error, dtf, leftovers, pids_alive, status_json
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
 
 def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp_path):

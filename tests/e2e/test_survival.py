@@ -19,7 +19,7 @@ import pytest
 
 from helpers import EXAMPLES, assert_one_line_error, dtf, leftovers, status_json
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
 
 class Train:

@@ -11,10 +11,9 @@ from pathlib import Path
 from dtf import inventory
 from dtf.plan import Plan, differences, make_plan
 from dtf.shell import expand_local, render
+from dtf_server import launcher  # the host side: standard library only at import
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "server"))
-import launcher  # noqa: E402  (the host-side launcher: standard library only at import)
 
 INV = """\
 cluster: demo

@@ -27,13 +27,13 @@ REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to acce
 
 
 def launcher_text() -> str:
-    return resources.files("dtf.server").joinpath("launcher.py").read_text()
+    return resources.files("dtf_server").joinpath("launcher.py").read_text()
 
 
 def local_tf_version() -> str | None:
     """The laptop's TensorFlow version, asked the same way the launcher asks on each host
     (package metadata: importing TensorFlow takes seconds)."""
-    from dtf.server.launcher import tf_version
+    from dtf_server.launcher import tf_version
 
     return tf_version()
 
