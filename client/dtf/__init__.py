@@ -39,9 +39,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["strategy", "coordinator", "output_dir", "checkpoint_dir", "checkpoint_options",
-           "save_options", "BackupAndRestore", "attempt", "num_workers", "under_dtf",
-           "local_cluster_spec", "COORDINATOR_DEVICE"]
+__all__ = [
+    "COORDINATOR_DEVICE",
+    "BackupAndRestore",
+    "attempt",
+    "checkpoint_dir",
+    "checkpoint_options",
+    "coordinator",
+    "local_cluster_spec",
+    "num_workers",
+    "output_dir",
+    "save_options",
+    "strategy",
+    "under_dtf",
+]
 
 if "tensorflow" not in sys.modules:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")

@@ -54,7 +54,7 @@ class InventoryError(DtfError):
 class Problem:
     """One mistake at one place in a file: `inventory.yaml:7:5: hosts[1].workers: expected ...`."""
 
-    __slots__ = ("file", "line", "column", "path", "message")
+    __slots__ = ("column", "file", "line", "message", "path")
 
     def __init__(self, file: str, line: int, column: int, path: str, message: str) -> None:
         self.file, self.line, self.column, self.path, self.message = file, line, column, path, message

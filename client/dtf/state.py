@@ -1,23 +1,62 @@
 """The local record of clusters: `$DTF_HOME/state/NAME.json` (DTF_HOME defaults to ~/.dtf).
 
-A record holds the plan, the pid of every task, and the laptop's address as the hosts saw it.
-Every command that reads or writes records holds `$DTF_HOME/lock` (flock), so two dtf commands
-cannot corrupt a record; a second one waits a little, then fails with a clear message.
+A record (`Record`) holds the plan, the pid of every task, and the laptop's address as the hosts
+saw it; it carries a format version, so a record written by another dtf is named as such instead
+of being misread. Every command that changes records holds `$DTF_HOME/lock` (flock), so two dtf
+commands cannot corrupt a record; a second one waits a little, then fails with a clear message.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dtf.errors import NoCluster, StateBusy
+from dtf.plan import Plan
 
 LOCK_WAIT = 5.0
+# The format of a record. Records before this field existed are version 1; a record of another
+# version is refused with one line (what to do about it), never half-read.
+RECORD_VERSION = 2
+
+
+@dataclass(frozen=True)
+class Record:
+    """What dtf remembers of a cluster it started."""
+
+    plan: Plan
+    inventory: str  # the inventory file it was started from (absolute)
+    created: float  # time.time() when `dtf up` started it
+    chief_host: str  # the laptop's address as the hosts see it (the coordinator's TF address)
+    pids: dict[str, int] = field(default_factory=dict)  # task name -> its supervisor's pid
+    taking_down: bool = False  # `dtf down` has begun: a running `dtf train` stops its program
+
+    @property
+    def cluster(self) -> str:
+        return self.plan.cluster
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": RECORD_VERSION, "cluster": self.cluster, "inventory": self.inventory,
+                "created": self.created, "chief_host": self.chief_host, "pids": dict(self.pids),
+                "taking_down": self.taking_down, "plan": self.plan.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Record:
+        return cls(plan=Plan.from_dict(data["plan"]), inventory=data["inventory"],
+                   created=data["created"], chief_host=data["chief_host"],
+                   pids={str(k): int(v) for k, v in data["pids"].items()},
+                   taking_down=bool(data.get("taking_down", False)))
+
+    def replace(self, **changes: Any) -> Record:
+        return dataclasses.replace(self, **changes)
 
 
 def home() -> Path:
@@ -78,24 +117,39 @@ def resolve_name(name: str | None) -> str:
     return recorded[0]
 
 
-def load(name: str) -> dict:
-    path = state_dir() / f"{name}.json"
+def path_of(name: str) -> Path:
+    return state_dir() / f"{name}.json"
+
+
+def load(name: str) -> Record:
+    path = path_of(name)
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise NoCluster(f"no cluster named {name!r} is up; run `dtf up INVENTORY` first")
     except ValueError as e:
         raise NoCluster(f"the record of cluster {name!r} is damaged ({path}: {e}); "
                         f"remove it after checking its hosts by hand")
+    version = data.get("version", 1) if isinstance(data, dict) else None
+    if version != RECORD_VERSION:
+        raise NoCluster(f"the record of cluster {name!r} ({path}) was written by another version of "
+                        f"dtf (record format {version}, this dtf reads {RECORD_VERSION}): take the "
+                        f"cluster down with the dtf that started it, or stop its tasks by hand and "
+                        f"remove the record")
+    try:
+        return Record.from_dict(data)
+    except (KeyError, TypeError, ValueError) as e:
+        raise NoCluster(f"the record of cluster {name!r} is damaged ({path}: {type(e).__name__}: {e}); "
+                        f"remove it after checking its hosts by hand")
 
 
-def save(name: str, record: dict) -> None:
+def save(record: Record) -> None:
     d = state_dir()
     d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{name}.json"
+    path = path_of(record.cluster)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
+    tmp.write_text(json.dumps(record.to_dict(), indent=1))
+    os.replace(tmp, path)  # atomic: `dtf train` reads it while it runs
 
 
 def remove(name: str) -> None:

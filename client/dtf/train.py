@@ -10,13 +10,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dtf import state
 from dtf.cluster import ClusterOps, LeaseKeeper
 from dtf.errors import ClusterDown, DtfError
 from dtf.netutil import free_ports, port_open
 from dtf.plan import Plan
+from dtf.state import Record
 from dtf.transport import CONNECT_TIMEOUT
 
 PROBE_TIMEOUT = 3.0
@@ -24,6 +27,8 @@ PROBE_TIMEOUT = 3.0
 # and until SIGKILL.
 INTERRUPT_STEPS = (3.0, 10.0, 15.0)
 TGKILL = {"x86_64": 234, "aarch64": 131}  # syscall numbers (Linux)
+DOWN_POLL = 0.5  # how often a running `dtf train` looks whether `dtf down` began
+DOWN_KILL_AFTER = 5.0  # seconds a program gets after TERM when its cluster is taken down
 
 
 def interrupt_main_thread(pid: int) -> bool:
@@ -72,7 +77,7 @@ def say(message: str) -> None:
     print(f"dtf: {message}", file=sys.stderr, flush=True)
 
 
-def run_program(plan: Plan, record: dict, program: str, args: list[str], output: str | None,
+def run_program(record: Record, program: str, args: list[str], output: str | None,
                 attempts: int = 3, ps_wait: float = 120.0,
                 connect_timeout: float = CONNECT_TIMEOUT) -> int:
     """Run `python PROGRAM ARGS` as the cluster's chief; return its exit code.
@@ -83,8 +88,7 @@ def run_program(plan: Plan, record: dict, program: str, args: list[str], output:
     runs in all: the program resumes from its last checkpoint (a lost ps loses its variables).
     A failure with every ps intact is the program's own: its exit code is returned at once.
     """
-    if not Path(program).is_file():
-        raise DtfError(f"program not found: {program}")
+    plan = record.plan
     dead = dead_tasks(plan)
     if dead:
         raise ClusterDown(f"cluster {plan.cluster!r}: not serving: {', '.join(dead)} "
@@ -94,7 +98,7 @@ def run_program(plan: Plan, record: dict, program: str, args: list[str], output:
         attempt = 1
         while True:
             before = ps_incarnations(ops)
-            code, interrupted = run_once(plan, record, program, args, output, attempt)
+            code, interrupted = run_once(record, program, args, output, attempt)
             if code == 0 or interrupted:
                 return code
             lost = lost_ps(ops, before)
@@ -157,16 +161,36 @@ def wait_serving(plan: Plan, timeout: float) -> list[str]:
         time.sleep(0.25)
 
 
-def run_once(plan: Plan, record: dict, program: str, args: list[str], output: str | None,
+def taken_down(record: Record) -> bool:
+    """`dtf down` has begun on the cluster, or it is gone from the record (or another `dtf up`
+    replaced it)."""
+    try:
+        now = state.load(record.cluster)
+    except DtfError:
+        return True
+    return now.taking_down or now.created != record.created
+
+
+def run_once(record: Record, program: str, args: list[str], output: str | None,
              attempt: int) -> tuple[int, bool]:
-    """One run of the program: (exit code, interrupted by Ctrl-C).
+    """One run of the program: (exit code, stopped on purpose: Ctrl-C, or `dtf down`).
 
     Ctrl-C reaches the program (it is in our terminal's process group) and stops it; dtf waits
     for it and leaves the cluster up. SIGTERM sent to dtf alone is passed on to the program.
+    `dtf down` on the cluster stops it too (its workers are going away: it would wait for them).
     """
-    env = program_env(plan, record.get("chief_host") or "127.0.0.1", output, attempt)
+    plan = record.plan
+    env = program_env(plan, record.chief_host, output, attempt)
     interrupted_at: float | None = None
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    down = False
+
+    def watch_down() -> bool:
+        nonlocal down
+        if taken_down(record):
+            down = True
+            say(f"cluster {plan.cluster!r} is being taken down (`dtf down`): stopping the program")
+        return down
 
     def on_sigint(signum: int, frame: object) -> None:
         nonlocal interrupted_at
@@ -186,23 +210,36 @@ def run_once(plan: Plan, record: dict, program: str, args: list[str], output: st
     old_term = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         proc = subprocess.Popen([sys.executable, program, *args], env=env)
-        code = _wait(proc, lambda: interrupted_at)
+        code = _wait(proc, lambda: interrupted_at, watch_down)
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
-    if interrupted_at is not None:
+    if interrupted_at is not None and not down:
         say(f"program interrupted; cluster {plan.cluster!r} is still up (`dtf down` stops it)")
-    return (128 - code if code < 0 else code), interrupted_at is not None
+    return (128 - code if code < 0 else code), interrupted_at is not None or down
 
 
-def _wait(proc: subprocess.Popen, interrupted_at) -> int:
-    """Wait for the program; after a Ctrl-C, make sure it stops within INTERRUPT_STEPS[-1] s."""
+def _wait(proc: subprocess.Popen[bytes], interrupted_at: Callable[[], float | None],
+          taken_down: Callable[[], bool]) -> int:
+    """Wait for the program; after a Ctrl-C, make sure it stops within INTERRUPT_STEPS[-1] s.
+    When `taken_down()` (asked every DOWN_POLL s) says the cluster is going, TERM the program,
+    and KILL it DOWN_KILL_AFTER s later."""
     done = 0  # how many escalation steps were taken
+    checked = time.monotonic()
+    down_at: float | None = None
     while True:
         try:
             return proc.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
             pass
+        now = time.monotonic()
+        if down_at is None and now - checked >= DOWN_POLL:
+            checked = now
+            if taken_down():
+                down_at = now
+                proc.send_signal(signal.SIGTERM)
+        elif down_at is not None and now - down_at >= DOWN_KILL_AFTER:
+            proc.kill()
         since = interrupted_at()
         if since is None or done >= len(INTERRUPT_STEPS):
             continue

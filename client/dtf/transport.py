@@ -255,3 +255,24 @@ def resolver(ssh_config: str | None):
         return SSHTransport(spec, ssh_config).address()
 
     return resolve
+
+
+def check_ssh_config(inventory_path: Path, ssh_config: str) -> None:
+    """The inventory's ssh_config must be a file paramiko can read: say so at the inventory's
+    `ssh_config:` line, not with a traceback later."""
+    import paramiko
+
+    from dtf.errors import InventoryError, Problem
+
+    text = inventory_path.read_text(errors="replace")
+    line = next((i for i, s in enumerate(text.splitlines(), 1) if s.startswith("ssh_config")), 1)
+    path = os.path.expanduser(ssh_config)
+    try:
+        paramiko.SSHConfig.from_path(path)
+    except OSError as e:
+        reason = e.strerror or str(e)
+    except Exception as e:  # paramiko's own parse errors
+        reason = f"cannot parse it: {e}"
+    else:
+        return
+    raise InventoryError([Problem(str(inventory_path), line, 1, "ssh_config", f"{ssh_config}: {reason}")])

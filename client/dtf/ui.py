@@ -7,6 +7,7 @@ import json
 import shlex
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -16,6 +17,9 @@ from rich.table import Table
 from dtf.cluster import Outcome, Progress
 from dtf.plan import Plan
 from dtf.shell import render
+
+if TYPE_CHECKING:
+    from dtf.lifecycle import UpResult
 
 # No emoji codes: a path like /srv/:smile: is printed as written.
 out = Console(highlight=False, soft_wrap=True, emoji=False)
@@ -87,6 +91,20 @@ def show_up(plan: Plan, outcomes: dict[str, Outcome], seconds: float) -> None:
         o = outcomes[t.host]
         tab.add_row(t.name, t.host, t.address, str(o.data["pids"].get(t.name, "")), f"{o.seconds:.1f}s")
     out.print(tab)
+
+
+def show_up_result(result: UpResult) -> None:
+    """What `dtf up` did: the started cluster's table, the tasks it restarted, or nothing."""
+    cluster = result.record.cluster
+    if result.started:
+        show_up(result.record.plan, result.outcomes, result.seconds)
+    elif result.restarted:
+        restarted = ", ".join(f"{task} (was {was})" for task, was in result.restarted)
+        out.print(f"cluster {cluster}: restarted {restarted} in {result.seconds:.1f}s; "
+                  f"{result.serving} task(s) kept running", markup=False)
+    else:
+        lease = f"; idle timeout now {result.new_ttl:g}s" if result.new_ttl is not None else ""
+        out.print(f"cluster {cluster} is already up: {result.serving} tasks serving{lease}", markup=False)
 
 
 def task_state(info: dict) -> str:

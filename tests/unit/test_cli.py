@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 
 from dtf import state
 from dtf.cli import app
+from dtf.plan import Plan
 
 runner = CliRunner()
 
@@ -59,20 +61,27 @@ def test_missing_inventory_file(tmp_path: Path):
     assert r.exit_code == 3 and "nope.yaml:1:1: cannot read file" in r.output
 
 
-@pytest.mark.parametrize("argv", [["train", "x.py"], ["status"], ["logs", "ps:0"], ["down"]])
+# The program exists (this file): with no cluster, that is the error, whatever the command.
+@pytest.mark.parametrize("argv", [["train", __file__], ["status"], ["logs", "ps:0"], ["down"]])
 def test_no_cluster_says_run_up_first(argv: list[str]):
     r = runner.invoke(app, argv)
     assert r.exit_code == 5
     assert r.output.strip() == "dtf: error: no cluster is up: run `dtf up INVENTORY` first"
 
 
+def empty_record(name: str) -> state.Record:
+    return state.Record(plan=Plan(cluster=name, inventory="i", ssh_config=None, hosts=()),
+                        inventory="i", created=0.0, chief_host="127.0.0.1")
+
+
 def test_unknown_cluster_and_task_names(dtf_home: Path):
-    state.save("c1", {"plan": {"cluster": "c1", "inventory": "i", "ssh_config": None, "hosts": []}})
+    state.save(empty_record("c1"))
     r = runner.invoke(app, ["status", "-c", "other"])
     assert r.exit_code == 5 and "no cluster named 'other' is up (recorded: c1)" in r.output
+    # A task the cluster does not have is a mistake on the command line (exit 2).
     r = runner.invoke(app, ["logs", "worker:9"])
-    assert r.exit_code == 5 and "cluster 'c1' has no task 'worker:9'" in r.output
-    state.save("c2", {"plan": {}})
+    assert r.exit_code == 2 and "cluster 'c1' has no task 'worker:9'" in r.output
+    state.save(empty_record("c2"))
     r = runner.invoke(app, ["down"])
     assert r.exit_code == 5 and "several clusters are up (c1, c2): pass --cluster NAME" in r.output
 
@@ -106,9 +115,44 @@ def test_damaged_record_is_a_clear_error(dtf_home: Path):
 
 
 def test_train_missing_program(dtf_home: Path):
-    state.save("c", {"plan": {"cluster": "c", "inventory": "i", "ssh_config": None, "hosts": []}})
+    # A usage error (exit 2), with a cluster up or not: not "no cluster" nor a program failure.
     r = runner.invoke(app, ["train", "no_such_program.py"])
-    assert r.exit_code == 1 and "program not found: no_such_program.py" in r.output
+    assert r.exit_code == 2 and "program not found: no_such_program.py" in r.output
+    state.save(empty_record("c"))
+    r = runner.invoke(app, ["train", "no_such_program.py"])
+    assert r.exit_code == 2 and "program not found: no_such_program.py" in r.output
+
+
+def test_record_of_another_dtf_is_one_line(dtf_home: Path):
+    (dtf_home / "state").mkdir(parents=True)
+    # A record as dtf wrote it before records had a version.
+    (dtf_home / "state" / "old.json").write_text(json.dumps(
+        {"cluster": "old", "inventory": "i", "created": 0, "chief_host": "h", "pids": {},
+         "plan": {"cluster": "old", "inventory": "i", "ssh_config": None, "hosts": []}}))
+    for argv in (["status"], ["down"], ["logs", "ps:0"]):
+        r = runner.invoke(app, argv)
+        assert r.exit_code == 5, r.output
+        assert r.output.splitlines() == [
+            f"dtf: error: the record of cluster 'old' ({dtf_home}/state/old.json) was written by another "
+            "version of dtf (record format 1, this dtf reads 2): take the cluster down with the dtf that "
+            "started it, or stop its tasks by hand and remove the record"], r.output
+
+
+def test_record_round_trip(dtf_home: Path):
+    from dtf import inventory
+    from dtf.plan import make_plan
+
+    plan = make_plan(inventory.loads("cluster: rt\nhosts:\n  - {host: a, ps: 1, workers: 2}\n", "i.yaml"))
+    record = state.Record(plan=plan, inventory="/x/i.yaml", created=12.5, chief_host="10.0.0.1",
+                          pids={"ps:0": 11, "worker:0": 12, "worker:1": 13})
+    state.save(record)
+    assert state.load("rt") == record
+    assert json.loads(state.path_of("rt").read_text())["version"] == state.RECORD_VERSION
+
+
+def test_version():
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.startswith("dtf ")
 
 
 @pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("1.5m", 90), ("2h", 7200),

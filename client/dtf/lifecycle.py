@@ -1,0 +1,252 @@
+"""The lifecycle of a cluster: start (with its rollback), repair, teardown, and the local record.
+
+`cli.py` parses arguments, calls one function here and prints what it returns; this module decides
+what happens to the hosts and to the record. Nothing here prints: host progress goes through a
+`ProgressView` the caller passes (the CLI's live table), so these functions run as well under
+tests.
+
+The rule that matters most: whatever `dtf up` started is stopped again unless the whole `up`
+succeeded. The rollback runs in a `finally`, and while hosts are being started or rolled back,
+Ctrl-C does not raise (which could land anywhere, a rollback included): it only cancels the
+start, whose threads stop at their next bounded step, and the rollback then runs to its end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from dtf import state
+from dtf.cluster import STOP_GRACE, ClusterOps, Outcome, Progress
+from dtf.errors import ClusterChanged, HostFailure
+from dtf.plan import DEFAULT_TTL, Plan, TaskPlan, differences, make_plan
+from dtf.state import Record
+
+# (hosts, title) -> a context manager yielding the per-host progress callback.
+ProgressView = Callable[[list[str], str], AbstractContextManager[Progress]]
+
+
+@contextlib.contextmanager
+def no_view(hosts: list[str], title: str) -> Iterator[Progress]:
+    yield lambda host, step: None
+
+
+def load_plan(inventory_path: Path, ttl: float | None = None, server: str = "tensorflow") -> Plan:
+    """The plan of an inventory file (bad input: InventoryError with file:line:col)."""
+    from dtf import inventory
+    from dtf.transport import check_ssh_config, resolver
+
+    inv = inventory.load(inventory_path)
+    if inv.ssh_config:
+        check_ssh_config(inventory_path, inv.ssh_config)
+    return make_plan(inv, resolve=resolver(inv.ssh_config), local_python=sys.executable,
+                     ttl=DEFAULT_TTL if ttl is None else ttl)
+
+
+# -- up ---------------------------------------------------------------------------------------
+@dataclass
+class UpResult:
+    """What `dtf up` did: started the cluster, restarted some of its tasks, or nothing."""
+
+    record: Record
+    started: bool = False  # the whole cluster was started
+    outcomes: dict[str, Outcome] = field(default_factory=dict)  # of the hosts started on
+    seconds: float = 0.0
+    restarted: list[tuple[str, str]] = field(default_factory=list)  # (task, its state before)
+    serving: int = 0  # tasks that were serving and were left alone
+    new_ttl: float | None = None  # the lease's new idle timeout, when `up` changed it
+
+
+def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: bool = False,
+       connect_timeout: float, view: ProgressView = no_view) -> UpResult:
+    """Start the plan's cluster. If it is up already: from the same inventory, restart only its
+    tasks that are not serving; from a changed one, refuse (ClusterChanged), or with `replace`
+    take the old cluster down first."""
+    with state.locked():
+        if plan.cluster in state.names():
+            record = state.load(plan.cluster)
+            changes = differences(record.plan, plan)
+            if changes and not replace:
+                raise ClusterChanged(plan.cluster, record.inventory, str(inventory_path), changes)
+            if not changes:
+                return repair(record, inventory_path, ttl, connect_timeout, view)
+            teardown(record, keep_logs=False, grace=STOP_GRACE, connect_timeout=connect_timeout, view=view)
+        t0 = time.monotonic()
+        outcomes = start(plan, None, connect_timeout, view)
+        client = next((o.data["client_address"] for o in outcomes.values() if o.data.get("client_address")),
+                      None)
+        record = Record(plan=plan, inventory=str(inventory_path.resolve()), created=time.time(),
+                        chief_host=client or "127.0.0.1",  # the laptop as the hosts see it
+                        pids={name: pid for o in outcomes.values() for name, pid in o.data["pids"].items()})
+        state.save(record)
+    return UpResult(record, started=True, outcomes=outcomes, seconds=time.monotonic() - t0)
+
+
+@contextlib.contextmanager
+def ctrl_c_sets(event: threading.Event) -> Iterator[None]:
+    """While inside: Ctrl-C sets `event` instead of raising KeyboardInterrupt (in the main
+    thread; elsewhere signals cannot be handled and nothing changes). Every Ctrl-C after the
+    first is only counted: work that must finish (a rollback) is not cut short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        event.set()
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def start(plan: Plan, only: dict[str, set[str]] | None, connect_timeout: float,
+          view: ProgressView = no_view) -> dict[str, Outcome]:
+    """Start the plan's tasks (or only some, per host). Unless every host succeeded, stop what
+    was started and raise: HostFailure, or KeyboardInterrupt after Ctrl-C."""
+    hosts = [h.name for h in plan.hosts if only is None or only.get(h.name)]
+    with view(hosts, f"dtf up {plan.cluster}") as progress:
+        ops = ClusterOps(plan, progress, connect_timeout=connect_timeout)
+        failures: dict[str, str] = {}
+        succeeded = False
+        with ctrl_c_sets(ops.cancel):
+            try:
+                outcomes = ops.up(only)
+                failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
+                succeeded = not failures and not ops.cancel.is_set()
+            finally:
+                if not succeeded:
+                    for host, why in rollback(plan, ops, only, progress, connect_timeout).items():
+                        failures[host] = f"{failures.get(host, 'started')}; rollback failed: {why}"
+    if ops.cancel.is_set():
+        raise KeyboardInterrupt
+    if failures:
+        raise HostFailure("dtf up", failures)
+    return outcomes
+
+
+def rollback(plan: Plan, ops: ClusterOps, only: dict[str, set[str]] | None, progress: Progress,
+             connect_timeout: float) -> dict[str, str]:
+    """Undo what `ops` did: stop the tasks it started and remove what it uploaded where it started
+    nothing. With `only` (a repair), stop just the tasks it restarted: the others were serving.
+    Returns the hosts where undoing failed, with the reason."""
+    # A fresh ClusterOps: `ops` may be cancelled (Ctrl-C), and a cancelled one refuses every step.
+    undo = ClusterOps(plan, progress, connect_timeout=connect_timeout)
+    if only is None:
+        started = tuple(hp for hp in plan.hosts if hp.name in ops.started)
+        uploaded = tuple(hp for hp in plan.hosts if hp.name in ops.touched - ops.started)
+        undone = {**undo.down(hosts=started), **undo.remove_launcher(uploaded)}
+    else:
+        undone = undo.stop_tasks({h: only[h] for h in only if h in ops.started})
+    return {host: o.reason for host, o in undone.items() if not o.ok}
+
+
+@dataclass
+class _State:  # TEMPORARY until the typed host protocol lands
+    state: str
+    reason: str | None
+
+
+def _task_states(ops: ClusterOps) -> list[tuple[TaskPlan, _State]]:
+    from dtf import ui
+
+    rows = ui.status_rows(ops.plan, ops.status())
+    return [(ops.plan.task(r["task"]), _State(r["state"], r["error"])) for r in rows]  # type: ignore[misc]
+
+
+def _by_host(tasks: list[tuple[str, str]]) -> dict[str, set[str]]:
+    only: dict[str, set[str]] = {}
+    for host, task in tasks:
+        only.setdefault(host, set()).add(task)
+    return only
+
+
+def repair(record: Record, inventory_path: Path, ttl: float | None, connect_timeout: float,
+           view: ProgressView = no_view) -> UpResult:
+    """`dtf up` on a cluster that is up from the same inventory: restart only the tasks that are
+    not serving (their supervisor gave up, or was killed, or the host rebooted); a new `--ttl`
+    renews the lease with it."""
+    plan = record.plan
+    new_ttl = ttl if ttl is not None and any(hp.ttl != ttl for hp in plan.hosts) else None
+    if new_ttl is not None:
+        plan = dataclasses.replace(plan, hosts=tuple(dataclasses.replace(hp, ttl=new_ttl) for hp in plan.hosts))
+    ops = ClusterOps(plan, connect_timeout=connect_timeout)
+    if new_ttl is not None:
+        for o in ops.renew(new_ttl).values():
+            if not o.ok:
+                raise HostFailure("dtf up (renewing the lease)", {o.host: o.reason})
+        record = record.replace(plan=plan)
+        state.save(record)
+    states = _task_states(ops)
+    unknown = {t.host: s.reason or "unknown" for t, s in states if s.state == "unknown"}
+    if unknown:
+        raise HostFailure("dtf up (checking the running cluster)", unknown)
+    dead = [(t, s) for t, s in states if s.state != "alive"]
+    if not dead:
+        return UpResult(record, serving=len(states), new_ttl=new_ttl)
+    t0 = time.monotonic()
+    only = _by_host([(t.host, t.name) for t, _ in dead])
+    ops.stop_tasks(only)  # supervisors that gave up
+    outcomes = start(plan, only, connect_timeout, view)
+    pids = dict(record.pids)
+    for o in outcomes.values():
+        pids.update(o.data["pids"])
+    record = record.replace(pids=pids, inventory=str(inventory_path.resolve()))
+    state.save(record)
+    return UpResult(record, outcomes=outcomes, seconds=time.monotonic() - t0,
+                    restarted=[(t.name, s.state) for t, s in dead], serving=len(states) - len(dead),
+                    new_ttl=new_ttl)
+
+
+# -- down -------------------------------------------------------------------------------------
+@dataclass
+class DownResult:
+    cluster: str
+    outcomes: dict[str, Outcome]
+    seconds: float
+
+    @property
+    def stopped(self) -> int:
+        """Servers that were running and were stopped."""
+        return sum(1 for o in self.outcomes.values() for s in o.data["stopped"].values() if s["was_running"])
+
+
+def down(name: str | None, *, keep_logs: bool, grace: float, connect_timeout: float,
+         view: ProgressView = no_view) -> DownResult:
+    """Stop every task of the cluster, remove dtf's files from its hosts and forget it."""
+    with state.locked():
+        record = state.load(state.resolve_name(name))
+        t0 = time.monotonic()
+        outcomes = teardown(record, keep_logs=keep_logs, grace=grace, connect_timeout=connect_timeout,
+                            view=view)
+    return DownResult(record.cluster, outcomes, time.monotonic() - t0)
+
+
+def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: float,
+             view: ProgressView = no_view) -> dict[str, Outcome]:
+    """Stop every task and remove the files; forget the cluster, or keep the hosts that failed
+    in the record so that a later `dtf down` retries them."""
+    plan = record.plan
+    record = record.replace(taking_down=True)
+    state.save(record)  # a `dtf train` on this cluster sees it and stops its program
+    with view([h.name for h in plan.hosts], f"dtf down {plan.cluster}") as progress:
+        outcomes = ClusterOps(plan, progress, connect_timeout=connect_timeout).down(keep_logs=keep_logs,
+                                                                                    grace=grace)
+    failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
+    if failures:
+        kept = tuple(hp for hp in plan.hosts if hp.name in failures)
+        state.save(record.replace(plan=dataclasses.replace(plan, hosts=kept)))
+        raise HostFailure("dtf down", {h: f"{r} (kept in the record: run `dtf down` again)"
+                                       for h, r in failures.items()})
+    state.remove(plan.cluster)
+    return outcomes
