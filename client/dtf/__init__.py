@@ -136,7 +136,7 @@ def attempt() -> int:
     return int(os.environ.get("DTF_ATTEMPT") or 1)
 
 
-def BackupAndRestore(backup_dir: str | os.PathLike | None = None, **kwargs: Any) -> Any:  # noqa: N802
+def BackupAndRestore(backup_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> Any:  # noqa: N802
     """tf-keras' `BackupAndRestore` callback, with its backup written and read on the laptop.
 
     The stock callback lets TensorFlow put its save and restore ops next to the variables, on
@@ -151,7 +151,7 @@ def BackupAndRestore(backup_dir: str | os.PathLike | None = None, **kwargs: Any)
     base = tf.keras.callbacks.BackupAndRestore
     options = checkpoint_options()
 
-    class CoordinatorState(worker_training_state.WorkerTrainingState):
+    class CoordinatorState(worker_training_state.WorkerTrainingState):  # type: ignore[misc]
         def __init__(self, *args: Any, **kw: Any) -> None:
             super().__init__(*args, **kw)
             for manager in {id(m): m for m in (self.read_checkpoint_manager,

@@ -16,7 +16,7 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -109,9 +109,10 @@ _LINE_BREAK_BYTES = re.compile(b"\r\n|[\n\r]|\xc2\x85|\xe2\x80[\xa8\xa9]")
 
 def _position(data: str | bytes, index: int) -> tuple[int, int]:
     """1-based (line, column) of data[index]."""
-    pattern = _LINE_BREAK if isinstance(data, str) else _LINE_BREAK_BYTES
     line, start = 1, 0
-    for match in pattern.finditer(data, 0, index):  # type: ignore[call-overload]
+    matches = (_LINE_BREAK.finditer(data, 0, index) if isinstance(data, str)
+               else _LINE_BREAK_BYTES.finditer(data, 0, index))
+    for match in matches:
         line, start = line + 1, match.end()
     return line, index - start + 1
 
@@ -141,11 +142,11 @@ class _Marker:
 _TOO_BIG, _DATE, _INVALID = _Marker(), _Marker(), _Marker()
 
 
-def _is_map(node: yaml.Node) -> bool:
+def _is_map(node: yaml.Node) -> TypeGuard[yaml.MappingNode]:
     return isinstance(node, yaml.MappingNode) and node.tag == _MAP
 
 
-def _is_seq(node: yaml.Node) -> bool:
+def _is_seq(node: yaml.Node) -> TypeGuard[yaml.SequenceNode]:
     return isinstance(node, yaml.SequenceNode) and node.tag == _SEQ
 
 
@@ -174,7 +175,7 @@ def _describe(node: yaml.Node) -> str:
         return "an empty list" if not node.value else "a list"
     if not isinstance(node, yaml.ScalarNode):
         return f"a value with the unsupported tag {_short(_tag(node.tag))}"
-    raw = node.value
+    raw: str = node.value
     if node.tag == _STR:
         return _short(raw) if raw else "an empty string"
     if node.tag == _INT:
@@ -212,7 +213,7 @@ def _plain(node: yaml.Node) -> object:
     raise _Invalid(f"unsupported YAML tag {_short(_tag(node.tag))}")
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)  # `port: yes` is not 1
 
 
@@ -434,7 +435,7 @@ class _Checker:
             elif not (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
                 self.report(key, "defaults", f"expected a mapping of host settings, got {_describe(node)}")
         hosts = self.hosts(found["hosts"], defaults) if "hosts" in found else []
-        if self.problems:
+        if self.problems or not isinstance(cluster, str):  # an invalid cluster is one of the problems
             return None
         return Inventory(path=self.filename, cluster=cluster, hosts=tuple(hosts), ssh_config=ssh_config)
 
