@@ -1,0 +1,22 @@
+"""Fake-server tests run twice: on local processes, and on the SSH lab."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sites import LabSite, LocalSite, Site
+
+
+@pytest.fixture(params=["local", pytest.param("lab", marks=pytest.mark.lab)])
+def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
+    if request.param == "local":
+        the_site: Site = LocalSite(tmp_path)
+    else:
+        the_site = LabSite(tmp_path, request.getfixturevalue("lab"))
+    try:
+        yield the_site
+    finally:
+        the_site.cleanup()

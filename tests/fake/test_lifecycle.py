@@ -1,0 +1,198 @@
+"""The lifecycle of a cluster, in seconds: fake servers (no TensorFlow) on local processes and on
+the SSH lab. Start with its rollback (a failed host, a busy port, Ctrl-C twice), repair, the lease,
+and `dtf train`'s decisions (run again after a lost ps, not after the program's own failure; stop
+when `dtf down` begins). Real TensorFlow runs the same scenarios in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import assert_one_line_error, status_json
+from sites import Site
+
+
+def rows(site: Site) -> dict[str, dict]:
+    return {r["task"]: r for r in status_json(site.home)["tasks"]}
+
+
+def wait_until(what, timeout: float = 20.0, every: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while not (value := what()):
+        assert time.monotonic() < deadline, f"not true after {timeout}s"
+        time.sleep(every)
+    return value
+
+
+def test_up_status_down(site: Site):
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    r = site.dtf("up", str(inv))
+    assert r.returncode == 0, r.stderr
+    assert "cluster fk is up" in r.stdout
+    assert {t: r["state"] for t, r in rows(site).items()} == {"ps:0": "alive", "worker:0": "alive",
+                                                              "worker:1": "alive"}
+    assert site.processes()
+    r = site.dtf("down")
+    assert r.returncode == 0 and "3 server(s) stopped on 2 host(s)" in r.stdout, r.stderr
+    assert site.processes() == [] and site.files() == []
+
+
+def test_a_failed_host_rolls_back_the_others(site: Site):
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    site.crash("b", "worker-1")  # its server exits at once
+    r = site.dtf("up", str(inv))
+    assert_one_line_error(r, 4, "dtf up failed on 1 host(s)", f"{site.host('b')}: server crashed: worker:1")
+    assert f"{site.host('a')}:" not in r.stderr.split("dtf up failed", 1)[1]
+    assert site.processes() == [] and site.files() == []
+    assert not site.record().exists()
+
+
+def test_busy_port_is_refused_and_nothing_is_left(site: Site):
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    with site.hold_port("b", site.ports_of("b")[0]):
+        r = site.dtf("up", str(inv))
+    assert_one_line_error(r, 4, f"{site.host('b')}: port busy: {site.ports_of('b')[0]} (worker:1)")
+    assert site.processes() == [] and site.files() == []
+
+
+def test_ctrl_c_twice_during_up_still_rolls_back(site: Site):
+    # Servers that take 1.5 s to serve and ignore TERM: the first Ctrl-C lands while they start,
+    # the second during the rollback, which must still stop everything (KILL after the grace).
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "up", str(inv)],
+                            env=site.env({"DTF_SERVER": "fake:ready_delay=1.5,ignore_term"}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        seen = ""
+        deadline = time.monotonic() + 60
+        while "starting " not in seen:
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            seen += proc.stderr.readline()
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)
+        while "stopping servers" not in seen:  # the rollback has begun
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            seen += proc.stderr.readline()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    err = seen + err
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "dtf: error: interrupted" in err
+    assert site.processes() == [] and site.files() == []
+    assert not site.record().exists()
+
+
+def test_up_again_restarts_only_the_dead_tasks(site: Site):
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    assert site.dtf("up", str(inv)).returncode == 0
+    before = rows(site)
+    os.killpg(before["worker:1"]["pid"], signal.SIGKILL)  # supervisor and server: a whole task
+    assert rows(site)["worker:1"]["state"] == "dead"
+    r = site.dtf("up", str(inv))
+    assert r.returncode == 0, r.stderr
+    assert "restarted worker:1 (was dead)" in r.stdout and "2 task(s) kept running" in r.stdout
+    after = rows(site)
+    assert {t: x["state"] for t, x in after.items()} == {"ps:0": "alive", "worker:0": "alive", "worker:1": "alive"}
+    assert [after[t]["pid"] for t in ("ps:0", "worker:0")] == [before[t]["pid"] for t in ("ps:0", "worker:0")]
+    r = site.dtf("up", str(inv))
+    assert r.returncode == 0 and "is already up: 3 tasks serving" in r.stdout
+
+
+def test_the_lease_lapses_and_the_hosts_clear_themselves(site: Site):
+    inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}})
+    assert site.dtf("up", "--ttl", "3s", str(inv)).returncode == 0
+    t_up = time.monotonic()
+    wait_until(lambda: not site.processes() and not site.files(), timeout=20)
+    # It counts from the end of `up`, not from when the servers were started.
+    assert time.monotonic() - t_up >= 2.5
+    r = site.dtf("status")
+    assert r.returncode == 7 and "dtf's files are gone" in r.stderr
+    r = site.dtf("up", str(inv))
+    assert r.returncode == 0 and "restarted ps:0 (was dead), worker:0 (was dead)" in r.stdout, r.stderr
+
+
+PROGRAM = textwrap.dedent("""
+    import json, os, signal, subprocess, sys, time
+    attempt = int(os.environ["DTF_ATTEMPT"])
+    print("attempt", attempt, flush=True)
+    mode = sys.argv[1]
+    if mode == "lose-ps" and attempt == 1:
+        status = subprocess.run([sys.executable, "-m", "dtf.cli", "status", "--json"],
+                                capture_output=True, text=True, timeout=60)
+        ps = next(t for t in json.loads(status.stdout)["tasks"] if t["task"] == "ps:0")
+        os.kill(ps["server_pid"], signal.SIGKILL)  # its supervisor restarts it
+        sys.exit(1)
+    if mode == "fail":
+        sys.exit(3)
+    if mode == "sleep":
+        time.sleep(600)
+""")
+
+
+def test_train_runs_again_after_a_lost_ps_and_not_after_its_own_failure(site: Site, tmp_path: Path):
+    inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}}, restart_backoff=0.1)
+    assert site.dtf("up", str(inv)).returncode == 0
+    program = tmp_path / "program.py"
+    program.write_text(PROGRAM)
+    r = site.dtf("train", str(program), "lose-ps")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["attempt 1", "attempt 2"]
+    assert "ps:0 (server killed by SIGKILL) lost during attempt 1 of 3" in r.stderr
+    r = site.dtf("train", str(program), "fail")
+    assert r.returncode == 3 and r.stdout.splitlines() == ["attempt 1"] and "lost" not in r.stderr
+
+
+def test_down_while_train_runs_stops_the_program(site: Site, tmp_path: Path):
+    inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}})
+    assert site.dtf("up", str(inv)).returncode == 0
+    program = tmp_path / "program.py"
+    program.write_text(PROGRAM)
+    out = open(tmp_path / "train.out", "w")
+    train = subprocess.Popen([sys.executable, "-m", "dtf.cli", "train", str(program), "sleep"],
+                             env=site.env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: "attempt 1" in (tmp_path / "train.out").read_text())
+        t0 = time.monotonic()
+        assert site.dtf("down").returncode == 0
+        code = train.wait(timeout=30)
+        print(f"the program stopped {time.monotonic() - t0:.1f}s after dtf down began")
+    finally:
+        if train.poll() is None:
+            train.kill()
+            train.wait()
+        out.close()
+    text = (tmp_path / "train.out").read_text()
+    assert code != 0 and "is being taken down (`dtf down`): stopping the program" in text, text
+    assert site.processes() == []
+
+
+def test_a_bug_in_a_host_thread_is_an_internal_error(site: Site, monkeypatch: pytest.MonkeyPatch):
+    """Not "host a: KeyError" (exit 4): one line, exit 1, the traceback in debug.log."""
+    from typer.testing import CliRunner
+
+    from dtf import cluster
+    from dtf.cli import app
+
+    def broken(self, hp, *args, **kwargs):
+        raise KeyError("tasks")
+
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}})
+    monkeypatch.setenv("DTF_HOME", str(site.home))
+    monkeypatch.setattr(cluster.ClusterOps, "start_host", broken)
+    r = CliRunner().invoke(app, ["up", str(inv)])
+    assert r.exit_code == 1, r.output
+    assert r.output.startswith("dtf: error: internal error: KeyError: 'tasks' (traceback in "), r.output
+    assert "in broken" in (site.home / "debug.log").read_text()
