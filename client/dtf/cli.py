@@ -13,13 +13,15 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from dtf import state
 from dtf.errors import DtfError, ExitCode, HostFailure, UsageError
-from dtf.state import Record
+
+if TYPE_CHECKING:
+    from dtf.state import Record
 
 app = typer.Typer(
     help="Train TensorFlow models on a cluster of SSH hosts, driven from your laptop.",

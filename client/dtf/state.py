@@ -17,10 +17,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtf.errors import NoCluster, StateBusy
-from dtf.plan import Plan
+
+if TYPE_CHECKING:  # the plan imports the inventory parser (yaml): `dtf --help` needs neither
+    from dtf.plan import Plan
 
 LOCK_WAIT = 5.0
 # The format of a record. Records before this field existed are version 1; a record of another
@@ -50,6 +52,8 @@ class Record:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
+        from dtf.plan import Plan
+
         return cls(plan=Plan.from_dict(data["plan"]), inventory=data["inventory"],
                    created=data["created"], chief_host=data["chief_host"],
                    pids={str(k): int(v) for k, v in data["pids"].items()},
