@@ -21,6 +21,10 @@ from dtf.shell import render
 if TYPE_CHECKING:
     from dtf.lifecycle import UpResult
 
+# The version of `dtf status --json`'s document (README): fields may be added; a change that would
+# break a reader bumps it.
+STATUS_SCHEMA = 1
+
 # No emoji codes: a path like /srv/:smile: is printed as written.
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -138,7 +142,7 @@ def status_rows(plan: Plan, outcomes: dict[str, Outcome]) -> list[dict]:
 
 def show_status(plan: Plan, rows: list[dict], as_json: bool) -> None:
     if as_json:
-        out.print_json(json.dumps({"cluster": plan.cluster, "tasks": rows}))
+        out.print_json(json.dumps({"schema": STATUS_SCHEMA, "cluster": plan.cluster, "tasks": rows}))
         return
     tab = Table(title=f"cluster {plan.cluster}", title_justify="left")
     for col in ("host", "role", "index", "address", "pid", "state", "uptime", "restarts", "last exit"):

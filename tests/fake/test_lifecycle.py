@@ -40,6 +40,12 @@ def test_up_status_down(site: Site):
     assert {t: r["state"] for t, r in rows(site).items()} == {"ps:0": "alive", "worker:0": "alive",
                                                               "worker:1": "alive"}
     assert site.processes()
+    # `dtf status --json`'s schema (README): these fields, in every row.
+    doc = status_json(site.home)
+    assert (doc["schema"], doc["cluster"]) == (1, "fk")
+    for row in doc["tasks"]:
+        assert set(row) == {"task", "job", "index", "host", "address", "state", "serving", "pid",
+                            "server_pid", "uptime", "restarts", "last_exit", "error"}
     r = site.dtf("down")
     assert r.returncode == 0 and "3 server(s) stopped on 2 host(s)" in r.stdout, r.stderr
     assert site.processes() == [] and site.files() == []
