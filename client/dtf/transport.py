@@ -170,18 +170,21 @@ class SSHTransport(Transport):
             self._conn.close()
 
     def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
+        import paramiko
         from invoke.exceptions import CommandTimedOut
 
         try:
             r = self.connection().run(render(argv), hide=True, warn=True, timeout=timeout, in_stream=False)
         except CommandTimedOut:
             raise HostError(f"command timed out after {timeout:g}s: {argv[0]} {' '.join(argv[2:3])}")
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, paramiko.SSHException) as e:  # e.g. "SSH session not active"
             raise HostError(f"connection lost: {e}")
         return Result(r.exited, r.stdout, r.stderr)
 
     def put_text(self, text: str, remote_dir: str, filename: str) -> None:
         import io
+
+        import paramiko
 
         conn = self.connection()
         try:
@@ -192,7 +195,7 @@ class SSHTransport(Transport):
                 path = sftp.normalize(".") + path[1:]
             _sftp_makedirs(sftp, path)
             sftp.putfo(io.BytesIO(text.encode()), f"{path}/{filename}")
-        except OSError as e:
+        except (OSError, paramiko.SSHException) as e:
             raise HostError(f"upload to {remote_dir} failed: {e}")
 
     def stream(self, argv: Sequence[str]) -> int:
