@@ -177,7 +177,7 @@ def test_ctrl_c_during_up_rolls_back(lab, write_inventory, home, tmp_path):
             seen += proc.stderr.readline()
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -99,9 +99,8 @@ def test_state_lock_makes_a_second_command_fail_clearly(dtf_home: Path, monkeypa
     t.start()
     held.wait(5)
     try:
-        with pytest.raises(state.StateBusy, match="another dtf command is running"):
-            with state.locked(wait=0.3):
-                pass
+        with pytest.raises(state.StateBusy, match="another dtf command is running"), state.locked(wait=0.3):
+            pass
     finally:
         release.set()
         t.join()
