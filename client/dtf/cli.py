@@ -121,10 +121,12 @@ def up(
 
     On a cluster that is already up: restart only the tasks that are not serving.
     """
+    import os
+
     from dtf import lifecycle, ui
 
     ttl_seconds = None if ttl is None else parse_duration(ttl, "--ttl")
-    plan = lifecycle.load_plan(inventory, ttl_seconds)
+    plan = lifecycle.load_plan(inventory, ttl_seconds, os.environ.get(lifecycle.SERVER_ENV) or "tensorflow")
     if dry_run:
         ui.show_plan(plan)
         return
@@ -171,7 +173,7 @@ def status(
     from dtf.cluster import ClusterOps
 
     plan = _recorded(cluster).plan
-    rows = ui.status_rows(plan, ClusterOps(plan, connect_timeout=connect_timeout).status())
+    rows = ui.status_rows(ClusterOps(plan, connect_timeout=connect_timeout).task_states())
     ui.show_status(plan, rows, json_out)
     if any(r["state"] != "alive" for r in rows):
         raise typer.Exit(int(ExitCode.CLUSTER_DOWN))

@@ -3,52 +3,113 @@
 Each host gets one thread, its own connection and a deadline on every step; the result is one
 outcome per host (Fabric's GroupResult habit) and one combined HostFailure listing every host that
 failed. Nothing here prints: progress goes through a callback, so the CLI decides how it looks.
+
+Every launcher command's reply is decoded once, here, into the types of `dtf_server.protocol`;
+what a task's state is, is decided once, by `TaskStatus.state`, and `task_states` gives it for
+every task of a plan.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from importlib import resources
-from typing import Any
+from typing import Generic, TypeVar
 
+from dtf import shipping
 from dtf.netutil import wait_port
-from dtf.plan import HostPlan, Plan
-from dtf.transport import CONNECT_TIMEOUT, HostError, Transport, transport_for
+from dtf.plan import HostPlan, Plan, TaskPlan
+from dtf.transport import CONNECT_TIMEOUT, HostError, Result, Transport, transport_for
+from dtf_server import protocol
+from dtf_server.procs import tf_version
+from dtf_server.protocol import (
+    CheckReply,
+    CleanReply,
+    Defaults,
+    ProtocolMismatch,
+    R,
+    RenewReply,
+    StartReply,
+    StatusReply,
+    StopReply,
+    TaskStatus,
+    TaskStopped,
+)
 
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
-STOP_GRACE = 10.0
+STOP_GRACE = Defaults.STOP_GRACE
 RENEW_TIMEOUT = 15.0
 REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to accept a connection
+FILES_GONE = "dtf's files are gone from {root} (lease lapsed?)"
 
-
-def launcher_text() -> str:
-    return resources.files("dtf_server").joinpath("launcher.py").read_text()
+T = TypeVar("T")
 
 
 def local_tf_version() -> str | None:
-    """The laptop's TensorFlow version, asked the same way the launcher asks on each host
-    (package metadata: importing TensorFlow takes seconds)."""
-    from dtf_server.launcher import tf_version
-
+    """The laptop's TensorFlow version, asked the same way the launcher asks on each host."""
     return tf_version()
 
 
 @dataclass
-class Outcome:
+class Outcome(Generic[T]):
     host: str
     ok: bool
     reason: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
+    data: T | None = None
     seconds: float = 0.0
+
+    @property
+    def value(self) -> T:
+        """The data of a host that succeeded."""
+        assert self.ok and self.data is not None, self
+        return self.data
+
+
+@dataclass(frozen=True)
+class HostStarted:
+    pids: dict[str, int]  # task -> its supervisor's pid
+    client_address: str | None  # the laptop's address as the host saw it
+
+
+@dataclass(frozen=True)
+class HostStopped:
+    stopped: dict[str, TaskStopped]
+    removed: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """One task of a plan, as its host reported it: `state` is alive, restarting, failed, dead,
+    or unknown (its host could not be asked: `reason` says why)."""
+
+    task: TaskPlan
+    state: str
+    reason: str | None
+    status: TaskStatus | None  # None when unknown
+
+
+def task_states(plan: Plan, outcomes: dict[str, Outcome[StatusReply]]) -> list[TaskState]:
+    """Every task's state, ps first (the one place that turns status replies into states)."""
+    states = []
+    for t in plan.tasks():
+        o = outcomes[t.host]
+        if not o.ok:
+            states.append(TaskState(t, "unknown", o.reason, None))
+            continue
+        status = o.value.tasks.get(t.name) or TaskStatus.dead("not reported by its host")
+        states.append(TaskState(t, status.state, status.reason, status))
+    return states
 
 
 class Cancelled(Exception):
     pass
+
+
+class LauncherMissing(Exception):
+    """The launcher is not at its path on the host (a new cluster, another dtf version's files,
+    or the cluster's files were removed)."""
 
 
 def _no_progress(host: str, step: str) -> None:
@@ -70,12 +131,12 @@ class ClusterOps:
     def transport(self, hp: HostPlan) -> Transport:
         return transport_for(hp.spec, self.plan.ssh_config, self.connect_timeout)
 
-    def each_host(self, fn: Callable[[HostPlan], dict], hosts: tuple[HostPlan, ...] | None = None
-                  ) -> dict[str, Outcome]:
-        """Run fn on every host in parallel; an exception on one host is that host's outcome."""
+    def each_host(self, fn: Callable[[HostPlan], T], hosts: Sequence[HostPlan] | None = None
+                  ) -> dict[str, Outcome[T]]:
+        """Run fn on every host in parallel; a HostError on one host is that host's outcome."""
         hosts = self.plan.hosts if hosts is None else hosts
 
-        def one(hp: HostPlan) -> Outcome:
+        def one(hp: HostPlan) -> Outcome[T]:
             t0 = time.monotonic()
             try:
                 data = fn(hp)
@@ -103,27 +164,49 @@ class ClusterOps:
             raise Cancelled("interrupted")
         self.progress(hp.name, what)
 
-    @staticmethod
-    def _launcher_gone(result: Any) -> bool:
-        """The command failed because launcher.py is not there (dtf's files were removed)."""
-        return not result.ok and "launcher.py" in result.stderr and "No such file" in result.stderr
-
     def _hosts_in(self, only: dict[str, set[str]]) -> tuple[HostPlan, ...]:
         return tuple(hp for hp in self.plan.hosts if only.get(hp.name))
 
+    # -- talking to the launcher ---------------------------------------------------------------
     @staticmethod
-    def _json(result: Any, what: str) -> dict:
+    def _decode(kind: type[R], result: Result, what: str) -> R:
+        """The launcher's reply, typed; HostError if there is none."""
+        if result.exit_code == protocol.EXIT_NO_LAUNCHER and not result.stdout.strip():
+            raise LauncherMissing(what)
         try:
-            return json.loads(result.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            err = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            return protocol.decode(kind, result.stdout)
+        except ProtocolMismatch:
+            raise
+        except ValueError as e:
+            err = (result.stderr.strip().splitlines() or [str(e)])[-1]
             raise HostError(f"{what} failed (exit {result.exit_code}): {err}")
 
     def _upload(self, t: Transport, hp: HostPlan) -> None:
-        t.put_text(launcher_text(), hp.root, "launcher.py")
+        t.put_bytes(shipping.launcher_bytes(), hp.root, shipping.launcher_name())
+
+    def _ask(self, t: Transport, hp: HostPlan, kind: type[R], argv: list[str], what: str, timeout: float,
+             upload_if: Callable[[], bool] = lambda: True) -> R:
+        """Run a launcher command and decode its reply. If this dtf's launcher is not there (or
+        a launcher of another protocol answered), ship it, when `upload_if()`, and ask again."""
+        try:
+            return self._decode(kind, t.run(argv, timeout=timeout), what)
+        except (LauncherMissing, ProtocolMismatch):
+            if not upload_if():
+                raise
+        self._upload(t, hp)
+        try:
+            return self._decode(kind, t.run(argv, timeout=timeout), what)
+        except (LauncherMissing, ProtocolMismatch) as e:
+            raise HostError(f"{what} failed: the launcher just uploaded to {hp.launcher} "
+                            f"{'is not there' if isinstance(e, LauncherMissing) else e}")
+
+    @staticmethod
+    def _root_exists(t: Transport, hp: HostPlan) -> bool:
+        return t.run(["test", "-d", hp.root], timeout=RENEW_TIMEOUT).ok
 
     # -- up ------------------------------------------------------------------------------------
-    def start_host(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None = None) -> dict:
+    def start_host(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None = None
+                   ) -> HostStarted:
         """Start the host's tasks (or those named in `only`: the others keep running)."""
         self._step(hp, "connecting")
         with self.transport(hp) as t:
@@ -134,42 +217,41 @@ class ClusterOps:
             r = t.run(hp.check_argv(only), timeout=30)
             if r.exit_code in (126, 127):  # the shell's "not found" / "not executable"
                 raise HostError(f"python missing: {hp.python!r} cannot be run there")
-            check = self._json(r, f"{hp.python} (the host's python)")
-            remote_tf = check.get("tensorflow")
-            if remote_tf is None:
+            check = self._decode(CheckReply, r, f"{hp.python} (the host's python)")
+            if check.tensorflow is None:
                 raise HostError(f"TensorFlow is not installed for {hp.python} "
                                 f"(install tensorflow-cpu=={tf_version} there)")
-            if tf_version and remote_tf != tf_version:
-                raise HostError(f"TensorFlow mismatch: {remote_tf} on the host ({hp.python}), "
+            if tf_version and check.tensorflow != tf_version:
+                raise HostError(f"TensorFlow mismatch: {check.tensorflow} on the host ({hp.python}), "
                                 f"{tf_version} on this machine")
-            if check.get("running") and only is None:
+            if check.running and only is None:
                 raise HostError(
-                    f"cluster {self.plan.cluster!r} already runs here ({', '.join(check['running'])} "
+                    f"cluster {self.plan.cluster!r} already runs here ({', '.join(check.running)} "
                     f"in {hp.root}), started by another dtf (another DTF_HOME or machine): "
                     f"`dtf down` it there, or name this cluster differently")
-            if check["busy"]:
+            if check.busy:
                 raise HostError("port busy: " + ", ".join(
-                    f"{task.port} ({task.name})" for task in hp.tasks if task.port in check["busy"]))
+                    f"{task.port} ({task.name})" for task in hp.tasks if task.port in check.busy))
             tasks = hp.tasks_in(only)
             self._step(hp, f"starting {len(tasks)} server(s)")
             self.started.add(hp.name)  # from here on, a rollback must stop tasks there
             r = t.run(hp.start_argv_for(only), timeout=hp.start_timeout + 30)
-            started = self._json(r, "starting servers")["tasks"]
-        pids = {name: s["pid"] for name, s in started.items()}
-        failed = {n: s for n, s in started.items() if not s["ok"]}
+            started = self._decode(StartReply, r, "starting servers")
+        failed = {n: s for n, s in started.tasks.items() if not s.ok}
         if failed:
             name, s = next(iter(failed.items()))
-            log = " | ".join(line.strip() for line in s.get("log_tail", [])[-5:] if line.strip())
-            raise HostError(f"server crashed: {name}: {s['reason']}" + (f"; log: {log}" if log else ""))
+            log = " | ".join(line.strip() for line in s.log_tail[-5:] if line.strip())
+            raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
         self._step(hp, "checking the servers are reachable from here")
         deadline = time.monotonic() + REACH_TIMEOUT
         for task in tasks:
             if not wait_port(task.addr_host, task.port, deadline):
                 raise HostError(f"{task.name} serves on its host but {task.address} is not "
                                 f"reachable from this machine (firewall? wrong address?)")
-        return {"pids": pids, "client_address": check.get("client_address")}
+        return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
+                           client_address=check.client_address)
 
-    def up(self, only: dict[str, set[str]] | None = None) -> dict[str, Outcome]:
+    def up(self, only: dict[str, set[str]] | None = None) -> dict[str, Outcome[HostStarted]]:
         """Start every task, or only the tasks named per host in `only`."""
         version = local_tf_version()
         if only is None:
@@ -177,66 +259,67 @@ class ClusterOps:
         return self.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), self._hosts_in(only))
 
     # -- the lease -----------------------------------------------------------------------------
-    def renew_host(self, hp: HostPlan, ttl: float | None = None) -> dict:
+    def renew_host(self, hp: HostPlan, ttl: float | None = None) -> RenewReply:
         with self.transport(hp) as t:
-            r = t.run(hp.renew_argv(ttl), timeout=RENEW_TIMEOUT)
-            if self._launcher_gone(r):
-                return {"gone": True}
-            return self._json(r, "renewing the lease")
+            try:
+                return self._ask(t, hp, RenewReply, hp.renew_argv(ttl), "renewing the lease", RENEW_TIMEOUT,
+                                 upload_if=lambda: self._root_exists(t, hp))
+            except LauncherMissing:
+                return RenewReply(lease=None)  # the files are gone: nothing to renew
 
-    def renew(self, ttl: float | None = None) -> dict[str, Outcome]:
+    def renew(self, ttl: float | None = None) -> dict[str, Outcome[RenewReply]]:
         return self.each_host(lambda hp: self.renew_host(hp, ttl))
 
     # -- status --------------------------------------------------------------------------------
-    def status_host(self, hp: HostPlan) -> dict:
+    def status_host(self, hp: HostPlan) -> StatusReply:
         self._step(hp, "connecting")
         with self.transport(hp) as t:
-            r = t.run(hp.status_argv(), timeout=30)
-            if self._launcher_gone(r):
+            try:
+                return self._ask(t, hp, StatusReply, hp.status_argv(), "status", 30,
+                                 upload_if=lambda: self._root_exists(t, hp))
+            except LauncherMissing:
                 # dtf's files are gone: the lease lapsed and the tasks cleaned up after
                 # themselves, or the host was wiped. Every task is dead.
-                reason = f"dtf's files are gone from {hp.root} (lease lapsed?)"
-                return {"tasks": {task.name: {"alive": False, "state": "gone", "pid": None,
-                                              "uptime": None, "reason": reason} for task in hp.tasks}}
-            return self._json(r, "status")
+                gone = TaskStatus.dead(FILES_GONE.format(root=hp.root))
+                return StatusReply(tasks={task.name: gone for task in hp.tasks}, lease=None)
 
-    def status(self) -> dict[str, Outcome]:
+    def status(self) -> dict[str, Outcome[StatusReply]]:
         return self.each_host(self.status_host)
+
+    def task_states(self) -> list[TaskState]:
+        return task_states(self.plan, self.status())
 
     # -- down ----------------------------------------------------------------------------------
     def stop_host(self, hp: HostPlan, keep_logs: bool = False, grace: float = STOP_GRACE,
-                  only: Collection[str] | None = None) -> dict:
+                  only: Collection[str] | None = None) -> HostStopped:
         """Stop the host's tasks and remove dtf's files; with `only`, stop just those tasks."""
         self._step(hp, "connecting")
         with self.transport(hp) as t:
-            self._upload(t, hp)  # it may have been removed: stopping must not depend on it
             self._step(hp, "stopping servers")
-            r = t.run(hp.stop_argv(grace, only), timeout=grace + 30)
-            stopped = self._json(r, "stopping servers")["tasks"]
-            left = [n for n, s in stopped.items() if not s.get("gone", True)]
+            stopped = self._ask(t, hp, StopReply, hp.stop_argv(grace, only), "stopping servers", grace + 30)
+            left = [n for n, s in stopped.tasks.items() if not s.gone]
             if left:
                 raise HostError(f"still running after KILL: {', '.join(left)}")
             if only is not None:
-                return {"stopped": stopped, "removed": []}
+                return HostStopped(stopped.tasks)
             self._step(hp, "removing files")
-            r = t.run(hp.clean_argv(keep_logs), timeout=30)
-            cleaned = self._json(r, "cleaning up")
-        return {"stopped": stopped, "removed": cleaned.get("removed", [])}
+            cleaned = self._ask(t, hp, CleanReply, hp.clean_argv(keep_logs), "cleaning up", 30)
+        return HostStopped(stopped.tasks, cleaned.removed)
 
     def down(self, keep_logs: bool = False, grace: float = STOP_GRACE,
-             hosts: tuple[HostPlan, ...] | None = None) -> dict[str, Outcome]:
+             hosts: Sequence[HostPlan] | None = None) -> dict[str, Outcome[HostStopped]]:
         return self.each_host(lambda hp: self.stop_host(hp, keep_logs, grace), hosts)
 
-    def remove_launcher(self, hosts: tuple[HostPlan, ...]) -> dict[str, Outcome]:
+    def remove_launcher(self, hosts: Sequence[HostPlan]) -> dict[str, Outcome[CleanReply]]:
         """Undo an upload that no start followed: remove dtf's files unless tasks (another
         dtf's) run there."""
-        def clean(hp: HostPlan) -> dict:
+        def clean(hp: HostPlan) -> CleanReply:
             with self.transport(hp) as t:
-                return self._json(t.run(hp.clean_argv(False, if_unused=True), timeout=30), "cleaning up")
+                return self._ask(t, hp, CleanReply, hp.clean_argv(False, if_unused=True), "cleaning up", 30)
 
         return self.each_host(clean, hosts)
 
-    def stop_tasks(self, only: dict[str, set[str]], grace: float = STOP_GRACE) -> dict[str, Outcome]:
+    def stop_tasks(self, only: dict[str, set[str]], grace: float = STOP_GRACE) -> dict[str, Outcome[HostStopped]]:
         """Stop the tasks named per host (a partial rollback); leave the rest and the files."""
         return self.each_host(lambda hp: self.stop_host(hp, grace=grace, only=only[hp.name]),
                               self._hosts_in(only))
@@ -274,7 +357,7 @@ class LeaseKeeper:
         while not self.stopped.wait(self.interval):
             for host, o in self.ops.renew().items():
                 now = time.monotonic()
-                if o.ok and not o.data.get("gone"):
+                if o.ok and o.value.lease is not None:
                     self.renewed[host] = now
                     self.warned.discard(host)
                 elif now - self.renewed[host] > self.ttl / 2 and host not in self.warned:

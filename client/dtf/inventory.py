@@ -20,13 +20,15 @@ from typing import Any, TypeGuard
 
 import yaml
 
+from dtf_server.protocol import Defaults
+
 from .errors import InventoryError, Problem
 
 DEFAULT_TF_PORT = 2222
 DEFAULT_PYTHON = "python3"
 DEFAULT_WORKDIR = "~/.dtf"
-DEFAULT_RESTART_LIMIT = 10
-DEFAULT_RESTART_BACKOFF = 0.5
+DEFAULT_RESTART_LIMIT = Defaults.RESTART_LIMIT  # host-side defaults live in one place
+DEFAULT_RESTART_BACKOFF = Defaults.RESTART_BACKOFF
 
 
 @dataclass(frozen=True)

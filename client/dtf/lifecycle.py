@@ -24,13 +24,15 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from dtf import state
-from dtf.cluster import STOP_GRACE, ClusterOps, Outcome, Progress
-from dtf.errors import ClusterChanged, HostFailure
-from dtf.plan import DEFAULT_TTL, Plan, TaskPlan, differences, make_plan
+from dtf.cluster import STOP_GRACE, ClusterOps, HostStarted, HostStopped, Outcome, Progress
+from dtf.errors import ClusterChanged, HostFailure, UsageError
+from dtf.plan import DEFAULT_TTL, Plan, differences, make_plan
 from dtf.state import Record
 
+SERVER_ENV = "DTF_SERVER"  # what serves each task: `tensorflow` (default), or `fake[:options]` for tests
 # (hosts, title) -> a context manager yielding the per-host progress callback.
 ProgressView = Callable[[list[str], str], AbstractContextManager[Progress]]
 
@@ -48,8 +50,11 @@ def load_plan(inventory_path: Path, ttl: float | None = None, server: str = "ten
     inv = inventory.load(inventory_path)
     if inv.ssh_config:
         check_ssh_config(inventory_path, inv.ssh_config)
-    return make_plan(inv, resolve=resolver(inv.ssh_config), local_python=sys.executable,
-                     ttl=DEFAULT_TTL if ttl is None else ttl)
+    try:
+        return make_plan(inv, resolve=resolver(inv.ssh_config), local_python=sys.executable,
+                         ttl=DEFAULT_TTL if ttl is None else ttl, server=server)
+    except ValueError as e:  # only `server` can be wrong: the inventory was checked
+        raise UsageError(f"{SERVER_ENV}: {e}")
 
 
 # -- up ---------------------------------------------------------------------------------------
@@ -59,7 +64,7 @@ class UpResult:
 
     record: Record
     started: bool = False  # the whole cluster was started
-    outcomes: dict[str, Outcome] = field(default_factory=dict)  # of the hosts started on
+    outcomes: dict[str, Outcome[HostStarted]] = field(default_factory=dict)  # of the hosts started on
     seconds: float = 0.0
     restarted: list[tuple[str, str]] = field(default_factory=list)  # (task, its state before)
     serving: int = 0  # tasks that were serving and were left alone
@@ -82,11 +87,10 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
             teardown(record, keep_logs=False, grace=STOP_GRACE, connect_timeout=connect_timeout, view=view)
         t0 = time.monotonic()
         outcomes = start(plan, None, connect_timeout, view)
-        client = next((o.data["client_address"] for o in outcomes.values() if o.data.get("client_address")),
-                      None)
+        client = next((o.value.client_address for o in outcomes.values() if o.value.client_address), None)
         record = Record(plan=plan, inventory=str(inventory_path.resolve()), created=time.time(),
                         chief_host=client or "127.0.0.1",  # the laptop as the hosts see it
-                        pids={name: pid for o in outcomes.values() for name, pid in o.data["pids"].items()})
+                        pids={name: pid for o in outcomes.values() for name, pid in o.value.pids.items()})
         state.save(record)
     return UpResult(record, started=True, outcomes=outcomes, seconds=time.monotonic() - t0)
 
@@ -111,7 +115,7 @@ def ctrl_c_sets(event: threading.Event) -> Iterator[None]:
 
 
 def start(plan: Plan, only: dict[str, set[str]] | None, connect_timeout: float,
-          view: ProgressView = no_view) -> dict[str, Outcome]:
+          view: ProgressView = no_view) -> dict[str, Outcome[HostStarted]]:
     """Start the plan's tasks (or only some, per host). Unless every host succeeded, stop what
     was started and raise: HostFailure, or KeyboardInterrupt after Ctrl-C."""
     hosts = [h.name for h in plan.hosts if only is None or only.get(h.name)]
@@ -142,6 +146,7 @@ def rollback(plan: Plan, ops: ClusterOps, only: dict[str, set[str]] | None, prog
     Returns the hosts where undoing failed, with the reason."""
     # A fresh ClusterOps: `ops` may be cancelled (Ctrl-C), and a cancelled one refuses every step.
     undo = ClusterOps(plan, progress, connect_timeout=connect_timeout)
+    undone: dict[str, Outcome[Any]]
     if only is None:
         started = tuple(hp for hp in plan.hosts if hp.name in ops.started)
         uploaded = tuple(hp for hp in plan.hosts if hp.name in ops.touched - ops.started)
@@ -149,19 +154,6 @@ def rollback(plan: Plan, ops: ClusterOps, only: dict[str, set[str]] | None, prog
     else:
         undone = undo.stop_tasks({h: only[h] for h in only if h in ops.started})
     return {host: o.reason for host, o in undone.items() if not o.ok}
-
-
-@dataclass
-class _State:  # TEMPORARY until the typed host protocol lands
-    state: str
-    reason: str | None
-
-
-def _task_states(ops: ClusterOps) -> list[tuple[TaskPlan, _State]]:
-    from dtf import ui
-
-    rows = ui.status_rows(ops.plan, ops.status())
-    return [(ops.plan.task(r["task"]), _State(r["state"], r["error"])) for r in rows]  # type: ignore[misc]
 
 
 def _by_host(tasks: list[tuple[str, str]]) -> dict[str, set[str]]:
@@ -187,24 +179,24 @@ def repair(record: Record, inventory_path: Path, ttl: float | None, connect_time
                 raise HostFailure("dtf up (renewing the lease)", {o.host: o.reason})
         record = record.replace(plan=plan)
         state.save(record)
-    states = _task_states(ops)
-    unknown = {t.host: s.reason or "unknown" for t, s in states if s.state == "unknown"}
+    states = ops.task_states()
+    unknown = {s.task.host: s.reason or "unknown" for s in states if s.state == "unknown"}
     if unknown:
         raise HostFailure("dtf up (checking the running cluster)", unknown)
-    dead = [(t, s) for t, s in states if s.state != "alive"]
+    dead = [s for s in states if s.state != "alive"]
     if not dead:
         return UpResult(record, serving=len(states), new_ttl=new_ttl)
     t0 = time.monotonic()
-    only = _by_host([(t.host, t.name) for t, _ in dead])
+    only = _by_host([(s.task.host, s.task.name) for s in dead])
     ops.stop_tasks(only)  # supervisors that gave up
     outcomes = start(plan, only, connect_timeout, view)
     pids = dict(record.pids)
-    for o in outcomes.values():
-        pids.update(o.data["pids"])
+    for started in outcomes.values():
+        pids.update(started.value.pids)
     record = record.replace(pids=pids, inventory=str(inventory_path.resolve()))
     state.save(record)
     return UpResult(record, outcomes=outcomes, seconds=time.monotonic() - t0,
-                    restarted=[(t.name, s.state) for t, s in dead], serving=len(states) - len(dead),
+                    restarted=[(s.task.name, s.state) for s in dead], serving=len(states) - len(dead),
                     new_ttl=new_ttl)
 
 
@@ -212,13 +204,13 @@ def repair(record: Record, inventory_path: Path, ttl: float | None, connect_time
 @dataclass
 class DownResult:
     cluster: str
-    outcomes: dict[str, Outcome]
+    outcomes: dict[str, Outcome[HostStopped]]
     seconds: float
 
     @property
     def stopped(self) -> int:
         """Servers that were running and were stopped."""
-        return sum(1 for o in self.outcomes.values() for s in o.data["stopped"].values() if s["was_running"])
+        return sum(1 for o in self.outcomes.values() for s in o.value.stopped.values() if s.was_running)
 
 
 def down(name: str | None, *, keep_logs: bool, grace: float, connect_timeout: float,
@@ -233,7 +225,7 @@ def down(name: str | None, *, keep_logs: bool, grace: float, connect_timeout: fl
 
 
 def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: float,
-             view: ProgressView = no_view) -> dict[str, Outcome]:
+             view: ProgressView = no_view) -> dict[str, Outcome[HostStopped]]:
     """Stop every task and remove the files; forget the cluster, or keep the hosts that failed
     in the record so that a later `dtf down` retries them."""
     plan = record.plan

@@ -12,14 +12,37 @@ import dataclasses
 import posixpath
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
+from dtf import shipping
 from dtf.inventory import DEFAULT_PYTHON, HostSpec, Inventory
+from dtf_server import layout
+from dtf_server.protocol import Defaults, TaskSpec
 
 JOBS = ("ps", "worker")
 # The environment of every server: fail fast on a dead peer instead of retrying (FACTS.md).
 TASK_ENV = (("GRPC_FAIL_FAST", "use_caller"), ("PYTHONUNBUFFERED", "1"))
-START_TIMEOUT = 90.0  # seconds a host's servers get to import TensorFlow and serve
-DEFAULT_TTL = 3600.0  # seconds an unused cluster lives: see `dtf up --ttl`
+START_TIMEOUT = Defaults.START_TIMEOUT
+DEFAULT_TTL = Defaults.TTL  # seconds an unused cluster lives: see `dtf up --ttl`
+# What serves a task: TensorFlow's server, or (for tests) a fake one with options, e.g.
+# "fake:ready_delay=1.5,ignore_term" (dtf_server/fake.py).
+SERVERS = ("tensorflow", "fake")
+
+
+def server_argv(server: str, python: str, launcher: str, job: str, index: int, port: int,
+                ready: str) -> tuple[str, ...]:
+    """The command that serves one task: what its supervisor runs (ValueError: a bad `server`)."""
+    kind, _, options = server.partition(":")
+    if kind not in SERVERS:
+        raise ValueError(f"expected one of {', '.join(SERVERS)}, got {server!r}")
+    command = "serve" if kind == "tensorflow" else "fake"
+    argv = [python, launcher, command, "--job", job, "--index", str(index), "--port", str(port), "--ready", ready]
+    for option in filter(None, options.split(",")):
+        key, _, value = option.partition("=")
+        if kind != "fake" or key not in ("ready_delay", "ignore_term"):
+            raise ValueError(f"unknown option {key!r} of {kind} in {server!r}")
+        argv += [f"--{key.replace('_', '-')}", *([value] if value else [])]
+    return tuple(argv)
 
 
 @dataclass(frozen=True)
@@ -30,7 +53,10 @@ class TaskPlan:
     port: int
     address: str  # "addr:port": how every other task, and the laptop, reach this task
     dir: str  # the task's directory on its host (log, pid.json, ready.json)
-    serve_argv: tuple[str, ...]  # what the launcher runs for this task (for display and tests)
+    serve_argv: tuple[str, ...]  # exactly what the task's supervisor runs
+
+    def spec(self) -> TaskSpec:
+        return TaskSpec(job=self.job, index=self.index, port=self.port, argv=list(self.serve_argv))
 
     @property
     def name(self) -> str:
@@ -38,7 +64,7 @@ class TaskPlan:
 
     @property
     def log(self) -> str:
-        return posixpath.join(self.dir, "log")
+        return posixpath.join(self.dir, layout.LOG)
 
     @property
     def addr_host(self) -> str:
@@ -54,6 +80,7 @@ class HostPlan:
     env: tuple[tuple[str, str], ...]
     start_timeout: float
     ttl: float = DEFAULT_TTL  # the lease: seconds without renewal before the tasks stop themselves
+    server: str = "tensorflow"  # see SERVERS
 
     @property
     def name(self) -> str:
@@ -61,7 +88,9 @@ class HostPlan:
 
     @property
     def launcher(self) -> str:
-        return posixpath.join(self.root, "launcher.py")
+        """This dtf's launcher on the host: a path named by its content, so a launcher of another
+        version is never used (and never computed from an old record)."""
+        return posixpath.join(self.root, shipping.launcher_name())
 
     def launcher_argv(self, *args: str) -> list[str]:
         return [self.python, self.launcher, *args]
@@ -70,10 +99,11 @@ class HostPlan:
         """Every task of this host, or the ones named in `only`."""
         return [t for t in self.tasks if only is None or t.name in only]
 
-    def task_args(self, with_port: bool = False, only: Collection[str] | None = None) -> list[str]:
-        """`--task` arguments for every task of this host, or for the tasks named in `only`."""
+    def task_args(self, with_argv: bool = False, only: Collection[str] | None = None) -> list[str]:
+        """`--task` arguments for every task of this host, or for the tasks named in `only`:
+        names, or (for `start`) each task's spec with its serve command."""
         return [a for t in self.tasks_in(only)
-                for a in ("--task", f"{t.job}:{t.index}:{t.port}" if with_port else t.name)]
+                for a in ("--task", t.spec().to_arg() if with_argv else t.name)]
 
     @property
     def start_argv(self) -> list[str]:
@@ -85,7 +115,7 @@ class HostPlan:
             "start", "--dir", self.root, "--timeout", f"{self.start_timeout:g}",
             "--ttl", f"{self.ttl:g}", "--restart-limit", str(self.spec.restart_limit),
             "--restart-backoff", f"{self.spec.restart_backoff:g}",
-            *env_args, *self.task_args(with_port=True, only=only),
+            *env_args, *self.task_args(with_argv=True, only=only),
         )
 
     def check_argv(self, only: Collection[str] | None = None) -> list[str]:
@@ -133,21 +163,26 @@ class Plan:
             spec[t.job].append(t.address)
         return spec
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> Plan:
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
         hosts = []
         for h in data["hosts"]:
             spec = dict(h["spec"])
             spec["ps_ports"] = tuple(spec["ps_ports"])
             spec["worker_ports"] = tuple(spec["worker_ports"])
-            tasks = tuple(TaskPlan(**{**t, "serve_argv": tuple(t["serve_argv"])}) for t in h["tasks"])
+            server = h.get("server", "tensorflow")
+            launcher = posixpath.join(h["root"], shipping.launcher_name())
+            # The serve command is derived again, never read back: it names this dtf's launcher.
+            tasks = tuple(TaskPlan(**{**t, "serve_argv": server_argv(
+                server, h["python"], launcher, t["job"], t["index"], t["port"],
+                posixpath.join(t["dir"], layout.READY))}) for t in h["tasks"])
             hosts.append(HostPlan(
                 spec=HostSpec(**spec), python=h["python"], root=h["root"], tasks=tasks,
-                env=tuple(tuple(kv) for kv in h["env"]), start_timeout=h["start_timeout"],
-                ttl=h.get("ttl", DEFAULT_TTL),
+                env=tuple((k, v) for k, v in h["env"]), start_timeout=h["start_timeout"],
+                ttl=h.get("ttl", DEFAULT_TTL), server=server,
             ))
         return cls(cluster=data["cluster"], inventory=data["inventory"],
                    ssh_config=data["ssh_config"], hosts=tuple(hosts))
@@ -167,12 +202,14 @@ def make_plan(
     local_python: str = DEFAULT_PYTHON,
     start_timeout: float = START_TIMEOUT,
     ttl: float = DEFAULT_TTL,
+    server: str = "tensorflow",
 ) -> Plan:
     """Assign task indexes (in inventory order), addresses, directories and commands.
 
     `resolve` gives the address other tasks reach a host at (the CLI passes one that reads
     HostName from ssh_config); `local_python` is the python of local hosts that name none;
-    `ttl` is the lease (`dtf up --ttl`, 0: never lapses).
+    `ttl` is the lease (`dtf up --ttl`, 0: never lapses); `server` what serves each task
+    (ValueError if it is not one of SERVERS).
     """
     counters = {job: 0 for job in JOBS}
     hosts = []
@@ -180,22 +217,21 @@ def make_plan(
         local = spec.connection == "local"
         python = local_python if local and spec.python == DEFAULT_PYTHON else spec.python
         root = posixpath.join(spec.workdir, inventory.cluster)
-        launcher = posixpath.join(root, "launcher.py")
+        launcher = posixpath.join(root, shipping.launcher_name())
         address = resolve(spec)
         tasks = []
         for job, ports in (("ps", spec.ps_ports), ("worker", spec.worker_ports)):
             for port in ports:
                 index = counters[job]
                 counters[job] += 1
-                tdir = posixpath.join(root, f"{job}-{index}")
+                tdir = layout.task_dir(root, job, index)
                 tasks.append(TaskPlan(
                     job=job, index=index, host=spec.host, port=port, address=f"{address}:{port}",
-                    dir=tdir,
-                    serve_argv=(python, launcher, "serve", "--job", job, "--index", str(index),
-                                "--port", str(port), "--ready", posixpath.join(tdir, "ready.json")),
+                    dir=tdir, serve_argv=server_argv(server, python, launcher, job, index, port,
+                                                     posixpath.join(tdir, layout.READY)),
                 ))
         hosts.append(HostPlan(spec=spec, python=python, root=root, tasks=tuple(tasks),
-                              env=TASK_ENV, start_timeout=start_timeout, ttl=ttl))
+                              env=TASK_ENV, start_timeout=start_timeout, ttl=ttl, server=server))
     return Plan(cluster=inventory.cluster, inventory=inventory.path,
                 ssh_config=inventory.ssh_config, hosts=tuple(hosts))
 

@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from dtf import state
-from dtf.cluster import ClusterOps, LeaseKeeper
+from dtf.cluster import ClusterOps, LeaseKeeper, TaskState
 from dtf.errors import ClusterDown, DtfError
 from dtf.netutil import free_ports, port_open
 from dtf.plan import Plan
@@ -44,7 +45,7 @@ def interrupt_main_thread(pid: int) -> bool:
     if not sys.platform.startswith("linux") or number is None:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(number, pid, pid, int(signal.SIGINT)) == 0
+    return bool(libc.syscall(number, pid, pid, int(signal.SIGINT)) == 0)
 
 
 def dead_tasks(plan: Plan, timeout: float = PROBE_TIMEOUT) -> list[str]:
@@ -55,7 +56,7 @@ def dead_tasks(plan: Plan, timeout: float = PROBE_TIMEOUT) -> list[str]:
     return [f"{t.name} ({t.host}, {t.address})" for t, ok in zip(tasks, alive) if not ok]
 
 
-def tf_config(plan: Plan, chief_address: str) -> dict:
+def tf_config(plan: Plan, chief_address: str) -> dict[str, Any]:
     """TF_CONFIG for the coordinator: the cluster of the plan, with this program as chief."""
     return {"cluster": {**plan.cluster_spec(), "chief": [chief_address]},
             "task": {"type": "chief", "index": 0}}
@@ -120,30 +121,26 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                 f"again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
 
 
-def ps_status(ops: ClusterOps) -> dict[str, dict]:
-    """Each ps task's status as its host's launcher reports it; hosts that cannot be asked are
-    left out."""
-    return {name: info for o in ops.status().values() if o.ok
-            for name, info in o.data.get("tasks", {}).items() if name.startswith("ps:")}
+def ps_states(ops: ClusterOps) -> list[TaskState]:
+    """Each ps task's state as its host reports it."""
+    return [s for s in ops.task_states() if s.task.job == "ps"]
 
 
-def incarnation(info: dict) -> tuple:
-    """What changes when a ps's server is restarted."""
-    return info.get("restarts"), info.get("server_pid")
+def ps_incarnations(ops: ClusterOps) -> dict[str, tuple[int, int | None]]:
+    return {s.task.name: s.status.incarnation for s in ps_states(ops) if s.status is not None}
 
 
-def ps_incarnations(ops: ClusterOps) -> dict[str, tuple]:
-    return {name: incarnation(info) for name, info in ps_status(ops).items()}
-
-
-def lost_ps(ops: ClusterOps, before: dict[str, tuple]) -> list[str]:
+def lost_ps(ops: ClusterOps, before: dict[str, tuple[int, int | None]]) -> list[str]:
     """The ps tasks lost since `before`: restarted or not serving on their host, or not
     reachable from here. Names with the reason, e.g. "ps:0 (server killed by SIGKILL)"."""
     lost = {}
-    for name, info in ps_status(ops).items():
-        if name in before and incarnation(info) != before[name]:
-            lost[name] = f"server {info.get('last_exit') or 'restarted'}"
-        elif not info.get("serving"):
+    for s in ps_states(ops):
+        name = s.task.name
+        if s.status is None:  # its host cannot be asked: is it reachable from here?
+            continue
+        if name in before and s.status.incarnation != before[name]:
+            lost[name] = f"server {s.status.last_exit or 'restarted'}"
+        elif not s.status.serving:
             lost[name] = "not serving"
     for t in ops.plan.tasks():
         if t.job == "ps" and t.name not in lost and not port_open(t.addr_host, t.port, PROBE_TIMEOUT):

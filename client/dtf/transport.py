@@ -12,7 +12,8 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,8 +59,10 @@ class Transport:
     def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
         raise NotImplementedError
 
-    def put_text(self, text: str, remote_dir: str, filename: str) -> None:
-        """Write `text` to remote_dir/filename, creating remote_dir (which may start with ~/)."""
+    def put_bytes(self, data: bytes, remote_dir: str, filename: str) -> None:
+        """Write `data` to remote_dir/filename, creating remote_dir (which may start with ~/).
+        Atomic: written under a temporary name in that directory, then renamed over the file, so
+        no process ever reads half of it."""
         raise NotImplementedError
 
     def stream(self, argv: Sequence[str]) -> int:
@@ -93,10 +96,12 @@ class LocalTransport(Transport):
             raise HostError(f"command timed out after {timeout:g}s: {argv[0]} {' '.join(argv[2:3])}")
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
-    def put_text(self, text: str, remote_dir: str, filename: str) -> None:
+    def put_bytes(self, data: bytes, remote_dir: str, filename: str) -> None:
         directory = Path(os.path.expanduser(remote_dir))
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / filename).write_text(text)
+        tmp = directory / temporary_name(filename)
+        tmp.write_bytes(data)
+        os.replace(tmp, directory / filename)
 
     def stream(self, argv: Sequence[str]) -> int:
         return subprocess.call(expand_local(argv), stdin=subprocess.DEVNULL)
@@ -135,7 +140,7 @@ class SSHTransport(Transport):
 
     def address(self) -> str:
         """The host's real address per ssh_config (HostName), for the TF cluster spec."""
-        return self.connection().host
+        return str(self.connection().host)
 
     def open(self) -> None:
         import paramiko
@@ -147,7 +152,7 @@ class SSHTransport(Transport):
             target += f" (via {hop})"
         try:
             conn.open()
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise HostError(f"unreachable: no answer from {target} within {self.connect_timeout:g}s")
         except paramiko.BadHostKeyException:
             raise HostError(f"host key of {target} does not match known_hosts: refusing to connect")
@@ -181,7 +186,7 @@ class SSHTransport(Transport):
             raise HostError(f"connection lost: {e}")
         return Result(r.exited, r.stdout, r.stderr)
 
-    def put_text(self, text: str, remote_dir: str, filename: str) -> None:
+    def put_bytes(self, data: bytes, remote_dir: str, filename: str) -> None:
         import io
 
         import paramiko
@@ -194,7 +199,11 @@ class SSHTransport(Transport):
             if path == "~" or path.startswith("~/"):  # SFTP starts in the home directory
                 path = sftp.normalize(".") + path[1:]
             _sftp_makedirs(sftp, path)
-            sftp.putfo(io.BytesIO(text.encode()), f"{path}/{filename}")
+            tmp = f"{path}/{temporary_name(filename)}"
+            sftp.putfo(io.BytesIO(data), tmp)
+            # OpenSSH's posix-rename extension replaces the target atomically (plain SFTP rename
+            # refuses an existing target).
+            sftp.posix_rename(tmp, f"{path}/{filename}")
         except (OSError, paramiko.SSHException) as e:
             raise HostError(f"upload to {remote_dir} failed: {e}")
 
@@ -202,7 +211,12 @@ class SSHTransport(Transport):
         # A pty, so that when we stop following (Ctrl-C) the remote command gets SIGHUP.
         r = self.connection().run(render(argv), warn=True, pty=True, in_stream=False,
                                   out_stream=sys.stdout)
-        return r.exited
+        return int(r.exited)
+
+
+def temporary_name(filename: str) -> str:
+    """Where an upload is written before its rename (`clean` removes leftovers: `.tmp-`)."""
+    return f".{filename}.tmp-{uuid.uuid4().hex[:8]}"
 
 
 def _sftp_makedirs(sftp: Any, path: str) -> None:
@@ -247,7 +261,7 @@ def transport_for(spec: HostSpec, ssh_config: str | None = None,
     return SSHTransport(spec, ssh_config, connect_timeout)
 
 
-def resolver(ssh_config: str | None):
+def resolver(ssh_config: str | None) -> Callable[[HostSpec], str]:
     """A function giving each host's TF address: `address` key, else ssh_config HostName."""
 
     def resolve(spec: HostSpec) -> str:

@@ -7,14 +7,14 @@ import json
 import shlex
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from dtf.cluster import Outcome, Progress
+from dtf.cluster import HostStarted, Outcome, Progress, TaskState
 from dtf.plan import Plan
 from dtf.shell import render
 
@@ -87,13 +87,13 @@ def show_plan(plan: Plan) -> None:
               + json.dumps(plan.cluster_spec()), markup=False)
 
 
-def show_up(plan: Plan, outcomes: dict[str, Outcome], seconds: float) -> None:
+def show_up(plan: Plan, outcomes: dict[str, Outcome[HostStarted]], seconds: float) -> None:
     tab = Table(title=f"cluster {plan.cluster} is up ({seconds:.1f}s)", title_justify="left")
     for col in ("task", "host", "address", "pid", "host ready in"):
         tab.add_column(col)
     for t in plan.tasks():
         o = outcomes[t.host]
-        tab.add_row(t.name, t.host, t.address, str(o.data["pids"].get(t.name, "")), f"{o.seconds:.1f}s")
+        tab.add_row(t.name, t.host, t.address, str(o.value.pids.get(t.name, "")), f"{o.seconds:.1f}s")
     out.print(tab)
 
 
@@ -111,36 +111,26 @@ def show_up_result(result: UpResult) -> None:
         out.print(f"cluster {cluster} is already up: {result.serving} tasks serving{lease}", markup=False)
 
 
-def task_state(info: dict) -> str:
-    """alive (serving), restarting (its supervisor brings it back), failed (the supervisor gave
-    up), dead (nothing runs)."""
-    if not info.get("alive"):
-        return "dead"
-    if info.get("serving"):
-        return "alive"
-    return "failed" if info.get("state") == "failed" else "restarting"
-
-
-def status_rows(plan: Plan, outcomes: dict[str, Outcome]) -> list[dict]:
+def status_rows(states: list[TaskState]) -> list[dict[str, Any]]:
+    """One row per task: what `dtf status` shows, and the schema of `dtf status --json` (README)."""
     rows = []
-    for t in plan.tasks():
-        o = outcomes[t.host]
-        info = o.data.get("tasks", {}).get(t.name, {}) if o.ok else {}
+    for st in states:
+        t, info = st.task, st.status
         rows.append({
             "task": t.name, "job": t.job, "index": t.index, "host": t.host, "address": t.address,
-            "pid": info.get("pid"),  # the supervisor's
-            "server_pid": info.get("server_pid"),
-            "state": task_state(info) if o.ok else "unknown",
-            "serving": info.get("serving", False),
-            "uptime": info.get("uptime"),  # of the server, since its last (re)start
-            "restarts": info.get("restarts", 0),
-            "last_exit": info.get("last_exit"),
-            "error": info.get("reason") if o.ok else o.reason,
+            "state": st.state,
+            "serving": info.serving if info else False,
+            "pid": info.pid if info else None,  # the supervisor's
+            "server_pid": info.server_pid if info else None,
+            "uptime": info.uptime if info else None,  # of the server, since its last (re)start
+            "restarts": info.restarts if info else 0,
+            "last_exit": info.last_exit if info else None,
+            "error": st.reason,
         })
     return rows
 
 
-def show_status(plan: Plan, rows: list[dict], as_json: bool) -> None:
+def show_status(plan: Plan, rows: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         out.print_json(json.dumps({"schema": STATUS_SCHEMA, "cluster": plan.cluster, "tasks": rows}))
         return

@@ -1,0 +1,13 @@
+"""dtf's host side: what runs on each host. Standard library plus TensorFlow only; it never
+imports the `dtf` client, so a host needs nothing but a python with TensorFlow.
+
+dtf ships this package to each host as one file, a zipapp named by its content
+(`ROOT/launcher-<hash>.pyz`, see `dtf.shipping`), and runs `python launcher-<hash>.pyz COMMAND`.
+
+    protocol.py    the commands' replies, typed once for both sides, the protocol version, defaults
+    layout.py      where the files live on a host
+    procs.py       process and file helpers (which process is ours, ports, logs)
+    supervisor.py  one task's supervisor, and the lease
+    commands.py    the commands (check, start, status, renew, stop, clean...)
+    fake.py        a fake server for tests (no TensorFlow)
+"""

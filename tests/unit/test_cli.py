@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from dtf import state
 from dtf.cli import app
 from dtf.plan import Plan
+from dtf.shipping import launcher_name
 
 runner = CliRunner()
 
@@ -39,9 +40,18 @@ def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path: Path, dtf_home: P
     r = runner.invoke(app, ["up", "--dry-run", str(inv)])
     assert r.exit_code == 0, r.output
     assert "host gpu-02 (ssh gpu-02)" in r.output
-    assert ("start    /opt/tf/bin/python3 ~/.dtf/demo/launcher.py start --dir ~/.dtf/demo --timeout 90 "
-            "--ttl 3600 --restart-limit 10 --restart-backoff 0.5 --env GRPC_FAIL_FAST=use_caller --env PYTHONUNBUFFERED=1 --task worker:0:2222 "
-            "--task worker:1:2223") in r.output
+    launcher = f"~/.dtf/demo/{launcher_name()}"
+
+    def task(index: int, port: int) -> str:
+        return (f"""--task '{{"job":"worker","index":{index},"port":{port},"argv":["/opt/tf/bin/python3","{launcher}","""
+                f""""serve","--job","worker","--index","{index}","--port","{port}","--ready","""
+                f""""~/.dtf/demo/worker-{index}/ready.json"]}}'""")
+
+    assert (f"start    /opt/tf/bin/python3 {launcher} start --dir ~/.dtf/demo --timeout 90 "
+            "--ttl 3600 --restart-limit 10 --restart-backoff 0.5 --env GRPC_FAIL_FAST=use_caller --env PYTHONUNBUFFERED=1 "
+            f"{task(0, 2222)} {task(1, 2223)}\n") in r.output
+    assert (f"worker:1   gpu-02:2223              GRPC_FAIL_FAST=use_caller PYTHONUNBUFFERED=1 /opt/tf/bin/python3 "
+            f"{launcher} serve --job worker --index 1 --port 2223 --ready ~/.dtf/demo/worker-1/ready.json\n") in r.output
     assert '"worker": ["gpu-02:2222", "gpu-02:2223"]' in r.output
     assert not dtf_home.exists()
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dtf.cli import app
+from dtf.shipping import launcher_name
 from helpers import dtf
 
 runner = CliRunner()
@@ -267,12 +268,13 @@ def test_valid_shell_characters_are_quoted_in_the_dry_run(
     r = runner.invoke(app, ["up", "--dry-run", str(path)])
     assert r.exit_code == 0, r.output
     command = start_command(_ANSI.sub("", r.output), "gpu-01")
-    # quoted_dir + "/launcher.py", inside the quotes if it has them.
-    launcher = quoted_dir[:-1] + "/launcher.py'" if quoted_dir.endswith("'") else quoted_dir + "/launcher.py"
+    # quoted_dir + "/launcher-<hash>.pyz", inside the quotes if it has them.
+    name = launcher_name()
+    launcher = quoted_dir[:-1] + f"/{name}'" if quoted_dir.endswith("'") else quoted_dir + f"/{name}"
     assert command.startswith(f"{quoted_python} {launcher} start --dir {quoted_dir} "), command
     # What the remote shell makes of the command is exactly the argv, ~/ aside.
     argv = shlex.split(command)
-    assert argv[:5] == [python, f"{workdir}/demo/launcher.py", "start", "--dir", f"{workdir}/demo"]
+    assert argv[:5] == [python, f"{workdir}/demo/{name}", "start", "--dir", f"{workdir}/demo"]
     assert not (isolated / "pwned").exists() and not (isolated / "dtf-home").exists()
 
 
@@ -282,7 +284,7 @@ def test_local_host_with_hostile_workdir_is_quoted(isolated: Path) -> None:
     r = runner.invoke(app, ["up", "--dry-run", str(write(isolated / "inventory.yaml", text))])
     assert r.exit_code == 0, r.output
     command = start_command(r.output, "localhost")
-    assert command.startswith("/usr/bin/python3 ~/'it'\"'\"'s $(touch pwned) here/demo/launcher.py' start "
+    assert command.startswith(f"/usr/bin/python3 ~/'it'\"'\"'s $(touch pwned) here/demo/{launcher_name()}' start "
                               "--dir ~/'it'\"'\"'s $(touch pwned) here/demo' "), command
     assert not (isolated / "pwned").exists()
 

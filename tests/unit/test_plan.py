@@ -11,7 +11,9 @@ from pathlib import Path
 from dtf import inventory
 from dtf.plan import Plan, differences, make_plan
 from dtf.shell import expand_local, render
-from dtf_server import launcher  # the host side: standard library only at import
+from dtf_server.protocol import TaskSpec
+
+from dtf.shipping import launcher_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,14 +48,21 @@ def test_cluster_spec_uses_resolved_addresses_in_one_place():
 
 def test_commands_are_exact_argv():
     hp = plan().hosts[1]
-    assert hp.root == "~/.dtf/demo"
+    launcher = f"~/.dtf/demo/{launcher_name()}"
+    assert hp.root == "~/.dtf/demo" and hp.launcher == launcher
+
+    def spec(index: int, port: int) -> str:
+        serve = ["/opt/tf/bin/python3", launcher, "serve", "--job", "worker", "--index", str(index),
+                 "--port", str(port), "--ready", f"~/.dtf/demo/worker-{index}/ready.json"]
+        return json.dumps({"job": "worker", "index": index, "port": port, "argv": serve}, separators=(",", ":"))
+
     assert hp.start_argv == [
-        "/opt/tf/bin/python3", "~/.dtf/demo/launcher.py", "start", "--dir", "~/.dtf/demo",
+        "/opt/tf/bin/python3", launcher, "start", "--dir", "~/.dtf/demo",
         "--timeout", "90", "--ttl", "3600", "--restart-limit", "10", "--restart-backoff", "0.5",
         "--env", "GRPC_FAIL_FAST=use_caller", "--env", "PYTHONUNBUFFERED=1",
-        "--task", "worker:0:3000", "--task", "worker:1:3001"]
-    assert hp.start_argv_for({"worker:1"})[-2:] == ["--task", "worker:1:3001"]
-    assert hp.stop_argv(5) == ["/opt/tf/bin/python3", "~/.dtf/demo/launcher.py", "stop", "--dir",
+        "--task", spec(0, 3000), "--task", spec(1, 3001)]
+    assert hp.start_argv_for({"worker:1"})[-2:] == ["--task", spec(1, 3001)]
+    assert hp.stop_argv(5) == ["/opt/tf/bin/python3", launcher, "stop", "--dir",
                                "~/.dtf/demo", "--grace", "5", "--task", "worker:0", "--task", "worker:1"]
     assert hp.tasks[1].log == "~/.dtf/demo/worker-1/log"
 
@@ -71,11 +80,38 @@ def test_local_hosts_default_to_this_python_and_loopback():
 
 
 def test_plan_shows_the_serve_command_the_launcher_runs(tmp_path):
+    """The serve command shown is the one `start` hands each supervisor, which runs it as is."""
     text = f"cluster: c\nhosts:\n  - {{host: h, workdir: {tmp_path}, python: {sys.executable}, ps: 1, workers: 1}}\n"
     for t in plan(text).tasks():
         hp = plan(text).host_of(t)
-        assert list(t.serve_argv) == launcher.serve_argv(
-            sys.executable, hp.launcher, t.job, t.index, t.port, os.path.join(t.dir, "ready.json"))
+        argv = hp.start_argv
+        specs = [TaskSpec.from_arg(argv[i + 1]) for i, a in enumerate(argv) if a == "--task"]
+        assert next(s.argv for s in specs if s.name == t.name) == list(t.serve_argv)
+        assert t.serve_argv[:3] == (sys.executable, hp.launcher, "serve")
+        assert t.serve_argv[-2:] == ("--ready", os.path.join(t.dir, "ready.json"))
+
+
+def test_the_fake_server_and_its_options():
+    p = plan(server="fake:ready_delay=1.5,ignore_term")
+    argv = p.tasks()[0].serve_argv
+    assert argv[2] == "fake" and argv[-3:] == ("1.5", "--ignore-term")[:0] + ("--ready-delay", "1.5", "--ignore-term")
+    assert Plan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+    for bad in ("tf", "fake:crash", "tensorflow:ready_delay=1"):
+        try:
+            plan(server=bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)
+
+
+def test_a_record_never_brings_back_another_launcher():
+    """The launcher path and serve commands come from this dtf, whatever the record says."""
+    data = plan().to_dict()
+    for h in data["hosts"]:
+        for t in h["tasks"]:
+            t["serve_argv"] = ["python3", "~/.dtf/demo/launcher.py", "serve"]
+    again = Plan.from_dict(data)
+    assert again == plan() and all(launcher_name() in t.serve_argv[1] for t in again.tasks())
 
 
 def test_render_quotes_every_value_but_a_leading_tilde(tmp_path):

@@ -1,0 +1,46 @@
+"""The launcher as dtf ships it: the `dtf_server` package in one zipapp, named by its content.
+
+Built in memory from the installed package (once per process), deterministically (sorted names,
+fixed timestamps), so the same dtf always ships the same bytes under the same name
+`launcher-<sha256[:12]>.pyz`. A host may hold launchers of several dtf versions side by side:
+a supervisor only ever runs the file it was started from, and a client only the one of its own
+version. Uploads are atomic (a temporary name, then a rename: see Transport.put_bytes), so a
+supervisor restarting its server never runs a half-written launcher.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import zipfile
+from importlib import resources
+
+from dtf_server import layout
+
+PACKAGE = "dtf_server"
+_EPOCH = (1980, 1, 1, 0, 0, 0)  # zip's earliest date: the same bytes on every build
+
+
+@functools.cache
+def launcher_bytes() -> bytes:
+    files = sorted((entry.name, entry.read_bytes()) for entry in resources.files(PACKAGE).iterdir()
+                   if entry.is_file() and entry.name.endswith(".py"))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files:
+            info = zipfile.ZipInfo(f"{PACKAGE}/{name}", date_time=_EPOCH)
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, data)
+        # python runs a zip's top-level __main__.py; sys.argv[0] stays the zipapp's path, which
+        # `start` passes on to the supervisors it starts.
+        main = zipfile.ZipInfo("__main__.py", date_time=_EPOCH)
+        main.external_attr = 0o644 << 16
+        zf.writestr(main, "import sys\nfrom dtf_server.commands import main\nsys.exit(main())\n")
+    return buffer.getvalue()
+
+
+@functools.cache
+def launcher_name() -> str:
+    return layout.launcher_name(hashlib.sha256(launcher_bytes()).hexdigest()[:12])

@@ -1,0 +1,333 @@
+"""The launcher's commands. Each prints one reply (dtf_server.protocol) as JSON and exits 0 when
+it did what was asked:
+
+    check     --dir D --port P ...                 versions, busy ports, the SSH client's address
+    start     --dir D --task SPEC ... [options]    start supervised servers detached, wait until each serves
+    supervise --dir D --task SPEC [options]        (internal) run one server, restart it when it dies
+    serve     --job J --index I --port P --ready F (internal) run one tf.distribute.Server
+    fake      --job J --index I --port P --ready F (tests) a server without TensorFlow: dtf_server.fake
+    status    --dir D --task JOB:INDEX ... [--renew]  is each task alive, serving, restarted how often
+    renew     --dir D [--ttl S]                    renew the cluster's lease on this host
+    stop      --dir D --task JOB:INDEX ... [--grace S]  TERM the task's process group, KILL after a grace
+    clean     --dir D [--keep-logs] [--if-unused]  remove what dtf put in D
+
+SPEC is a protocol.TaskSpec as JSON: the task and the exact command its supervisor runs (the plan's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from dtf_server import layout
+from dtf_server.procs import (
+    exit_reason,
+    ours,
+    port_busy,
+    port_open,
+    proc_start_ticks,
+    read_json,
+    server_record,
+    tail,
+    tf_version,
+    write_json,
+)
+from dtf_server.protocol import (
+    EXIT_START_FAILED,
+    CheckReply,
+    CleanReply,
+    Defaults,
+    RenewReply,
+    Reply,
+    StartReply,
+    StatusReply,
+    StopReply,
+    TaskSpec,
+    TaskStarted,
+    TaskStatus,
+    TaskStopped,
+    encode,
+)
+from dtf_server.supervisor import Supervisor, read_lease, renew, running_tasks, write_lease
+
+READY_POLL = 0.05
+
+
+def launcher() -> str:
+    """This launcher's file (the zipapp python was asked to run)."""
+    return os.path.abspath(sys.argv[0])
+
+
+def parse_name(text: str) -> tuple[str, int]:
+    job, index = text.split(":")
+    return job, int(index)
+
+
+def cmd_check(args: argparse.Namespace) -> CheckReply:
+    client = os.environ.get("SSH_CONNECTION", "").split()
+    return CheckReply(python=sys.version.split()[0], executable=sys.executable, tensorflow=tf_version(),
+                      busy=[p for p in args.port if port_busy(p)],
+                      client_address=client[0] if client else None,
+                      running=running_tasks(args.dir) if args.dir else [])
+
+
+def supervise_argv(root: str, task: TaskSpec, limit: int, backoff: float) -> list[str]:
+    return [sys.executable, launcher(), "supervise", "--dir", root, "--task", task.to_arg(),
+            "--restart-limit", str(limit), "--restart-backoff", f"{backoff:g}"]
+
+
+def cmd_start(args: argparse.Namespace) -> StartReply:
+    env = dict(os.environ)
+    env.update(kv.split("=", 1) for kv in args.env)
+    os.makedirs(args.dir, exist_ok=True)
+    write_lease(args.dir, args.ttl)  # before any supervisor starts reading it
+    results: dict[str, TaskStarted] = {}
+    pending: dict[str, tuple[TaskSpec, subprocess.Popen[bytes], str]] = {}
+    for task in (TaskSpec.from_arg(a) for a in args.task):
+        tdir = layout.task_dir(args.dir, task.job, task.index)
+        os.makedirs(tdir, exist_ok=True)
+        record = read_json(os.path.join(tdir, layout.PID))
+        if record is not None and ours(record) and record.get("port") == task.port:
+            results[task.name] = TaskStarted(ok=True, pid=record["pid"], already=True)
+            continue
+        for stale in (layout.READY, layout.SUPERVISOR):  # left by an earlier run
+            if os.path.exists(os.path.join(tdir, stale)):
+                os.unlink(os.path.join(tdir, stale))
+        with open(os.path.join(tdir, layout.LOG), "ab") as log:
+            proc = subprocess.Popen(
+                supervise_argv(args.dir, task, args.restart_limit, args.restart_backoff),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tdir,
+                start_new_session=True,  # its own session: survives the SSH session, one group to kill
+                close_fds=True,
+            )
+        write_json(os.path.join(tdir, layout.PID),
+                   {"pid": proc.pid, "start_ticks": proc_start_ticks(proc.pid), "job": task.job,
+                    "index": task.index, "port": task.port, "started": time.time()})
+        pending[task.name] = (task, proc, tdir)
+
+    # Ready means: the server wrote ready.json once it serves, AND its port accepts a connection.
+    # A server that dies first has crashed (its supervisor would restart it, but a server that
+    # cannot start is a mistake to report): report its log's last lines.
+    deadline = time.monotonic() + args.timeout
+    while pending and time.monotonic() < deadline:
+        for name, (task, proc, tdir) in list(pending.items()):
+            code = proc.poll()
+            died = (read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}).get("last_exit")
+            if code is not None or died:
+                reason = f"server {died}" if died else f"supervisor {exit_reason(code or 0)}"
+                results[name] = TaskStarted(ok=False, pid=proc.pid, reason=reason,
+                                            log_tail=tail(os.path.join(tdir, layout.LOG)))
+                del pending[name]
+            elif os.path.exists(os.path.join(tdir, layout.READY)) and port_open(task.port):
+                results[name] = TaskStarted(ok=True, pid=proc.pid)
+                del pending[name]
+        if pending:
+            time.sleep(READY_POLL)
+    for name, (_, proc, tdir) in pending.items():
+        results[name] = TaskStarted(ok=False, pid=proc.pid, reason=f"not serving after {args.timeout:g}s",
+                                    log_tail=tail(os.path.join(tdir, layout.LOG)))
+    if os.path.isdir(args.dir):
+        # The lease counts from when the servers serve, not from before they imported TensorFlow.
+        write_lease(args.dir, args.ttl)
+    return StartReply(tasks=results)
+
+
+def cmd_supervise(args: argparse.Namespace) -> None:
+    Supervisor(args.dir, TaskSpec.from_arg(args.task), args.restart_limit, args.restart_backoff).run()
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import tensorflow as tf
+
+    # A cluster spec holding only this task is enough: the coordinator sends its own cluster
+    # definition to every task when it connects (FACTS.md).
+    cluster = tf.train.ClusterSpec({args.job: {args.index: f"localhost:{args.port}"}})
+    server = tf.distribute.Server(cluster, job_name=args.job, task_index=args.index,
+                                  protocol="grpc", start=True)
+    write_json(args.ready, {"pid": os.getpid(), "target": server.target, "time": time.time()})
+    print(f"dtf: {args.job}:{args.index} serving on port {args.port}", flush=True)
+    server.join()  # never returns; SIGTERM's default action ends the process
+
+
+def cmd_fake(args: argparse.Namespace) -> None:
+    from dtf_server.fake import serve
+
+    serve(args.job, args.index, args.port, args.ready, ready_delay=args.ready_delay,
+          ignore_term=args.ignore_term)
+
+
+def task_status(root: str, job: str, index: int) -> TaskStatus:
+    tdir = layout.task_dir(root, job, index)
+    record = read_json(os.path.join(tdir, layout.PID))
+    if record is None:
+        return TaskStatus.dead("never started")
+    sup = read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}
+    alive = ours(record)  # the supervisor
+    server_alive = alive and ours(server_record(sup))
+    port = record.get("port")
+    phase = sup.get("state", "starting") if alive else "dead"
+    reason = None
+    if phase == "failed":
+        reason = f"gave up after {sup.get('restarts')} restart(s); last exit: {sup.get('last_exit')}"
+    elif not alive:
+        reason = "supervisor is gone"
+    return TaskStatus(
+        alive=alive, phase=phase, pid=record["pid"],
+        server_pid=sup.get("server_pid") if server_alive else None,
+        uptime=round(time.time() - sup["server_started"], 1) if server_alive else None,
+        serving=bool(server_alive and port and port_open(port)),
+        restarts=sup.get("restarts", 0), last_exit=sup.get("last_exit"), reason=reason)
+
+
+def cmd_status(args: argparse.Namespace) -> StatusReply:
+    lease = renew(args.dir, None) if args.renew else read_lease(args.dir)
+    return StatusReply(tasks={t: task_status(args.dir, *parse_name(t)) for t in args.task}, lease=lease)
+
+
+def cmd_renew(args: argparse.Namespace) -> RenewReply:
+    return RenewReply(lease=renew(args.dir, args.ttl))
+
+
+def cmd_stop(args: argparse.Namespace) -> StopReply:
+    # Per running task: its process group (the supervisor's pid) and the processes to see gone,
+    # supervisor and server.
+    groups: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+    for t in args.task:
+        tdir = layout.task_dir(args.dir, *parse_name(t))
+        record = read_json(os.path.join(tdir, layout.PID))
+        server = server_record(read_json(os.path.join(tdir, layout.SUPERVISOR)) or {})
+        members = [r for r in (record, server) if r is not None and ours(r)]
+        if record and members:
+            groups[t] = (record["pid"], members)
+    killed: set[str] = set()
+
+    def alive(t: str) -> bool:
+        return any(ours(m) for m in groups[t][1])
+
+    def signal_group(t: str, sig: int) -> None:
+        # The group outlives its leader while any member lives, and Linux never hands out a pid
+        # that is still a group's id: a group with a live member of ours is still ours.
+        if alive(t):
+            try:
+                os.killpg(groups[t][0], sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while any(alive(t) for t in groups) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    for t in groups:
+        signal_group(t, signal.SIGTERM)
+    wait(args.grace)
+    for t in groups:
+        if alive(t):
+            signal_group(t, signal.SIGKILL)
+            killed.add(t)
+    wait(5)
+    return StopReply(tasks={t: TaskStopped(was_running=t in groups, killed=t in killed,
+                                           gone=t not in groups or not alive(t)) for t in args.task})
+
+
+def cmd_clean(args: argparse.Namespace) -> CleanReply:
+    removed: list[str] = []
+    if not os.path.isdir(args.dir):
+        return CleanReply(removed=removed)
+    if args.if_unused and running_tasks(args.dir):
+        return CleanReply(removed=removed, in_use=True)  # another dtf's tasks live here: not ours
+    for name in sorted(os.listdir(args.dir)):
+        path = os.path.join(args.dir, name)
+        if os.path.isdir(path) and not os.path.islink(path) and name != "__pycache__":
+            if ours(read_json(os.path.join(path, layout.PID))):
+                raise SystemExit(f"refusing to clean {path}: its server is still running")
+            for entry in os.listdir(path):
+                if args.keep_logs and entry == layout.LOG:
+                    continue
+                target = os.path.join(path, entry)
+                if os.path.isdir(target) and not os.path.islink(target):
+                    shutil.rmtree(target)  # written by the server (a relative path in a program)
+                else:
+                    os.unlink(target)
+                removed.append(target)
+            if not os.listdir(path):
+                os.rmdir(path)
+        elif layout.is_launcher(name) or name in (layout.LEASE, layout.EXPIRE_LOCK) or ".tmp-" in name:
+            os.unlink(path)  # every launcher version, and uploads that never completed
+            removed.append(path)
+    shutil.rmtree(os.path.join(args.dir, "__pycache__"), ignore_errors=True)
+    if not os.listdir(args.dir):
+        os.rmdir(args.dir)
+    return CleanReply(removed=removed)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="launcher")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("check")
+    c.add_argument("--dir")
+    c.add_argument("--port", type=int, action="append", default=[])
+    for name in ("start", "supervise"):
+        c = sub.add_parser(name)
+        c.add_argument("--dir", required=True)
+        if name == "start":
+            c.add_argument("--task", action="append", default=[])
+        else:
+            c.add_argument("--task", required=True)
+        c.add_argument("--restart-limit", type=int, default=Defaults.RESTART_LIMIT)
+        c.add_argument("--restart-backoff", type=float, default=Defaults.RESTART_BACKOFF)
+        if name == "start":
+            c.add_argument("--env", action="append", default=[])
+            c.add_argument("--timeout", type=float, default=Defaults.START_TIMEOUT)
+            c.add_argument("--ttl", type=float, default=Defaults.TTL)
+    for name in ("serve", "fake"):
+        c = sub.add_parser(name)
+        c.add_argument("--job", required=True)
+        c.add_argument("--index", type=int, required=True)
+        c.add_argument("--port", type=int, required=True)
+        c.add_argument("--ready", required=True)
+        if name == "fake":
+            c.add_argument("--ready-delay", type=float, default=0.0)
+            c.add_argument("--ignore-term", action="store_true")
+    c = sub.add_parser("renew")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--ttl", type=float, default=None)
+    for name in ("status", "stop"):
+        c = sub.add_parser(name)
+        c.add_argument("--dir", required=True)
+        c.add_argument("--task", action="append", default=[])
+        if name == "status":
+            c.add_argument("--renew", action="store_true")
+        else:
+            c.add_argument("--grace", type=float, default=Defaults.STOP_GRACE)
+    c = sub.add_parser("clean")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--keep-logs", action="store_true")
+    c.add_argument("--if-unused", action="store_true")
+    return p
+
+
+COMMANDS: dict[str, Any] = {
+    "check": cmd_check, "start": cmd_start, "supervise": cmd_supervise, "serve": cmd_serve,
+    "fake": cmd_fake, "status": cmd_status, "renew": cmd_renew, "stop": cmd_stop, "clean": cmd_clean,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    for attr in ("dir", "ready"):
+        if getattr(args, attr, None):
+            setattr(args, attr, os.path.expanduser(getattr(args, attr)))
+    reply: Reply | None = COMMANDS[args.command](args)
+    if reply is None:  # supervise, serve, fake: they run until stopped
+        return 0
+    print(encode(reply), flush=True)
+    if isinstance(reply, StartReply) and not reply.ok:
+        return EXIT_START_FAILED
+    return 0

@@ -1,0 +1,57 @@
+"""A fake server for tests: everything a supervisor and dtf see of a TensorFlow server, in
+milliseconds and without TensorFlow.
+
+It binds the task's port on 0.0.0.0 (SO_REUSEADDR, as gRPC does), accepts and closes connections,
+and writes the readiness file as the real server does. It can be told to misbehave:
+- a file `crash` in its task directory (its working directory), present at start or created
+  later: it exits with code 3, as a server that cannot start or dies would;
+- `--ready-delay S`: it binds and announces readiness only after S seconds (a slow import);
+- `--ignore-term`: it ignores SIGTERM, so only KILL stops it (a hung server).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+from dtf_server import layout
+from dtf_server.procs import write_json
+
+CRASH_CODE = 3
+POLL = 0.1
+
+
+def crash_requested() -> bool:
+    return os.path.exists(layout.CRASH)  # the supervisor runs servers in their task directory
+
+
+def serve(job: str, index: int, port: int, ready: str, ready_delay: float = 0.0,
+          ignore_term: bool = False) -> None:
+    if ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    deadline = time.monotonic() + ready_delay
+    while time.monotonic() < deadline:
+        if crash_requested():
+            break
+        time.sleep(POLL)
+    if crash_requested():
+        print(f"fake {job}:{index}: crash requested: exiting with code {CRASH_CODE}", flush=True)
+        sys.exit(CRASH_CODE)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("0.0.0.0", port))
+    sock.listen(64)
+    sock.settimeout(POLL)
+    write_json(ready, {"pid": os.getpid(), "target": f"fake://localhost:{port}", "time": time.time()})
+    print(f"dtf: {job}:{index} (fake) serving on port {port}", flush=True)
+    while not crash_requested():
+        try:
+            conn, _ = sock.accept()
+        except (TimeoutError, OSError):
+            continue
+        conn.close()
+    print(f"fake {job}:{index}: crash requested: exiting with code {CRASH_CODE}", flush=True)
+    sys.exit(CRASH_CODE)

@@ -1,0 +1,48 @@
+"""Where dtf's files live on a host. The plan (client) and the launcher (host) both use this.
+
+Everything of one cluster lives below its root, WORKDIR/CLUSTER:
+
+    ROOT/launcher-<hash>.pyz   the launcher (this package, one zipapp named by its content)
+    ROOT/lease.json            {ttl, renewed}: see supervisor.py
+    ROOT/.expire-lock          taken by tasks removing their files when the lease lapsed
+    ROOT/JOB-INDEX/            one per task:
+        log                    the supervisor's and the server's output
+        pid.json               the supervisor's pid and process start time (and its task)
+        supervisor.json        restarts, last exit, the server's pid
+        ready.json             written by the server once it serves
+        crash                  (fake servers only) makes the fake server exit: for tests
+
+Paths are posix paths as the plan writes them (a leading ~/ is the host user's home).
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+LAUNCHER_PREFIX = "launcher-"
+LAUNCHER_SUFFIX = ".pyz"
+OLD_LAUNCHER = "launcher.py"  # what dtf before the protocol version uploaded
+LEASE = "lease.json"
+EXPIRE_LOCK = ".expire-lock"
+LOG = "log"
+PID = "pid.json"
+SUPERVISOR = "supervisor.json"
+READY = "ready.json"
+CRASH = "crash"
+
+
+def launcher_name(digest: str) -> str:
+    return f"{LAUNCHER_PREFIX}{digest}{LAUNCHER_SUFFIX}"
+
+
+def is_launcher(filename: str) -> bool:
+    return filename == OLD_LAUNCHER or (filename.startswith(LAUNCHER_PREFIX)
+                                        and filename.endswith(LAUNCHER_SUFFIX))
+
+
+def task_dir(root: str, job: str, index: int) -> str:
+    return posixpath.join(root, f"{job}-{index}")
+
+
+def in_task(root: str, job: str, index: int, filename: str) -> str:
+    return posixpath.join(task_dir(root, job, index), filename)

@@ -1,0 +1,133 @@
+"""Process and file helpers of the launcher: which process is ours, ports, logs, JSON files.
+
+A pid is only ever signalled if its start time (from /proc) still matches the one recorded when
+dtf started it: dtf never kills a process it did not start, even after pid reuse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None if it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] == "Z":  # a zombie has finished; only its parent's wait is missing
+        return None
+    return int(fields[19])
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)  # atomic: a reader never sees half a file
+
+
+def ours(record: dict[str, Any] | None) -> bool:
+    """True if the process recorded in a pid.json is alive and is the one we started."""
+    if not record:
+        return False
+    return bool(proc_start_ticks(record["pid"]) == record["start_ticks"])
+
+
+def server_record(sup: dict[str, Any]) -> dict[str, Any] | None:
+    """The server a supervisor.json names, as a record `ours` checks (None: no server now)."""
+    if not sup.get("server_pid"):
+        return None
+    return {"pid": sup["server_pid"], "start_ticks": sup.get("server_ticks")}
+
+
+def port_busy(port: int) -> bool:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # Like gRPC: SO_REUSEADDR, so a port left in TIME_WAIT by a stopped server counts as free.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("0.0.0.0", port))  # TF servers always listen on 0.0.0.0 (FACTS.md)
+        return False
+    except OSError:
+        return True
+    finally:
+        s.close()
+
+
+def port_open(port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def tail(path: str, lines: int = 20) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            return f.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def die_with_parent() -> None:
+    """In a supervisor's child, before exec: be killed when the supervisor dies, however it dies
+    (Linux's PR_SET_PDEATHSIG), so a server never outlives the process that answers for it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def exit_reason(code: int) -> str:
+    """What a Popen returncode means, in words."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def log_line(message: str) -> None:
+    """One line in the task's log (the supervisor's stdout is the log)."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} dtf: {message}", flush=True)
+
+
+def tf_version() -> str | None:
+    """The TensorFlow version of this python, from package metadata (any build: tensorflow,
+    tensorflow-cpu); importing TensorFlow would take seconds."""
+    from importlib import metadata
+
+    for name in ("tensorflow", "tensorflow-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def expand_home(argv: list[str]) -> list[str]:
+    """What a shell does to a leading ~/ (the plan writes host paths that way)."""
+    return [os.path.expanduser(a) if a == "~" or a.startswith("~/") else a for a in argv]

@@ -1,0 +1,209 @@
+"""The host protocol: what each launcher command answers, typed once for both sides.
+
+The launcher (this package, on a host) prints exactly one JSON document per command: the reply's
+fields and `"protocol": PROTOCOL`. The client (`dtf.cluster`) decodes it with `decode()` into the
+same dataclasses, so neither side reads raw keys. A reply of another protocol version is refused
+(`ProtocolMismatch`), never half-read: the client then ships its own launcher and asks again.
+
+Standard library only: this module ships to hosts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+# Bump on any change of a command's arguments or of a reply's fields.
+PROTOCOL = 1
+
+# Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
+# the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON.
+EXIT_NO_LAUNCHER = 2
+EXIT_START_FAILED = 1  # `start`: a server did not come up (its reply says which and why)
+
+
+class Defaults:
+    """Host-side defaults, in one place: the plan and the launcher both use these."""
+
+    START_TIMEOUT = 90.0  # seconds a host's servers get to import TensorFlow and serve
+    STOP_GRACE = 10.0  # seconds `stop` gives a task's process group between TERM and KILL
+    SERVER_STOP_GRACE = 5.0  # seconds a supervisor gives its server after TERM, then KILL
+    RESTART_LIMIT = 10  # restarts of a dead server before its supervisor gives up
+    RESTART_BACKOFF = 0.5  # seconds before the first restart; doubles for quick deaths
+    RESTART_MAX_BACKOFF = 60.0
+    STABLE_AFTER = 60.0  # a server that ran this long before dying restarts with the base backoff
+    TTL = 3600.0  # the lease: seconds without renewal before the tasks stop themselves
+
+
+class ProtocolMismatch(Exception):
+    """A reply from a launcher that speaks another protocol version."""
+
+    def __init__(self, found: object) -> None:
+        super().__init__(f"the launcher there speaks protocol {found!r}, this dtf speaks {PROTOCOL}")
+        self.found = found
+
+
+# -- commands' arguments ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task as `start` and `supervise` get it: the plan's exact serve command included."""
+
+    job: str
+    index: int
+    port: int
+    argv: list[str]  # what the supervisor runs (a leading ~/ is expanded as a shell would)
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}:{self.index}"
+
+    def to_arg(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_arg(cls, text: str) -> TaskSpec:
+        data = json.loads(text)
+        return cls(job=str(data["job"]), index=int(data["index"]), port=int(data["port"]),
+                   argv=[str(a) for a in data["argv"]])
+
+
+# -- replies ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CheckReply:
+    python: str  # the version of the python that runs the launcher
+    executable: str
+    tensorflow: str | None  # its TensorFlow version (package metadata), None if not installed
+    busy: list[int]  # planned ports already taken
+    client_address: str | None  # the SSH client's address as the host sees it (the laptop's)
+    running: list[str]  # tasks (JOB:INDEX) alive in this cluster's directory
+
+
+@dataclass(frozen=True)
+class TaskStarted:
+    ok: bool
+    pid: int | None  # the supervisor's
+    already: bool = False  # it was running (the same port): left alone
+    reason: str | None = None  # why it did not come up
+    log_tail: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StartReply:
+    tasks: dict[str, TaskStarted]
+
+    @property
+    def ok(self) -> bool:
+        return all(t.ok for t in self.tasks.values())
+
+
+@dataclass(frozen=True)
+class Lease:
+    ttl: float  # 0: never lapses
+    renewed: float  # time.time() on the host
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """A task as its host sees it."""
+
+    alive: bool  # its supervisor runs
+    phase: str  # the supervisor's: starting, running, restarting, failed; or dead
+    pid: int | None  # the supervisor's
+    server_pid: int | None  # the server's, while it runs
+    uptime: float | None  # of the server, since its last (re)start
+    serving: bool  # the task's port accepts connections on its host
+    restarts: int = 0
+    last_exit: str | None = None  # "killed by SIGKILL", "exited with code 1"
+    reason: str | None = None  # why it is not alive
+
+    @classmethod
+    def dead(cls, reason: str) -> TaskStatus:
+        return cls(alive=False, phase="dead", pid=None, server_pid=None, uptime=None, serving=False,
+                   reason=reason)
+
+    @property
+    def state(self) -> str:
+        """THE decision of what a task is: alive (serving), restarting (its supervisor brings
+        the server back), failed (the supervisor gave up), dead (nothing runs)."""
+        if not self.alive:
+            return "dead"
+        if self.serving:
+            return "alive"
+        return "failed" if self.phase == "failed" else "restarting"
+
+    @property
+    def incarnation(self) -> tuple[int, int | None]:
+        """What changes when the task's server is restarted."""
+        return self.restarts, self.server_pid
+
+
+@dataclass(frozen=True)
+class StatusReply:
+    tasks: dict[str, TaskStatus]
+    lease: Lease | None
+
+
+@dataclass(frozen=True)
+class RenewReply:
+    lease: Lease | None  # None: the cluster's files are gone (a lapsed lease removed them)
+
+
+@dataclass(frozen=True)
+class TaskStopped:
+    was_running: bool
+    killed: bool = False  # it needed KILL
+    gone: bool = True  # nothing of it runs now
+
+
+@dataclass(frozen=True)
+class StopReply:
+    tasks: dict[str, TaskStopped]
+
+
+@dataclass(frozen=True)
+class CleanReply:
+    removed: list[str]
+    in_use: bool = False  # --if-unused, and tasks (another dtf's) live there: nothing removed
+
+
+Reply = CheckReply | StartReply | StatusReply | RenewReply | StopReply | CleanReply
+R = TypeVar("R", CheckReply, StartReply, StatusReply, RenewReply, StopReply, CleanReply)
+
+
+def encode(reply: Reply) -> str:
+    return json.dumps({"protocol": PROTOCOL, **dataclasses.asdict(reply)})
+
+
+def _lease(data: Any) -> Lease | None:
+    return None if data is None else Lease(ttl=float(data["ttl"]), renewed=float(data["renewed"]))
+
+
+def decode(kind: type[R], text: str) -> R:
+    """The reply in `text` (a launcher's stdout: the last line is the JSON document).
+
+    Raises ValueError if there is none or it is malformed, ProtocolMismatch if it is another
+    protocol version's."""
+    lines = text.strip().splitlines()
+    if not lines:
+        raise ValueError("no reply")
+    data = json.loads(lines[-1])
+    if not isinstance(data, dict):
+        raise ValueError(f"not a reply: {lines[-1][:200]}")
+    if data.get("protocol") != PROTOCOL:
+        raise ProtocolMismatch(data.get("protocol"))
+    try:
+        if kind is StartReply:
+            return StartReply(tasks={n: TaskStarted(**t) for n, t in data["tasks"].items()})  # type: ignore[return-value]
+        if kind is StatusReply:
+            return StatusReply(tasks={n: TaskStatus(**t) for n, t in data["tasks"].items()},  # type: ignore[return-value]
+                               lease=_lease(data["lease"]))
+        if kind is RenewReply:
+            return RenewReply(lease=_lease(data["lease"]))  # type: ignore[return-value]
+        if kind is StopReply:
+            return StopReply(tasks={n: TaskStopped(**t) for n, t in data["tasks"].items()})  # type: ignore[return-value]
+        fields = {f.name for f in dataclasses.fields(kind)}
+        return kind(**{k: v for k, v in data.items() if k in fields})
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"malformed {kind.__name__}: {type(e).__name__}: {e}") from e

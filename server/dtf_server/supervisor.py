@@ -1,0 +1,205 @@
+"""One task's supervisor, and the lease that lets an abandoned cluster clean itself up.
+
+Each task is a supervisor process (its own session and process group) with the server as its
+child in the same group: one `killpg` stops both. The supervisor runs the plan's serve command
+exactly; when the server dies it starts it again on the same port, after a backoff (doubling for
+deaths in quick succession, at most Defaults.RESTART_MAX_BACKOFF), at most `limit` times; then it
+gives up and stays, server-less, until stopped or its lease lapses.
+
+The lease: ROOT/lease.json holds {ttl, renewed} (this host's clock). dtf renews it while it uses
+the cluster (`up`, `status`, `train`...). When `renewed + ttl` has passed, every supervisor stops
+its server and the last one removes ROOT entirely. ttl 0: never.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import time
+from types import FrameType
+from typing import Any
+
+from dtf_server import layout
+from dtf_server.procs import (
+    die_with_parent,
+    exit_reason,
+    expand_home,
+    log_line,
+    ours,
+    proc_start_ticks,
+    read_json,
+    write_json,
+)
+from dtf_server.protocol import Defaults, Lease, TaskSpec
+
+SUPERVISE_POLL = 0.2  # how often a supervisor looks at its server
+LEASE_POLL = 1.0  # how often a supervisor reads the lease
+
+
+def lease_path(root: str) -> str:
+    return os.path.join(root, layout.LEASE)
+
+
+def write_lease(root: str, ttl: float) -> Lease:
+    lease = Lease(ttl=ttl, renewed=time.time())
+    write_json(lease_path(root), dataclasses.asdict(lease))
+    return lease
+
+
+def read_lease(root: str) -> Lease | None:
+    data = read_json(lease_path(root))
+    try:
+        return None if data is None else Lease(ttl=float(data["ttl"]), renewed=float(data["renewed"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def renew(root: str, ttl: float | None) -> Lease | None:
+    """Renew the lease, keeping its ttl unless one is given; None if the cluster's files are gone
+    (a lapsed lease removed them: renewing must not bring an empty directory back)."""
+    if not os.path.isdir(root):
+        return None
+    old = read_lease(root)
+    return write_lease(root, (old.ttl if old else 0.0) if ttl is None else ttl)
+
+
+def running_tasks(root: str) -> list[str]:
+    """Tasks below `root` whose supervisor is alive (as JOB:INDEX)."""
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in sorted(os.listdir(root)):
+        record = read_json(os.path.join(root, name, layout.PID))
+        if ours(record):
+            assert record is not None
+            found.append(f"{record['job']}:{record['index']}")
+    return found
+
+
+class Supervisor:
+    """Keeps one task's server running; see the module's docstring for the policy."""
+
+    def __init__(self, root: str, task: TaskSpec, limit: int, backoff: float) -> None:
+        self.root, self.task = root, task
+        self.limit, self.backoff = limit, backoff
+        self.name = task.name
+        self.dir = layout.task_dir(root, task.job, task.index)
+        self.ready = os.path.join(self.dir, layout.READY)
+        self.stopping = False
+        self.server: subprocess.Popen[bytes] | None = None
+        self.state: dict[str, Any] = {"state": "starting", "restarts": 0, "last_exit": None,
+                                      "server_pid": None, "server_ticks": None, "server_started": None}
+        self.lease: Lease | None = None
+        self.lease_read = 0.0
+
+    def save(self, **changes: object) -> None:
+        self.state.update(changes)
+        write_json(os.path.join(self.dir, layout.SUPERVISOR), self.state)
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+        if self.server is not None and self.server.poll() is None:
+            self.server.send_signal(signal.SIGTERM)
+
+    def lease_lapsed(self) -> bool:
+        now = time.monotonic()
+        if now - self.lease_read >= LEASE_POLL:
+            self.lease_read = now
+            self.lease = read_lease(self.root) or self.lease  # unreadable: keep the last
+        if not self.lease or not self.lease.ttl:
+            return False
+        return time.time() > self.lease.renewed + self.lease.ttl
+
+    def spawn(self) -> None:
+        if os.path.exists(self.ready):
+            os.unlink(self.ready)
+        self.server = subprocess.Popen(  # same process group: `stop` signals both at once
+            expand_home(self.task.argv), stdin=subprocess.DEVNULL, cwd=self.dir, close_fds=True,
+            preexec_fn=die_with_parent)
+        self.save(state="running", server_pid=self.server.pid,
+                  server_ticks=proc_start_ticks(self.server.pid), server_started=time.time())
+
+    def wait_server(self) -> int | None:
+        """Wait until the server exits (its returncode) or the lease lapses (None)."""
+        assert self.server is not None
+        while True:
+            try:
+                return self.server.wait(timeout=SUPERVISE_POLL)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.lease_lapsed():
+                return None
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep, unless stopped or the lease lapses first (False)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if self.stopping or self.lease_lapsed():
+                return False
+            time.sleep(min(SUPERVISE_POLL, max(0.0, end - time.monotonic())))
+        return not self.stopping
+
+    def stop_server(self) -> None:
+        if self.server is None or self.server.poll() is not None:
+            return
+        self.server.terminate()
+        try:
+            self.server.wait(timeout=Defaults.SERVER_STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+            self.server.wait()
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        log_line(f"{self.name}: supervising its server on port {self.task.port} "
+                 f"(restart limit {self.limit}, backoff {self.backoff:g}s)")
+        quick_deaths = 0
+        while not self.stopping:
+            self.spawn()
+            code = self.wait_server()
+            if code is None:  # the lease lapsed
+                break
+            if self.stopping:
+                break
+            now = time.time()
+            ran = now - self.state["server_started"]
+            quick_deaths = 1 if ran >= Defaults.STABLE_AFTER else quick_deaths + 1
+            reason = exit_reason(code)
+            self.save(state="restarting", last_exit=reason, server_pid=None, server_ticks=None)
+            if self.state["restarts"] >= self.limit:
+                log_line(f"{self.name}: server {reason} after {ran:.1f}s; restart limit "
+                         f"({self.limit}) reached: giving up")
+                self.save(state="failed")
+                while self.sleep(3600):  # stay (server-less) until stopped or the lease lapses
+                    pass
+                break
+            delay = min(self.backoff * 2 ** (quick_deaths - 1), Defaults.RESTART_MAX_BACKOFF)
+            log_line(f"{self.name}: server {reason} after {ran:.1f}s; restart "
+                     f"{self.state['restarts'] + 1} of {self.limit} in {delay:g}s")
+            if not self.sleep(delay):
+                break
+            self.save(restarts=self.state["restarts"] + 1)
+        self.stop_server()
+        if not self.stopping and self.lease_lapsed():
+            self.expire()
+        return 0
+
+    def expire(self) -> None:
+        """The lease lapsed: remove this task's files; the last task to go removes the root."""
+        assert self.lease is not None
+        log_line(f"{self.name}: lease lapsed (ttl {self.lease.ttl:g}s): stopping and cleaning up")
+        try:
+            lock = open(os.path.join(self.root, layout.EXPIRE_LOCK), "a")
+        except OSError:
+            return  # already removed by another task
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one task at a time: the last one sees no others
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if not running_tasks(self.root):
+                shutil.rmtree(self.root, ignore_errors=True)
