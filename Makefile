@@ -29,8 +29,13 @@ test: venv
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
 
 # The fast tier: pure, CLI and fake-server tests (no TensorFlow is imported), under a minute.
+# The SSH-lab part runs beside the rest (one lab per machine: it cannot be split across workers).
 test-fast: venv
-	$(BIN)/python -m pytest -q -rs -m "not tf" $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest -q -rs -m "lab and not tf" -p no:cacheprovider $(PYTEST_ARGS) \
+	    > $(VENV)/test-fast-lab.log 2>&1 & lab=$$!; \
+	$(BIN)/python -m pytest -q -rs -m "not tf and not lab" $(PYTEST_ARGS); rc=$$?; \
+	wait $$lab; lab_rc=$$?; echo "--- the SSH-lab part ($(VENV)/test-fast-lab.log):"; \
+	cat $(VENV)/test-fast-lab.log; [ $$rc -eq 0 ] && [ $$lab_rc -eq 0 ]
 
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit

@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lab import Lab  # noqa: E402
+from lab import Lab
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ on one of them.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -104,6 +105,13 @@ class Site:
         d = self.workdir(name) / CLUSTER / task_dir
         d.mkdir(parents=True, exist_ok=True)
         (d / "crash").write_text("")
+
+    def supervisor(self, name: str, task_dir: str) -> dict[str, Any]:
+        """The task's supervisor.json as its supervisor last wrote it ({} if none yet)."""
+        try:
+            return dict(json.loads((self.workdir(name) / CLUSTER / task_dir / "supervisor.json").read_text()))
+        except (OSError, ValueError):
+            return {}
 
     def files(self) -> list[Path]:
         """What dtf left in the site's workdirs."""

@@ -88,8 +88,10 @@ class LocalTransport(Transport):
 
     def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
         try:
+            # A session of its own, as a command on a remote host has: a Ctrl-C at the terminal
+            # goes to dtf, which decides (a rollback must not lose the `stop` it is running).
             proc = subprocess.run(expand_local(argv), capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
         except FileNotFoundError as e:
             return Result(127, "", str(e))
         except subprocess.TimeoutExpired:

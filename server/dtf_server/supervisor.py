@@ -124,14 +124,15 @@ class Supervisor:
                   server_ticks=proc_start_ticks(self.server.pid), server_started=time.time())
 
     def wait_server(self) -> int | None:
-        """Wait until the server exits (its returncode) or the lease lapses (None)."""
+        """Wait until the server exits (its returncode), or the supervisor is stopped or the
+        lease lapses (None)."""
         assert self.server is not None
         while True:
             try:
                 return self.server.wait(timeout=SUPERVISE_POLL)
             except subprocess.TimeoutExpired:
                 pass
-            if self.lease_lapsed():
+            if self.stopping or self.lease_lapsed():  # a server that ignores TERM: stop_server KILLs it
                 return None
 
     def sleep(self, seconds: float) -> bool:
@@ -163,9 +164,7 @@ class Supervisor:
         while not self.stopping:
             self.spawn()
             code = self.wait_server()
-            if code is None:  # the lease lapsed
-                break
-            if self.stopping:
+            if code is None or self.stopping:  # stopped, or the lease lapsed
                 break
             now = time.time()
             ran = now - self.state["server_started"]

@@ -12,10 +12,21 @@ from sites import LabSite, LocalSite, Site
 
 @pytest.fixture(params=["local", pytest.param("lab", marks=pytest.mark.lab)])
 def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
+    """Where the cluster runs: every scenario whose outcome depends on the transport runs on both."""
     if request.param == "local":
         the_site: Site = LocalSite(tmp_path)
     else:
         the_site = LabSite(tmp_path, request.getfixturevalue("lab"))
+    try:
+        yield the_site
+    finally:
+        the_site.cleanup()
+
+
+@pytest.fixture
+def local_site(tmp_path: Path) -> Iterator[Site]:
+    """Local processes only: for what happens on the laptop alone (dtf's own decisions)."""
+    the_site = LocalSite(tmp_path)
     try:
         yield the_site
     finally:

@@ -6,6 +6,7 @@ when `dtf down` begins). Real TensorFlow runs the same scenarios in tests/e2e.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -49,6 +50,34 @@ def test_up_status_down(site: Site):
     r = site.dtf("down")
     assert r.returncode == 0 and "3 server(s) stopped on 2 host(s)" in r.stdout, r.stderr
     assert site.processes() == [] and site.files() == []
+
+
+def test_a_dead_server_is_restarted_with_backoff_until_the_limit(site: Site):
+    inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}}, restart_limit=2, restart_backoff=0.2)
+    assert site.dtf("up", str(inv)).returncode == 0
+    # Waits read the supervisor's own file (the lab's hosts share this machine's disk); `dtf
+    # status` then says what a user sees. The fake servers run on this machine, lab or not.
+    supervisor_pid = json.loads(site.record().read_text())["pids"]["worker:0"]
+    killed = site.supervisor("b", "worker-0")["server_pid"]
+    os.kill(killed, signal.SIGKILL)
+    wait_until(lambda: site.supervisor("b", "worker-0").get("server_pid") not in (None, killed))
+    row = wait_until(lambda: (r := rows(site)["worker:0"])["state"] == "alive" and r)
+    assert (row["restarts"], row["last_exit"], row["pid"]) == (1, "killed by SIGKILL", supervisor_pid)
+    # A server that keeps dying: the backoff doubles (quick deaths), then the supervisor gives up.
+    site.crash("b", "worker-0")
+    wait_until(lambda: site.supervisor("b", "worker-0").get("state") == "failed")
+    r = site.dtf("status")
+    assert r.returncode == 7
+    assert "worker:0 (" + site.host("b") + "): gave up after 2 restart(s); last exit: exited with code 3" in r.stderr
+    log = site.dtf("logs", "worker:0").stdout
+    assert "restart 1 of 2 in 0.2s" in log and "restart 2 of 2 in 0.4s" in log, log
+    assert "restart limit (2) reached: giving up" in log
+    # `dtf up` restarts only what is not serving.
+    (site.workdir("b") / "fk" / "worker-0" / "crash").unlink()
+    r = site.dtf("up", str(inv))
+    assert r.returncode == 0 and "restarted worker:0 (was failed)" in r.stdout, r.stderr
+    assert {t: (x["state"], x["restarts"]) for t, x in rows(site).items()} == {
+        "ps:0": ("alive", 0), "worker:0": ("alive", 0)}
 
 
 def test_a_failed_host_rolls_back_the_others(site: Site):
@@ -101,7 +130,8 @@ def test_ctrl_c_twice_during_up_still_rolls_back(site: Site):
     assert not site.record().exists()
 
 
-def test_up_again_restarts_only_the_dead_tasks(site: Site):
+def test_up_again_restarts_only_the_dead_tasks(local_site: Site):
+    site = local_site  # the lab runs this with TensorFlow: tests/e2e/test_survival.py
     inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
     assert site.dtf("up", str(inv)).returncode == 0
     before = rows(site)
@@ -148,7 +178,8 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def test_train_runs_again_after_a_lost_ps_and_not_after_its_own_failure(site: Site, tmp_path: Path):
+def test_train_runs_again_after_a_lost_ps_and_not_after_its_own_failure(local_site: Site, tmp_path: Path):
+    site = local_site  # the lab runs this with TensorFlow: tests/e2e/test_survival.py
     inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}}, restart_backoff=0.1)
     assert site.dtf("up", str(inv)).returncode == 0
     program = tmp_path / "program.py"
@@ -161,7 +192,8 @@ def test_train_runs_again_after_a_lost_ps_and_not_after_its_own_failure(site: Si
     assert r.returncode == 3 and r.stdout.splitlines() == ["attempt 1"] and "lost" not in r.stderr
 
 
-def test_down_while_train_runs_stops_the_program(site: Site, tmp_path: Path):
+def test_down_while_train_runs_stops_the_program(local_site: Site, tmp_path: Path):
+    site = local_site  # the laptop's side alone: the record tells the running train
     inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}})
     assert site.dtf("up", str(inv)).returncode == 0
     program = tmp_path / "program.py"
@@ -185,7 +217,7 @@ def test_down_while_train_runs_stops_the_program(site: Site, tmp_path: Path):
     assert site.processes() == []
 
 
-def test_a_bug_in_a_host_thread_is_an_internal_error(site: Site, monkeypatch: pytest.MonkeyPatch):
+def test_a_bug_in_a_host_thread_is_an_internal_error(local_site: Site, monkeypatch: pytest.MonkeyPatch):
     """Not "host a: KeyError" (exit 4): one line, exit 1, the traceback in debug.log."""
     from typer.testing import CliRunner
 
@@ -195,6 +227,7 @@ def test_a_bug_in_a_host_thread_is_an_internal_error(site: Site, monkeypatch: py
     def broken(self, hp, *args, **kwargs):
         raise KeyError("tasks")
 
+    site = local_site
     inv = site.inventory({"a": {"ps": 1, "workers": 1}})
     monkeypatch.setenv("DTF_HOME", str(site.home))
     monkeypatch.setattr(cluster.ClusterOps, "start_host", broken)

@@ -11,9 +11,8 @@ from pathlib import Path
 from dtf import inventory
 from dtf.plan import Plan, differences, make_plan
 from dtf.shell import expand_local, render
-from dtf_server.protocol import TaskSpec
-
 from dtf.shipping import launcher_name
+from dtf_server.protocol import TaskSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
