@@ -147,6 +147,8 @@ class SSHTransport(Transport):
     def open(self) -> None:
         import paramiko
 
+        from dtf.knownhosts import RevokedHostKey
+
         conn = self.connection()
         target = f"{conn.user}@{conn.host}:{conn.port}"
         if conn.gateway is not None:
@@ -158,6 +160,8 @@ class SSHTransport(Transport):
             raise HostError(f"unreachable: no answer from {target} within {self.connect_timeout:g}s")
         except paramiko.BadHostKeyException:
             raise HostError(f"host key of {target} does not match known_hosts: refusing to connect")
+        except RevokedHostKey as e:
+            raise HostError(str(e))
         except paramiko.AuthenticationException as e:
             keys = ", ".join(conn.connect_kwargs.get("key_filename") or []) or "agent and default keys"
             raise HostError(f"authentication refused for {target} (tried {keys}): {e}")
@@ -233,27 +237,16 @@ def _sftp_makedirs(sftp: Any, path: str) -> None:
 
 
 def _apply_host_key_policy(conn: Any) -> None:
-    """Check host keys the way OpenSSH does: Fabric by default accepts any key (AutoAddPolicy).
+    """Check host keys the way OpenSSH does (dtf.knownhosts): Fabric by default accepts any key.
 
-    Known keys come from ~/.ssh/known_hosts and ssh_config's UserKnownHostsFile. An unknown host
-    is refused unless StrictHostKeyChecking is `no` or `accept-new` for it; a changed key is
-    always refused (paramiko raises BadHostKeyException).
+    Known keys come from ssh_config's UserKnownHostsFile and GlobalKnownHostsFile (OpenSSH's
+    defaults otherwise). An unknown host is refused unless StrictHostKeyChecking is `no` or
+    `accept-new` for it, and then its key is appended to the user's file; a changed or revoked
+    key is always refused.
     """
-    import paramiko
+    from dtf.knownhosts import KnownHosts
 
-    client = conn.client
-    cfg = conn.ssh_config
-    files = cfg.get("userknownhostsfile")
-    files = files.split() if isinstance(files, str) else list(files or ["~/.ssh/known_hosts"])
-    for f in files:
-        path = os.path.expanduser(f)
-        if os.path.exists(path):
-            client.load_host_keys(path)  # merges into the keys loaded so far
-    strict = str(cfg.get("stricthostkeychecking", "yes")).lower()
-    if strict in ("no", "off", "accept-new"):
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    else:
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    KnownHosts.from_ssh_config(conn.ssh_config).install(conn.client, conn.host, int(conn.port))
 
 
 def transport_for(spec: HostSpec, ssh_config: str | None = None,

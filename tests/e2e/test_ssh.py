@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dtf.shipping import launcher_name
 from helpers import EXAMPLES, REPO, assert_one_line_error, dtf, leftovers, pids_alive, status_json
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
@@ -66,7 +67,7 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert s["steps"] == 3 * 50
     assert list((tmp_path / "loop" / "checkpoints").glob("ckpt-*.index"))
     on_hosts = [str(p) for h in lab.hosts for p in Path(h.workdir, "lab").rglob("*")
-                if p.name not in ("launcher.py", "log", "pid.json", "ready.json", "supervisor.json",
+                if p.name not in (launcher_name(), "log", "pid.json", "ready.json", "supervisor.json",
                                   "lease.json")
                 and not p.is_dir()]
     assert on_hosts == []  # nothing the programs saved went to the hosts
@@ -202,7 +203,7 @@ def test_ssh_config_alias_with_proxyjump(lab, write_inventory, home, tmp_path):
     ProxyJump come from ssh_config; the TF address is the alias's HostName."""
     if lab.mode != "netns":
         pytest.skip("a jump between hosts needs network namespaces (lab in loopback mode)")
-    h0, h2 = lab.host("h0"), lab.host("h2")
+    h2 = lab.host("h2")
     config = tmp_path / "ssh_config"
     config.write_text(
         f"Host behind-h0\n  HostName {h2.address}\n  User root\n  ProxyJump h0\n"
