@@ -15,41 +15,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-from lab import Lab  # noqa: E402
-
-from dtf.netutil import port_open  # noqa: E402
-
-
-def fmt(xs: list[float]) -> str:
-    return f"median {statistics.median(xs):6.2f}s  (min {min(xs):.2f}, max {max(xs):.2f}, n={len(xs)})"
+from common import REPO, fmt
+from dtf.netutil import port_open
+from helpers import Train, dtf, status_json
+from lab import Lab
 
 
 class Dtf:
+    """dtf with one DTF_HOME; every command must succeed."""
+
     def __init__(self, home: Path) -> None:
-        self.env = {**os.environ, "DTF_HOME": str(home)}
+        self.home = home
 
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([sys.executable, "-m", "dtf.cli", *args], capture_output=True, text=True,
-                           env=self.env, timeout=600)
-        if check and r.returncode != 0:
-            raise SystemExit(f"failed: dtf {' '.join(args)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-        return r
+    def __call__(self, *args: str) -> None:
+        dtf(*args, home=self.home, timeout=600, check=True)
 
-    def row(self, task: str) -> dict:
-        rows = json.loads(self("status", "--json", check=False).stdout)["tasks"]
-        return next(r for r in rows if r["task"] == task)
+    def row(self, task: str) -> dict[str, Any]:
+        return next(r for r in status_json(self.home)["tasks"] if r["task"] == task)
 
 
 def worker_restart(dtf: Dtf, address: str) -> float:
@@ -67,22 +57,15 @@ def worker_restart(dtf: Dtf, address: str) -> float:
 
 
 def train(dtf: Dtf, out: Path, kill_ps_after_epoch: int | None) -> float:
-    log = out.with_suffix(".log")
-    args = [sys.executable, "-m", "dtf.cli", "train", "--output", str(out),
-            str(REPO / "examples" / "custom_loop.py"), "--epochs", "6", "--steps-per-epoch", "40"]
     t0 = time.monotonic()
-    with open(log, "w") as f:
-        proc = subprocess.Popen(args, env=dtf.env, stdout=f, stderr=subprocess.STDOUT)
-        if kill_ps_after_epoch:
-            pattern = re.compile(rf"^epoch {kill_ps_after_epoch}/6 done", re.M)
-            while not pattern.search(log.read_text()):
-                if proc.poll() is not None or time.monotonic() - t0 > 300:
-                    raise SystemExit(f"training ended before epoch {kill_ps_after_epoch}:\n{log.read_text()[-3000:]}")
-                time.sleep(0.05)
-            os.kill(dtf.row("ps:0")["server_pid"], signal.SIGKILL)
-        code = proc.wait(timeout=600)
+    run = Train(dtf.home, out.with_suffix(".log"), "--output", str(out),
+                str(REPO / "examples" / "custom_loop.py"), "--epochs", "6", "--steps-per-epoch", "40")
+    if kill_ps_after_epoch:
+        run.wait_for(rf"^epoch {kill_ps_after_epoch}/6 done", timeout=300)
+        os.kill(dtf.row("ps:0")["server_pid"], signal.SIGKILL)
+    code, text = run.finish(timeout=600)
     if code != 0 or json.loads((out / "summary.json").read_text())["steps"] != 240:
-        raise SystemExit(f"training failed ({code}):\n{log.read_text()[-3000:]}")
+        raise SystemExit(f"training failed ({code}):\n{text[-3000:]}")
     return time.monotonic() - t0
 
 
@@ -124,7 +107,8 @@ def main() -> None:
             faulty.append(train(dtf, tmp_path / f"faulty{i}", 2))
         print(f"custom_loop 6x40 steps, no fault:         {fmt(clean)}")
         print(f"custom_loop 6x40 steps, ps killed at ep 2: {fmt(faulty)}")
-        print(f"what the lost ps cost end to end:          median {statistics.median(faulty) - statistics.median(clean):.2f}s")
+        cost = statistics.median(faulty) - statistics.median(clean)
+        print(f"what the lost ps cost end to end:          median {cost:.2f}s")
         dtf("down")
 
         lapses = [lease_lapse(dtf, lab, inventory) for _ in range(args.repeat)]

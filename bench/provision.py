@@ -10,40 +10,30 @@
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+from common import fmt
+from helpers import dtf
+from lab import Lab
 
-from lab import Lab  # noqa: E402
 
-
-def timed(argv: list[str], env: dict[str, str]) -> float:
+def timed(*args: str, home: Path) -> float:
+    """Seconds `dtf ARGS` took (it must succeed)."""
     t0 = time.monotonic()
-    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
-    elapsed = time.monotonic() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(argv)}\n{r.stdout}\n{r.stderr}")
-    return elapsed
-
-
-def fmt(xs: list[float]) -> str:
-    return f"median {statistics.median(xs):6.2f}s  (min {min(xs):.2f}, max {max(xs):.2f}, n={len(xs)})"
+    dtf(*args, home=home, check=True)
+    return time.monotonic() - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    dtf = [sys.executable, "-m", "dtf.cli"]
     with tempfile.TemporaryDirectory() as tmp, Lab(3, root=Path(tmp) / "lab") as lab:
-        env = {**os.environ, "DTF_HOME": str(Path(tmp) / "home")}
+        home = Path(tmp) / "home"
         print(f"lab: {len(lab.hosts)} hosts, mode {lab.mode}; python {sys.executable}")
         ports = lab.ports(3)
         one = lab.inventory(Path(tmp) / "one.yaml", [{"host": "h0", "ps": [ports[0]], "workers": [ports[1]]}])
@@ -52,14 +42,15 @@ def main() -> None:
             {"host": "h2", "workers": [ports[2]]}])
         figures: dict[str, list[float]] = {k: [] for k in ("up1", "up3", "down1", "down3", "floor", "help")}
         for _ in range(args.repeat):
-            figures["up1"].append(timed([*dtf, "up", str(one)], env))
-            figures["down1"].append(timed([*dtf, "down"], env))
-            figures["up3"].append(timed([*dtf, "up", str(three)], env))
-            figures["down3"].append(timed([*dtf, "down"], env))
-            figures["floor"].append(timed(
-                ["ssh", "-F", str(lab.ssh_config), "-i", str(lab.key), "h1",
-                 sys.executable, "-c", "'import tensorflow'"], env))
-            figures["help"].append(timed([*dtf, "--help"], env))
+            figures["up1"].append(timed("up", str(one), home=home))
+            figures["down1"].append(timed("down", home=home))
+            figures["up3"].append(timed("up", str(three), home=home))
+            figures["down3"].append(timed("down", home=home))
+            t0 = time.monotonic()
+            subprocess.run(["ssh", "-F", str(lab.ssh_config), "-i", str(lab.key), "h1",
+                            sys.executable, "-c", "'import tensorflow'"], check=True, timeout=300)
+            figures["floor"].append(time.monotonic() - t0)
+            figures["help"].append(timed("--help", home=home))
         print(f"dtf up, 1 host (2 tasks):            {fmt(figures['up1'])}")
         print(f"dtf up, 3 hosts (3 tasks):           {fmt(figures['up3'])}")
         print(f"floor: ssh host python -c 'import tensorflow': {fmt(figures['floor'])}")

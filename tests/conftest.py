@@ -13,22 +13,33 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lab import Lab
+from lab import Lab, LabError
+
+
+def lab_mode(ci: bool) -> str:
+    """The lab mode to ask for. Under CI only network namespaces will do: the loopback fallback
+    would skip the partition, ProxyJump and unreachable-host tests, and CI must run them."""
+    return "netns" if ci else "auto"
 
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Lab]:
     """Three SSH hosts (see tests/lab.py), built once per session."""
+    ci = os.environ.get("CI") == "true"
     missing = [why for bad, why in [(os.geteuid() != 0, "not root"),
                                     (not os.access("/usr/sbin/sshd", os.X_OK), "no /usr/sbin/sshd"),
                                     (shutil.which("ssh-keygen") is None, "no ssh-keygen")] if bad]
     if missing:
         reason = "SSH lab unavailable: " + ", ".join(missing)
-        if os.environ.get("CI") == "true":
+        if ci:
             pytest.fail(reason + " (CI=true: the lab is required)")
         pytest.skip(reason)
     Lab.cleanup_stale()
-    with Lab(3, root=tmp_path_factory.mktemp("lab")) as the_lab:
+    try:
+        the_lab = Lab(3, root=tmp_path_factory.mktemp("lab"), mode=lab_mode(ci)).__enter__()
+    except LabError as e:
+        pytest.fail(f"SSH lab failed: {e}" + (" (CI=true: network namespaces are required)" if ci else ""))
+    try:
         first, last = the_lab.hosts[0].address, the_lab.hosts[-1].address.rsplit(".", 1)[1]
         where = ("in network namespaces" if the_lab.mode == "netns" else "on loopback (fallback)")
         line = f"lab: {len(the_lab.hosts)} hosts {where} {first}-{last}"
@@ -38,6 +49,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
         else:
             print(line, file=sys.stderr)
         yield the_lab
+    finally:
+        the_lab.close()
 
 
 @pytest.fixture

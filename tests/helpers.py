@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -14,11 +16,15 @@ NOISE = ("I0000 ", "W0000 ", "E0000 ", "WARNING: All log messages")
 
 
 def dtf(*args: str, home: Path, timeout: float = 300, env: dict | None = None,
-        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `dtf ARGS` with DTF_HOME=home; never hangs (timeout)."""
+        cwd: Path | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run `dtf ARGS` with DTF_HOME=home; never hangs (timeout). `check`: a failure ends the
+    caller (a benchmark) with dtf's output."""
     full_env = {**os.environ, "DTF_HOME": str(home), "COLUMNS": "200", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "dtf.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd or REPO, stdin=subprocess.DEVNULL)
+    r = subprocess.run([sys.executable, "-m", "dtf.cli", *args], capture_output=True, text=True,
+                       timeout=timeout, env=full_env, cwd=cwd or REPO, stdin=subprocess.DEVNULL)
+    if check and r.returncode != 0:
+        raise SystemExit(f"failed: dtf {' '.join(args)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
 
 
 def status_json(home: Path) -> dict:
@@ -51,3 +57,37 @@ def pids_alive(pids: list[int]) -> list[int]:
 def leftovers(lab) -> dict[str, list]:
     """Processes still running from any lab host's dtf workdir."""
     return {h.name: p for h in lab.hosts if (p := lab.processes(h))}
+
+
+class Train:
+    """`dtf train ...` running in the background; stdout and stderr in one file, as a user sees."""
+
+    def __init__(self, home: Path, out: Path, *args: str, cwd: Path | None = None) -> None:
+        self.path = out
+        self.file = open(out, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dtf.cli", "train", *args],
+            env={**os.environ, "DTF_HOME": str(home)}, stdout=self.file, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, cwd=cwd)
+
+    def text(self) -> str:
+        return self.path.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> float:
+        """Wait until the output matches `pattern`; the time it did (time.monotonic())."""
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.text(), re.M):
+            assert self.proc.poll() is None, f"exited {self.proc.returncode} first:\n{self.text()[-4000:]}"
+            assert time.monotonic() < deadline, f"no {pattern!r} after {timeout}s:\n{self.text()[-4000:]}"
+            time.sleep(0.05)
+        return time.monotonic()
+
+    def finish(self, timeout: float = 300) -> tuple[int, str]:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.file.close()
+        return code, self.text()

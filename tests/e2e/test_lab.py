@@ -187,12 +187,12 @@ def _netns_left(name: str) -> list[str]:
 def test_exit_cleans_up_even_on_keyboard_interrupt(lab: Lab, tmp_path: Path) -> None:
     if lab.mode != "netns":
         pytest.skip("needs network namespaces")
-    with pytest.raises(KeyboardInterrupt):
-        with Lab(2, root=tmp_path, mode="netns", name="dtflabc", subnet="10.213.38") as other:
-            pids = _lab_pids(other)
-            assert len(pids) == 2 and not _gone(pids)
-            assert ssh_run(other, "h1", "true")[0] == 0
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), Lab(2, root=tmp_path, mode="netns", name="dtflabc",
+                                               subnet="10.213.38") as other:
+        pids = _lab_pids(other)
+        assert len(pids) == 2 and not _gone(pids)
+        assert ssh_run(other, "h1", "true")[0] == 0
+        raise KeyboardInterrupt
     assert _gone(pids) and _netns_left("dtflabc") == []
     assert "10.213.38." not in subprocess.run(["ip", "route"], capture_output=True, text=True,
                                               timeout=10).stdout
@@ -221,9 +221,8 @@ def test_cleanup_stale_removes_a_crashed_labs_namespaces(lab: Lab, tmp_path: Pat
 def test_a_second_lab_with_the_same_name_is_refused_and_harms_nothing(lab: Lab, tmp_path: Path) -> None:
     if lab.mode != "netns":
         pytest.skip("needs network namespaces")
-    with pytest.raises(LabError, match="another lab"):
-        with Lab(1, root=tmp_path, mode="netns"):
-            pass
+    with pytest.raises(LabError, match="another lab"), Lab(1, root=tmp_path, mode="netns"):
+        pass
     assert ssh_run(lab, "h0", "true")[0] == 0
 
 

@@ -17,43 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, assert_one_line_error, dtf, leftovers, status_json
+from helpers import EXAMPLES, Train, assert_one_line_error, dtf, leftovers, status_json
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
-
-
-class Train:
-    """`dtf train ...` running in the background; stdout and stderr in one file, as a user sees."""
-
-    def __init__(self, home: Path, out: Path, *args: str, cwd: Path | None = None) -> None:
-        self.path = out
-        self.file = open(out, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dtf.cli", "train", *args],
-            env={**os.environ, "DTF_HOME": str(home)}, stdout=self.file, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, cwd=cwd)
-
-    def text(self) -> str:
-        return self.path.read_text(errors="replace")
-
-    def wait_for(self, pattern: str, timeout: float = 120) -> float:
-        """Wait until the output matches `pattern`; the time it did (time.monotonic())."""
-        deadline = time.monotonic() + timeout
-        while not re.search(pattern, self.text(), re.M):
-            assert self.proc.poll() is None, f"exited {self.proc.returncode} first:\n{self.text()[-4000:]}"
-            assert time.monotonic() < deadline, f"no {pattern!r} after {timeout}s:\n{self.text()[-4000:]}"
-            time.sleep(0.05)
-        return time.monotonic()
-
-    def finish(self, timeout: float = 300) -> tuple[int, str]:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self.file.close()
-        return code, self.text()
 
 
 def task_row(home: Path, task: str) -> dict:

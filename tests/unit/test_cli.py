@@ -191,3 +191,11 @@ def test_missing_or_broken_ssh_config_is_an_inventory_error(tmp_path: Path):
     (tmp_path / "nope").write_text("Host a\n  ProxyCommand\n")
     r = runner.invoke(app, ["up", "--dry-run", str(inv)])
     assert r.exit_code == 3 and "ssh_config: " in r.output and "cannot parse it" in r.output
+
+
+def test_ci_asks_the_lab_for_network_namespaces_only():
+    """Under CI a lab that could only fall back to loopback fails the run (its netns-only tests
+    would skip); elsewhere the fallback is fine."""
+    from conftest import lab_mode
+
+    assert lab_mode(ci=True) == "netns" and lab_mode(ci=False) == "auto"
