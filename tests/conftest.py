@@ -13,13 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lab import Lab, LabError
-
-
-def lab_mode(ci: bool) -> str:
-    """The lab mode to ask for. Under CI only network namespaces will do: the loopback fallback
-    would skip the partition, ProxyJump and unreachable-host tests, and CI must run them."""
-    return "netns" if ci else "auto"
+from lab import Lab, LabError, lab_mode
 
 
 @pytest.fixture(scope="session")

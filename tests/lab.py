@@ -35,6 +35,12 @@ MARKER = f"# {PREFIX} sshd, owner pid "  # first line of every lab sshd_config
 PORT_RANGE = (21000, 29000)
 
 
+def lab_mode(ci: bool) -> str:
+    """The mode the tests ask for. Under CI only network namespaces will do: the loopback
+    fallback would skip the partition, ProxyJump and unreachable-host tests, and CI must run them."""
+    return "netns" if ci else "auto"
+
+
 class LabError(RuntimeError):
     """The lab could not be built or used."""
 

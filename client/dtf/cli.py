@@ -19,6 +19,8 @@ import typer
 
 from dtf import state
 from dtf.errors import DtfError, ExitCode, HostFailure, UsageError
+from dtf.netutil import CONNECT_TIMEOUT
+from dtf_server.protocol import Defaults
 
 if TYPE_CHECKING:
     from dtf.state import Record
@@ -31,7 +33,7 @@ app = typer.Typer(
 )
 
 ClusterOpt = typer.Option(None, "--cluster", "-c", help="Cluster name (default: the only one up).")
-ConnectTimeoutOpt = typer.Option(10.0, "--connect-timeout", help="Seconds to connect to each host.")
+ConnectTimeoutOpt = typer.Option(CONNECT_TIMEOUT, "--connect-timeout", help="Seconds to connect to each host.")
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -211,7 +213,7 @@ def logs(
 def down(
     cluster: str | None = ClusterOpt,
     keep_logs: bool = typer.Option(False, "--keep-logs", help="Leave the task logs on the hosts."),
-    grace: float = typer.Option(10.0, help="Seconds between TERM and KILL."),
+    grace: float = typer.Option(Defaults.STOP_GRACE, help="Seconds between TERM and KILL."),
     connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
     """Stop every task, check none remains, remove dtf's files from the hosts, forget the cluster."""

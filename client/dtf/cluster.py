@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from dtf import shipping
-from dtf.netutil import wait_port
+from dtf.netutil import CONNECT_TIMEOUT, wait_port
 from dtf.plan import HostPlan, Plan, TaskPlan
-from dtf.transport import CONNECT_TIMEOUT, HostError, Result, Transport, transport_for
+from dtf.transport import HostError, Result, Transport, transport_for
 from dtf_server import protocol
 from dtf_server.procs import tf_version
 from dtf_server.protocol import (

@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import time
 
+CONNECT_TIMEOUT = 10.0  # seconds to open TCP, read the SSH banner, and authenticate (a host's SSH)
+
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """`count` distinct ports that were free on `host` a moment ago."""

@@ -18,10 +18,9 @@ from typing import Any
 from dtf import state
 from dtf.cluster import ClusterOps, LeaseKeeper, TaskState
 from dtf.errors import ClusterDown, DtfError
-from dtf.netutil import free_ports, port_open
+from dtf.netutil import CONNECT_TIMEOUT, free_ports, port_open
 from dtf.plan import Plan
 from dtf.state import Record
-from dtf.transport import CONNECT_TIMEOUT
 
 PROBE_TIMEOUT = 3.0
 # After Ctrl-C: seconds until the program's main thread is sent SIGINT itself, until SIGTERM,

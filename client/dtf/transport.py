@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from dtf.inventory import HostSpec
+from dtf.netutil import CONNECT_TIMEOUT
 from dtf.shell import expand_local, render
 
-CONNECT_TIMEOUT = 10.0  # seconds to open TCP, read the SSH banner, and authenticate
 COMMAND_TIMEOUT = 60.0
 
 

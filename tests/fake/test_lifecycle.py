@@ -41,6 +41,10 @@ def test_up_status_down(site: Site):
     assert {t: r["state"] for t, r in rows(site).items()} == {"ps:0": "alive", "worker:0": "alive",
                                                               "worker:1": "alive"}
     assert site.processes()
+    # The lease counts from when the servers serve (not from before they started).
+    lease = json.loads((site.workdir("a") / "fk" / "lease.json").read_text())
+    ready = json.loads((site.workdir("a") / "fk" / "worker-0" / "ready.json").read_text())
+    assert lease["renewed"] >= ready["time"]
     # `dtf status --json`'s schema (README): these fields, in every row.
     doc = status_json(site.home)
     assert (doc["schema"], doc["cluster"]) == (1, "fk")

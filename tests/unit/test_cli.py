@@ -196,6 +196,6 @@ def test_missing_or_broken_ssh_config_is_an_inventory_error(tmp_path: Path):
 def test_ci_asks_the_lab_for_network_namespaces_only():
     """Under CI a lab that could only fall back to loopback fails the run (its netns-only tests
     would skip); elsewhere the fallback is fine."""
-    from conftest import lab_mode
+    from lab import lab_mode
 
     assert lab_mode(ci=True) == "netns" and lab_mode(ci=False) == "auto"
