@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -91,3 +92,34 @@ class Train:
                 self.proc.wait()
             self.file.close()
         return code, self.text()
+
+
+class Interruptible:
+    """`dtf ARGS` in the background, in a process group of its own as a terminal runs it: wait
+    for a line on its stderr, press Ctrl-C (SIGINT to the group), collect what it said."""
+
+    def __init__(self, *args: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", *args], env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.seen = ""
+        self.deadline = time.monotonic() + 120
+
+    def wait_for(self, text: str) -> None:
+        assert self.proc.stderr is not None
+        while text not in self.seen:
+            assert time.monotonic() < self.deadline and self.proc.poll() is None, self.seen
+            self.seen += self.proc.stderr.readline()
+
+    def ctrl_c(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+    def finish(self, timeout: float = 120) -> tuple[int, str]:
+        """Its exit code and all it wrote on stderr."""
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode, self.seen + err

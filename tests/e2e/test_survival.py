@@ -10,14 +10,12 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, Train, assert_one_line_error, dtf, leftovers, status_json
+from helpers import EXAMPLES, Interruptible, Train, assert_one_line_error, dtf, leftovers, status_json
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
@@ -131,24 +129,12 @@ def test_ctrl_c_during_up_rolls_back(lab, write_inventory, home, tmp_path):
     ports = lab.ports(3)
     inv = write_inventory([{"host": h, "workers" if i else "ps": [p]}
                            for i, (h, p) in enumerate(zip(("h0", "h1", "h2"), ports))])
-    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "up", str(inv)],
-                            env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        seen = ""
-        while "starting 1 server(s)" not in seen:  # the servers are being started: Ctrl-C now
-            assert time.monotonic() < deadline and proc.poll() is None, seen
-            seen += proc.stderr.readline()
-        time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 130, seen + err
+    up = Interruptible("up", str(inv), env={**os.environ, "DTF_HOME": str(home)})
+    up.wait_for("starting 1 server(s)")  # the servers are being started: Ctrl-C now
+    time.sleep(0.5)
+    up.ctrl_c()
+    code, err = up.finish(timeout=120)
+    assert code == 130, err
     assert "Traceback" not in err and "dtf: error: interrupted" in err
     assert leftovers(lab) == {}
     assert not (home / "state" / "lab.json").exists()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_one_line_error, status_json
+from helpers import Interruptible, assert_one_line_error, status_json
 from sites import Site
 
 
@@ -106,29 +106,14 @@ def test_ctrl_c_twice_during_up_still_rolls_back(site: Site):
     # Servers that take 1.5 s to serve and ignore TERM: the first Ctrl-C lands while they start,
     # the second during the rollback, which must still stop everything (KILL after the grace).
     inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
-    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "up", str(inv)],
-                            env=site.env({"DTF_SERVER": "fake:ready_delay=1.5,ignore_term"}),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        seen = ""
-        deadline = time.monotonic() + 60
-        while "starting " not in seen:
-            assert time.monotonic() < deadline and proc.poll() is None, seen
-            seen += proc.stderr.readline()
-        time.sleep(0.3)
-        os.killpg(proc.pid, signal.SIGINT)
-        while "stopping servers" not in seen:  # the rollback has begun
-            assert time.monotonic() < deadline and proc.poll() is None, seen
-            seen += proc.stderr.readline()
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    err = seen + err
-    assert proc.returncode == 130, err
+    up = Interruptible("up", str(inv), env=site.env({"DTF_SERVER": "fake:ready_delay=1.5,ignore_term"}))
+    up.wait_for("starting ")
+    time.sleep(0.3)
+    up.ctrl_c()
+    up.wait_for("stopping servers")  # the rollback has begun
+    up.ctrl_c()
+    code, err = up.finish(timeout=60)
+    assert code == 130, err
     assert "Traceback" not in err and "dtf: error: interrupted" in err
     assert site.processes() == [] and site.files() == []
     assert not site.record().exists()
