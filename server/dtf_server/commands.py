@@ -86,7 +86,7 @@ def cmd_start(args: argparse.Namespace) -> StartReply:
     env = dict(os.environ)
     env.update(kv.split("=", 1) for kv in args.env)
     os.makedirs(args.dir, exist_ok=True)
-    write_lease(args.dir, args.ttl)  # before any supervisor starts reading it
+    write_lease(args.dir, args.ttl, hold=args.timeout)  # before any supervisor reads it
     results: dict[str, TaskStarted] = {}
     pending: dict[str, tuple[TaskSpec, subprocess.Popen[bytes], str]] = {}
     for task in (TaskSpec.from_arg(a) for a in args.task):

@@ -44,8 +44,10 @@ def lease_path(root: str) -> str:
     return os.path.join(root, layout.LEASE)
 
 
-def write_lease(root: str, ttl: float) -> Lease:
-    lease = Lease(ttl=ttl, renewed=time.time())
+def write_lease(root: str, ttl: float, hold: float = 0.0) -> Lease:
+    """Renew the lease now; `hold` seconds more (a start in progress holds the lease: servers
+    that take long to import TensorFlow must not see it lapse before they serve)."""
+    lease = Lease(ttl=ttl, renewed=time.time() + hold)
     write_json(lease_path(root), dataclasses.asdict(lease))
     return lease
 

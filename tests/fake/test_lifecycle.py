@@ -138,7 +138,10 @@ def test_up_again_restarts_only_the_dead_tasks(local_site: Site):
 
 def test_the_lease_lapses_and_the_hosts_clear_themselves(site: Site):
     inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}})
-    assert site.dtf("up", "--ttl", "3s", str(inv)).returncode == 0
+    # Servers slower to serve than the lease is long (TensorFlow's import on a busy host): the
+    # start holds the lease, and it counts from when they serve.
+    r = site.dtf("up", "--ttl", "3s", str(inv), env={"DTF_SERVER": "fake:ready_delay=3.5"})
+    assert r.returncode == 0, r.stderr
     t_up = time.monotonic()
     wait_until(lambda: not site.processes() and not site.files(), timeout=20)
     # It counts from the end of `up`, not from when the servers were started.
