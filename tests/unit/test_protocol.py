@@ -1,0 +1,116 @@
+"""The host protocol, typed once: replies round-trip, another version is refused, the launcher
+ships as one deterministic zipapp, uploads are atomic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+
+from dtf import shipping
+from dtf.inventory import HostSpec
+from dtf.transport import LocalTransport
+from dtf_server import protocol
+from dtf_server.protocol import (
+    PROTOCOL,
+    CheckReply,
+    CleanReply,
+    Lease,
+    ProtocolMismatch,
+    RenewReply,
+    StartReply,
+    StatusReply,
+    StopReply,
+    TaskSpec,
+    TaskStarted,
+    TaskStatus,
+    TaskStopped,
+)
+
+REPLIES = [
+    CheckReply(python="3.11.2", executable="/usr/bin/python3", tensorflow="2.21.0", busy=[2222],
+               client_address="10.0.0.1", running=["ps:0"]),
+    StartReply(tasks={"ps:0": TaskStarted(ok=True, pid=41), "worker:0": TaskStarted(
+        ok=False, pid=42, reason="server exited with code 1", log_tail=["boom"])}),
+    StatusReply(tasks={"ps:0": TaskStatus(alive=True, phase="running", pid=41, server_pid=43, uptime=1.5,
+                                          serving=True, restarts=2, last_exit="killed by SIGKILL")},
+                lease=Lease(ttl=60.0, renewed=1700000000.5)),
+    StatusReply(tasks={"worker:0": TaskStatus.dead("never started")}, lease=None),
+    RenewReply(lease=None),
+    StopReply(tasks={"ps:0": TaskStopped(was_running=True, killed=True, gone=True)}),
+    CleanReply(removed=["/x/ps-0/log"], in_use=False),
+]
+
+
+@pytest.mark.parametrize("reply", REPLIES, ids=lambda r: type(r).__name__)
+def test_every_reply_round_trips(reply: protocol.Reply):
+    text = "some noise a library printed\n" + protocol.encode(reply) + "\n"
+    assert json.loads(protocol.encode(reply))["protocol"] == PROTOCOL
+    assert protocol.decode(type(reply), text) == reply
+
+
+def test_another_protocol_is_refused_never_misread():
+    data = json.loads(protocol.encode(REPLIES[0]))
+    data["protocol"] = PROTOCOL + 1
+    with pytest.raises(ProtocolMismatch, match=f"speaks protocol {PROTOCOL + 1}"):
+        protocol.decode(CheckReply, json.dumps(data))
+    old = {"tasks": {}, "lease": None}  # a launcher from before the protocol had a version
+    with pytest.raises(ProtocolMismatch):
+        protocol.decode(StatusReply, json.dumps(old))
+    for bad in ("", "not json at all", json.dumps([1, 2]), json.dumps({"protocol": PROTOCOL})):
+        with pytest.raises(ValueError):
+            protocol.decode(StatusReply, bad)
+
+
+def test_a_task_state_is_decided_once():
+    alive = TaskStatus(alive=True, phase="running", pid=1, server_pid=2, uptime=1.0, serving=True)
+    assert alive.state == "alive"
+    assert TaskStatus(alive=True, phase="restarting", pid=1, server_pid=None, uptime=None, serving=False).state \
+        == "restarting"
+    assert TaskStatus(alive=True, phase="failed", pid=1, server_pid=None, uptime=None, serving=False).state \
+        == "failed"
+    assert TaskStatus.dead("supervisor is gone").state == "dead"
+
+
+def test_task_spec_round_trips():
+    spec = TaskSpec(job="worker", index=3, port=2225, argv=["python3", "~/x y/l.pyz", "serve", "--job", "worker"])
+    assert TaskSpec.from_arg(spec.to_arg()) == spec
+
+
+def test_the_launcher_is_one_deterministic_zipapp_named_by_its_content(tmp_path: Path):
+    data = shipping.launcher_bytes()
+    names = zipfile.ZipFile(BytesIO(data)).namelist()
+    assert names[-1] == "__main__.py" and "dtf_server/protocol.py" in names and "dtf_server/commands.py" in names
+    assert all(i.date_time == (1980, 1, 1, 0, 0, 0) for i in zipfile.ZipFile(BytesIO(data)).infolist())
+    shipping.launcher_bytes.cache_clear()
+    assert shipping.launcher_bytes() == data  # built again: the same bytes, the same name
+    assert shipping.launcher_name().startswith("launcher-") and shipping.launcher_name().endswith(".pyz")
+    # It runs with a bare python (no dtf installed): the check command answers in the protocol.
+    path = tmp_path / shipping.launcher_name()
+    path.write_bytes(data)
+    r = subprocess.run(["/usr/bin/env", "-i", sys.executable, "-S", str(path), "check", "--port", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert protocol.decode(CheckReply, r.stdout).python == sys.version.split()[0]
+
+
+def test_a_missing_launcher_is_python_exit_2_with_no_reply(tmp_path: Path):
+    r = subprocess.run([sys.executable, str(tmp_path / "launcher-000000000000.pyz"), "status"],
+                       capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout) == (protocol.EXIT_NO_LAUNCHER, "")
+
+
+def test_uploads_are_atomic_and_leave_no_temporary_file(tmp_path: Path):
+    t = LocalTransport(HostSpec(host="localhost", line=1, connection="local", user=None, port=None,
+                                identity_file=None, python="python3", workdir=str(tmp_path), address=None,
+                                ps_ports=(), worker_ports=()))
+    target = tmp_path / "root"
+    t.put_bytes(b"first", str(target), "launcher-x.pyz")
+    t.put_bytes(b"second", str(target), "launcher-x.pyz")
+    assert [p.name for p in target.iterdir()] == ["launcher-x.pyz"]
+    assert (target / "launcher-x.pyz").read_bytes() == b"second"
