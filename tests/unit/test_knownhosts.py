@@ -103,6 +103,13 @@ def test_concurrent_appends_give_whole_lines(tmp_path: Path, keys: dict[str, str
     lines = path.read_text().splitlines()
     assert lines[0] == "# keep"
     assert sorted(lines[1:]) == sorted(f"h{i}.example {keys['a']}" for i in range(16))
+    # The same host from several threads (two hosts behind one jump host): one line.
+    threads = [threading.Thread(target=append, args=(str(path), "jump.example", key)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert path.read_text().count("jump.example") == 1
 
 
 class _Client:
