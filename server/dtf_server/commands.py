@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from dtf_server import layout
 from dtf_server.procs import (
@@ -40,6 +40,7 @@ from dtf_server.procs import (
 )
 from dtf_server.protocol import (
     EXIT_START_FAILED,
+    EXIT_USAGE,
     CheckReply,
     CleanReply,
     Defaults,
@@ -267,8 +268,14 @@ def cmd_clean(args: argparse.Namespace) -> CleanReply:
     return CleanReply(removed=removed)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")  # not 2: see protocol.EXIT_NO_LAUNCHER
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="launcher")
+    p = _Parser(prog="launcher")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check")
     c.add_argument("--dir")

@@ -19,9 +19,12 @@ from typing import Any, TypeVar
 PROTOCOL = 1
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
-# the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON.
+# the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
+# launcher never exits 2 itself (argparse would, for a usage error: it exits EXIT_USAGE instead),
+# so 2 with no reply means "no launcher there".
 EXIT_NO_LAUNCHER = 2
 EXIT_START_FAILED = 1  # `start`: a server did not come up (its reply says which and why)
+EXIT_USAGE = 64  # a command line the launcher does not understand (sysexits' EX_USAGE)
 
 
 class Defaults:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dtf.shipping import launcher_bytes, launcher_name
 from helpers import Interruptible, assert_one_line_error, status_json
 from sites import Site
 
@@ -82,6 +83,26 @@ def test_a_dead_server_is_restarted_with_backoff_until_the_limit(site: Site):
     assert r.returncode == 0 and "restarted worker:0 (was failed)" in r.stdout, r.stderr
     assert {t: (x["state"], x["restarts"]) for t, x in rows(site).items()} == {
         "ps:0": ("alive", 0), "worker:0": ("alive", 0)}
+
+
+def test_a_launcher_missing_or_of_another_version_is_replaced_never_misread(local_site: Site):
+    site = local_site
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}})
+    assert site.dtf("up", str(inv)).returncode == 0
+    launcher = site.workdir("a") / "fk" / launcher_name()
+    # Another dtf's launcher at this path (it answers in another protocol version)...
+    launcher.unlink()
+    foreign = site.tmp / "foreign"
+    foreign.mkdir()
+    (foreign / "__main__.py").write_text('import json\nprint(json.dumps({"protocol": 0, "tasks": {}}))\n')
+    subprocess.run([sys.executable, "-m", "zipfile", "-c", str(launcher), str(foreign / "__main__.py")], check=True)
+    r = site.dtf("status", "--json")
+    assert r.returncode == 0, r.stderr
+    assert {t["task"]: t["state"] for t in json.loads(r.stdout)["tasks"]} == {"ps:0": "alive", "worker:0": "alive"}
+    assert launcher.read_bytes() == launcher_bytes()  # replaced by this dtf's own
+    # ... or none at all (another version of dtf started the cluster): shipped again.
+    launcher.unlink()
+    assert site.dtf("status").returncode == 0 and launcher.exists()
 
 
 def test_a_failed_host_rolls_back_the_others(site: Site):

@@ -103,6 +103,12 @@ def test_a_missing_launcher_is_python_exit_2_with_no_reply(tmp_path: Path):
     r = subprocess.run([sys.executable, str(tmp_path / "launcher-000000000000.pyz"), "status"],
                        capture_output=True, text=True, timeout=30)
     assert (r.returncode, r.stdout) == (protocol.EXIT_NO_LAUNCHER, "")
+    # The launcher itself never exits 2: a command line it does not understand is 64.
+    path = tmp_path / shipping.launcher_name()
+    path.write_bytes(shipping.launcher_bytes())
+    r = subprocess.run([sys.executable, str(path), "status", "--no-such-option"], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == protocol.EXIT_USAGE and "launcher status: error:" in r.stderr
 
 
 def test_uploads_are_atomic_and_leave_no_temporary_file(tmp_path: Path):
