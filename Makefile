@@ -40,7 +40,7 @@ test-fast: venv
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit
 
-# Type checker (strict on the client, the host package checked too) and linter.
+# Linter, and the type checker (strict on the client and on the host package alike).
 lint: venv
 	$(BIN)/ruff check client server tests bench
 	$(BIN)/mypy -p dtf -p dtf_server
