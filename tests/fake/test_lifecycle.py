@@ -161,16 +161,15 @@ def test_the_lease_lapses_and_the_hosts_clear_themselves(site: Site):
     inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}})
     # Servers slower to serve than the lease is long (TensorFlow's import on a busy host): the
     # start holds the lease, and it counts from when they serve.
-    r = site.dtf("up", "--ttl", "3s", str(inv), env={"DTF_SERVER": "fake:ready_delay=3.5"})
+    r = site.dtf("up", "--ttl", "2s", str(inv), env={"DTF_SERVER": "fake:ready_delay=2.5"})
     assert r.returncode == 0, r.stderr
     t_up = time.monotonic()
     wait_until(lambda: not site.processes() and not site.files(), timeout=20)
     # It counts from the end of `up`, not from when the servers were started.
-    assert time.monotonic() - t_up >= 2.5
+    assert time.monotonic() - t_up >= 1.5
     r = site.dtf("status")
     assert r.returncode == 7 and "dtf's files are gone" in r.stderr
-    r = site.dtf("up", str(inv))
-    assert r.returncode == 0 and "restarted ps:0 (was dead), worker:0 (was dead)" in r.stdout, r.stderr
+    # (`dtf up` then starts it again: tests/e2e/test_survival.py, with TensorFlow.)
 
 
 PROGRAM = textwrap.dedent("""
