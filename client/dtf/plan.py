@@ -29,6 +29,11 @@ DEFAULT_TTL = Defaults.TTL  # seconds an unused cluster lives: see `dtf up --ttl
 SERVERS = ("tensorflow", "fake")
 
 
+def launcher_path(root: str) -> str:
+    """This dtf's launcher below a cluster's root on a host (named by its content)."""
+    return posixpath.join(root, shipping.launcher_name())
+
+
 def server_argv(server: str, python: str, launcher: str, job: str, index: int, port: int,
                 ready: str) -> tuple[str, ...]:
     """The command that serves one task: what its supervisor runs (ValueError: a bad `server`)."""
@@ -90,7 +95,7 @@ class HostPlan:
     def launcher(self) -> str:
         """This dtf's launcher on the host: a path named by its content, so a launcher of another
         version is never used (and never computed from an old record)."""
-        return posixpath.join(self.root, shipping.launcher_name())
+        return launcher_path(self.root)
 
     def launcher_argv(self, *args: str) -> list[str]:
         return [self.python, self.launcher, *args]
@@ -174,7 +179,7 @@ class Plan:
             spec["ps_ports"] = tuple(spec["ps_ports"])
             spec["worker_ports"] = tuple(spec["worker_ports"])
             server = h.get("server", "tensorflow")
-            launcher = posixpath.join(h["root"], shipping.launcher_name())
+            launcher = launcher_path(h["root"])
             # The serve command is derived again, never read back: it names this dtf's launcher.
             tasks = tuple(TaskPlan(**{**t, "serve_argv": server_argv(
                 server, h["python"], launcher, t["job"], t["index"], t["port"],
@@ -217,7 +222,7 @@ def make_plan(
         local = spec.connection == "local"
         python = local_python if local and spec.python == DEFAULT_PYTHON else spec.python
         root = posixpath.join(spec.workdir, inventory.cluster)
-        launcher = posixpath.join(root, shipping.launcher_name())
+        launcher = launcher_path(root)
         address = resolve(spec)
         tasks = []
         for job, ports in (("ps", spec.ps_ports), ("worker", spec.worker_ports)):
