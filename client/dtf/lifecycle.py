@@ -98,8 +98,8 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
 @contextlib.contextmanager
 def ctrl_c_sets(event: threading.Event) -> Iterator[None]:
     """While inside: Ctrl-C sets `event` instead of raising KeyboardInterrupt (in the main
-    thread; elsewhere signals cannot be handled and nothing changes). Every Ctrl-C after the
-    first is only counted: work that must finish (a rollback) is not cut short."""
+    thread; elsewhere signals cannot be handled and nothing changes). A second Ctrl-C sets it
+    again and nothing more: work that must finish (a rollback) is not cut short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
