@@ -127,14 +127,20 @@ def path_of(name: str) -> Path:
 
 def load(name: str) -> Record:
     path = path_of(name)
+
+    def damaged(why: str) -> NoCluster:
+        return NoCluster(f"the record of cluster {name!r} is damaged ({path}: {why}); "
+                         f"remove it after checking its hosts by hand")
+
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise NoCluster(f"no cluster named {name!r} is up; run `dtf up INVENTORY` first")
     except ValueError as e:
-        raise NoCluster(f"the record of cluster {name!r} is damaged ({path}: {e}); "
-                        f"remove it after checking its hosts by hand")
-    version = data.get("version", 1) if isinstance(data, dict) else None
+        raise damaged(str(e))
+    if not isinstance(data, dict):
+        raise damaged(f"expected a JSON object, got {type(data).__name__}")
+    version = data.get("version", 1)
     if version != RECORD_VERSION:
         raise NoCluster(f"the record of cluster {name!r} ({path}) was written by another version of "
                         f"dtf (record format {version}, this dtf reads {RECORD_VERSION}): take the "
@@ -143,8 +149,7 @@ def load(name: str) -> Record:
     try:
         return Record.from_dict(data)
     except (KeyError, TypeError, ValueError) as e:
-        raise NoCluster(f"the record of cluster {name!r} is damaged ({path}: {type(e).__name__}: {e}); "
-                        f"remove it after checking its hosts by hand")
+        raise damaged(f"{type(e).__name__}: {e}")
 
 
 def save(record: Record) -> None:
@@ -157,4 +162,4 @@ def save(record: Record) -> None:
 
 
 def remove(name: str) -> None:
-    (state_dir() / f"{name}.json").unlink(missing_ok=True)
+    path_of(name).unlink(missing_ok=True)

@@ -236,6 +236,7 @@ def _wait(proc: subprocess.Popen[bytes], interrupted_at: Callable[[], float | No
                 proc.send_signal(signal.SIGTERM)
         elif down_at is not None and now - down_at >= DOWN_KILL_AFTER:
             proc.kill()
+            down_at = float("inf")  # once: the next wait() reaps it
         since = interrupted_at()
         if since is None or done >= len(INTERRUPT_STEPS):
             continue
