@@ -86,6 +86,8 @@ class Train:
     def finish(self, timeout: float = 300) -> tuple[int, str]:
         try:
             code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"dtf train still running after {timeout}s:\n{self.text()[-6000:]}") from None
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()

@@ -49,12 +49,20 @@ class HostSpec:
     restart_backoff: float = DEFAULT_RESTART_BACKOFF  # seconds before a restart; doubles on quick deaths, max 60
 
 
+# How the laptop reaches the tasks' TF ports: directly, through SSH, or whichever works (auto).
+NETWORKS = ("auto", "direct", "ssh")
+# Who may connect to the tasks' TF ports: anyone who can reach them, or only the cluster's hosts.
+FIREWALLS = ("none", "members")
+
+
 @dataclass(frozen=True)
 class Inventory:
     path: str  # the file it was read from, as given
     cluster: str  # the cluster's name
     hosts: tuple[HostSpec, ...]
     ssh_config: str | None  # an ssh_config file to read instead of ~/.ssh/config
+    network: str = "auto"  # one of NETWORKS
+    firewall: str = "none"  # one of FIREWALLS
 
     @property
     def num_ps(self) -> int:
@@ -317,6 +325,17 @@ def _read_cluster(node: yaml.Node) -> str:
     return name
 
 
+def _choice(options: tuple[str, ...]) -> Callable[[yaml.Node], str]:
+    def read(node: yaml.Node) -> str:
+        value = _plain(node)
+        if value not in options:
+            raise _Invalid(f"expected {', '.join(map(repr, options[:-1]))} or {options[-1]!r}, "
+                           f"got {_describe(node)}")
+        return str(value)
+
+    return read
+
+
 def _optional(read: Callable[[yaml.Node], object]) -> Callable[[yaml.Node], object]:
     """`null` means "not set": ssh_config or the built-in default decides."""
     return lambda node: None if _plain(node) is None else read(node)
@@ -338,7 +357,7 @@ _BUILTIN: dict[str, object] = dict.fromkeys(_SETTINGS) | {
     "connection": "ssh", "python": DEFAULT_PYTHON, "workdir": DEFAULT_WORKDIR, "tf_port": DEFAULT_TF_PORT,
     "restart_limit": DEFAULT_RESTART_LIMIT, "restart_backoff": DEFAULT_RESTART_BACKOFF,
 }
-_TOP_KEYS = ("cluster", "ssh_config", "defaults", "hosts")
+_TOP_KEYS = ("cluster", "ssh_config", "network", "firewall", "defaults", "hosts")
 _HOST_KEYS = ("host", *_SETTINGS, "ps", "workers")
 _PER_HOST_ONLY = {k: "not allowed in defaults: set it in each hosts entry" for k in ("host", "ps", "workers")}
 
@@ -428,6 +447,10 @@ class _Checker:
         ssh_config = None
         if "ssh_config" in found:
             ssh_config = self.value(found["ssh_config"], "ssh_config", _optional(_read_path))
+        choices = {}
+        for key, options in (("network", NETWORKS), ("firewall", FIREWALLS)):
+            if key in found:
+                choices[key] = self.value(found[key], key, _choice(options))
         defaults = dict(_BUILTIN)
         if "defaults" in found:
             key, node = found["defaults"]
@@ -439,7 +462,8 @@ class _Checker:
         hosts = self.hosts(found["hosts"], defaults) if "hosts" in found else []
         if self.problems or not isinstance(cluster, str):  # an invalid cluster is one of the problems
             return None
-        return Inventory(path=self.filename, cluster=cluster, hosts=tuple(hosts), ssh_config=ssh_config)
+        return Inventory(path=self.filename, cluster=cluster, hosts=tuple(hosts), ssh_config=ssh_config,
+                         **choices)
 
     def hosts(self, entry: tuple[yaml.Node, yaml.Node], defaults: dict[str, Any]) -> list[HostSpec]:
         key, node = entry

@@ -20,8 +20,14 @@ from dtf_server import layout
 from dtf_server.protocol import Defaults, TaskSpec
 
 JOBS = ("ps", "worker")
+# gRPC keepalive on every channel TensorFlow opens (servers and the coordinator): a connection
+# whose peer vanished (a host cut off, a NAT that forgot it) fails within about 50 s instead of
+# stalling its calls until TCP gives up (15 min). Pings only while calls are in flight, and at most
+# two without data in between: below what a gRPC server counts as abuse (it cannot be told more).
+GRPC_KEEPALIVE = "grpc.keepalive_time_ms=30000,grpc.keepalive_timeout_ms=20000"
 # The environment of every server: fail fast on a dead peer instead of retrying (FACTS.md).
-TASK_ENV = (("GRPC_FAIL_FAST", "use_caller"), ("PYTHONUNBUFFERED", "1"))
+TASK_ENV = (("GRPC_FAIL_FAST", "use_caller"), ("PYTHONUNBUFFERED", "1"),
+            ("TF_GRPC_DEFAULT_OPTIONS", GRPC_KEEPALIVE))
 START_TIMEOUT = Defaults.START_TIMEOUT
 DEFAULT_TTL = Defaults.TTL  # seconds an unused cluster lives: see `dtf up --ttl`
 # What serves a task: TensorFlow's server, or (for tests) a fake one with options, e.g.
@@ -149,6 +155,13 @@ class Plan:
     inventory: str
     ssh_config: str | None
     hosts: tuple[HostPlan, ...]
+    network: str = "auto"  # how the laptop reaches the tasks: inventory.NETWORKS (`up` decides auto)
+    firewall: str = "none"  # inventory.FIREWALLS: "members" closes the TF ports to non-members
+
+    @property
+    def remote_hosts(self) -> tuple[HostPlan, ...]:
+        """The hosts reached over SSH (local hosts are this machine: always direct)."""
+        return tuple(h for h in self.hosts if h.spec.connection != "local")
 
     def tasks(self) -> list[TaskPlan]:
         """Every task, ps first, each job by index."""
@@ -190,7 +203,8 @@ class Plan:
                 ttl=h.get("ttl", DEFAULT_TTL), server=server,
             ))
         return cls(cluster=data["cluster"], inventory=data["inventory"],
-                   ssh_config=data["ssh_config"], hosts=tuple(hosts))
+                   ssh_config=data["ssh_config"], hosts=tuple(hosts),
+                   network=data.get("network", "direct"), firewall=data.get("firewall", "none"))
 
 
 def default_address(spec: HostSpec) -> str:
@@ -208,13 +222,14 @@ def make_plan(
     start_timeout: float = START_TIMEOUT,
     ttl: float = DEFAULT_TTL,
     server: str = "tensorflow",
+    network: str | None = None,
 ) -> Plan:
     """Assign task indexes (in inventory order), addresses, directories and commands.
 
     `resolve` gives the address other tasks reach a host at (the CLI passes one that reads
     HostName from ssh_config); `local_python` is the python of local hosts that name none;
     `ttl` is the lease (`dtf up --ttl`, 0: never lapses); `server` what serves each task
-    (ValueError if it is not one of SERVERS).
+    (ValueError if it is not one of SERVERS); `network` overrides the inventory's (`--network`).
     """
     counters = {job: 0 for job in JOBS}
     hosts = []
@@ -238,7 +253,8 @@ def make_plan(
         hosts.append(HostPlan(spec=spec, python=python, root=root, tasks=tuple(tasks),
                               env=TASK_ENV, start_timeout=start_timeout, ttl=ttl, server=server))
     return Plan(cluster=inventory.cluster, inventory=inventory.path,
-                ssh_config=inventory.ssh_config, hosts=tuple(hosts))
+                ssh_config=inventory.ssh_config, hosts=tuple(hosts),
+                network=network or inventory.network, firewall=inventory.firewall)
 
 
 _HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdir", "address",
@@ -248,7 +264,8 @@ _HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdi
 def differences(old: Plan, new: Plan) -> list[str]:
     """What changed from the plan a cluster was started with to a new one, one line per change
     (hosts and tasks added, removed or moved; host settings changed). Empty: the same cluster."""
-    lines = []
+    lines = [f"{key}: {getattr(old, key)!r} -> {getattr(new, key)!r}" for key in ("network", "firewall")
+             if getattr(old, key) != getattr(new, key)]
     old_hosts, new_hosts = ({h.name: h for h in p.hosts} for p in (old, new))
     lines += [f"host {name}: added" for name in new_hosts if name not in old_hosts]
     lines += [f"host {name}: removed" for name in old_hosts if name not in new_hosts]

@@ -19,7 +19,7 @@ from dtf import state
 from dtf.cluster import ClusterOps, LeaseKeeper, TaskState
 from dtf.errors import ClusterDown, DtfError
 from dtf.netutil import CONNECT_TIMEOUT, free_ports, port_open
-from dtf.plan import Plan
+from dtf.plan import GRPC_KEEPALIVE, Plan
 from dtf.state import Record
 
 PROBE_TIMEOUT = 3.0
@@ -66,6 +66,7 @@ def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 
     env["TF_CONFIG"] = json.dumps(tf_config(plan, f"{chief_host}:{free_ports(1)[0]}"))
     env["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras = tf-keras: model.fit works under PS (FACTS.md)
     env["GRPC_FAIL_FAST"] = "use_caller"
+    env.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_KEEPALIVE)  # the user's own gRPC options win
     env["DTF_CLUSTER"] = plan.cluster
     env["DTF_ATTEMPT"] = str(attempt)
     if output:

@@ -59,6 +59,7 @@ def test_commands_are_exact_argv():
         "/opt/tf/bin/python3", launcher, "start", "--dir", "~/.dtf/demo",
         "--timeout", "90", "--ttl", "3600", "--restart-limit", "10", "--restart-backoff", "0.5",
         "--env", "GRPC_FAIL_FAST=use_caller", "--env", "PYTHONUNBUFFERED=1",
+        "--env", "TF_GRPC_DEFAULT_OPTIONS=grpc.keepalive_time_ms=30000,grpc.keepalive_timeout_ms=20000",
         "--task", spec(0, 3000), "--task", spec(1, 3001)]
     assert hp.start_argv_for({"worker:1"})[-2:] == ["--task", spec(1, 3001)]
     assert hp.stop_argv(5) == ["/opt/tf/bin/python3", launcher, "stop", "--dir",
