@@ -12,15 +12,17 @@ to be routed on-link to dtflab0 before anything is started.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -328,6 +330,33 @@ class Lab:
             raise LabUnsupported(f"link_{state} needs network namespaces (lab mode {self.mode})")
         _sh(["ip", "-n", h.netns, "link", "set", "eth0", state])
 
+    def nft(self, host: Host | str | None, script: str) -> None:
+        """Load an nftables script in a lab host's namespace (None: this machine's, the laptop's)."""
+        prefix = [] if host is None else ["ip", "netns", "exec", str(self.host(host).netns)]
+        r = subprocess.run([*prefix, "nft", "-f", "-"], input=script, capture_output=True, text=True, timeout=10)
+        if r.returncode != 0:
+            raise LabError(f"nft failed: {r.stderr.strip()}")
+
+    def tables(self, host: Host | str) -> list[str]:
+        """The nftables tables of a lab host (`inet NAME`...)."""
+        r = self.run(host, ["nft", "list", "tables"], timeout=10)
+        return [line.removeprefix("table ").strip() for line in r.stdout.splitlines() if line.strip()]
+
+    @contextlib.contextmanager
+    def laptop_blocked(self) -> Iterator[None]:
+        """This machine (the laptop) reaches the lab's hosts on port 22 only, as from behind a
+        NAT to a cloud that opens only SSH: a rule in this machine's own namespace, for the lab's
+        subnet only, removed on exit."""
+        if self.mode != "netns":
+            raise LabUnsupported(f"blocking the laptop needs network namespaces (lab mode {self.mode})")
+        table = f"{self.name}_laptop"
+        self.nft(None, f"table inet {table} {{\n chain out {{\n  type filter hook output priority 0;\n"
+                       f"  ip daddr {self.subnet}.0/24 tcp dport != 22 reject with tcp reset\n }}\n}}\n")
+        try:
+            yield
+        finally:
+            _sh(["nft", "delete", "table", "inet", table], check=False)
+
     def link_down(self, host: Host | str) -> None:
         self._link(host, "down")
 
@@ -411,6 +440,8 @@ class Lab:
             m = NAME_RE.match(link)
             if m and m.group(1) == name:
                 _sh(["ip", "link", "delete", link], check=False)
+        if shutil.which("nft"):
+            _sh(["nft", "delete", "table", "inet", f"{name}_laptop"], check=False)  # laptop_blocked's
 
     @staticmethod
     def cleanup_stale() -> None:

@@ -117,6 +117,11 @@ def up(
     replace: bool = typer.Option(False, "--replace",
                                  help="If the cluster is up from a different inventory: stop it "
                                       "and start this one."),
+    network: str | None = typer.Option(
+        None, "--network", show_default=False,
+        help="How this machine reaches the TF ports: direct, ssh (through SSH to each host: for "
+             "laptops behind NAT and hosts that open only port 22), or auto (test, then pick). "
+             "Default: the inventory's network, else auto."),
     connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
     """Start one TensorFlow server per ps and worker task of INVENTORY, and wait until all serve.
@@ -126,9 +131,13 @@ def up(
     import os
 
     from dtf import lifecycle, ui
+    from dtf.inventory import NETWORKS
 
+    if network is not None and network not in NETWORKS:
+        raise UsageError(f"--network: expected one of {', '.join(NETWORKS)}, got {network!r}")
     ttl_seconds = None if ttl is None else parse_duration(ttl, "--ttl")
-    plan = lifecycle.load_plan(inventory, ttl_seconds, os.environ.get(lifecycle.SERVER_ENV) or "tensorflow")
+    plan = lifecycle.load_plan(inventory, ttl_seconds, os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
+                               network=network)
     if dry_run:
         ui.show_plan(plan)
         return
@@ -174,9 +183,9 @@ def status(
     from dtf import ui
     from dtf.cluster import ClusterOps
 
-    plan = _recorded(cluster).plan
-    rows = ui.status_rows(ClusterOps(plan, connect_timeout=connect_timeout).task_states())
-    ui.show_status(plan, rows, json_out)
+    record = _recorded(cluster)
+    rows = ui.status_rows(ClusterOps(record.plan, connect_timeout=connect_timeout).task_states())
+    ui.show_status(record, rows, json_out)
     if any(r["state"] != "alive" for r in rows):
         raise typer.Exit(int(ExitCode.CLUSTER_DOWN))
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from dtf import shipping
-from dtf.netutil import CONNECT_TIMEOUT, wait_port
+from dtf.netutil import CONNECT_TIMEOUT, port_open, wait_port
 from dtf.plan import HostPlan, Plan, TaskPlan
 from dtf.transport import HostError, Result, Transport, transport_for
 from dtf_server import protocol
@@ -28,8 +28,10 @@ from dtf_server.protocol import (
     CheckReply,
     CleanReply,
     Defaults,
+    FenceReply,
     ProtocolMismatch,
     R,
+    ReachReply,
     RenewReply,
     StartReply,
     StatusReply,
@@ -42,6 +44,8 @@ Progress = Callable[[str, str], None]  # (host, what it is doing now)
 STOP_GRACE = Defaults.STOP_GRACE
 RENEW_TIMEOUT = 15.0
 REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to accept a connection
+DIRECT_PROBE = 2.0  # seconds a direct connection gets in ssh and auto mode (a dropping firewall: all of them)
+MESH_TIMEOUT = 5.0  # seconds each host gives a connection to another host's task
 FILES_GONE = "dtf's files are gone from {root} (lease lapsed?)"
 
 T = TypeVar("T")
@@ -71,6 +75,7 @@ class Outcome(Generic[T]):
 class HostStarted:
     pids: dict[str, int]  # task -> its supervisor's pid
     client_address: str | None  # the laptop's address as the host saw it
+    direct: bool = True  # its tasks' TF ports accept connections from this machine directly
 
 
 @dataclass(frozen=True)
@@ -232,24 +237,75 @@ class ClusterOps:
             if check.busy:
                 raise HostError("port busy: " + ", ".join(
                     f"{task.port} ({task.name})" for task in hp.tasks if task.port in check.busy))
+            if self.plan.firewall == "members":
+                self._fence(t, hp, check.client_address)
             tasks = hp.tasks_in(only)
             self._step(hp, f"starting {len(tasks)} server(s)")
             self.started.add(hp.name)  # from here on, a rollback must stop tasks there
             r = t.run(hp.start_argv_for(only), timeout=hp.start_timeout + 30)
             started = self._decode(StartReply, r, "starting servers")
-        failed = {n: s for n, s in started.tasks.items() if not s.ok}
-        if failed:
-            name, s = next(iter(failed.items()))
-            log = " | ".join(line.strip() for line in s.log_tail[-5:] if line.strip())
-            raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
-        self._step(hp, "checking the servers are reachable from here")
+            failed = {n: s for n, s in started.tasks.items() if not s.ok}
+            if failed:
+                name, s = next(iter(failed.items()))
+                log = " | ".join(line.strip() for line in s.log_tail[-5:] if line.strip())
+                raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
+            self._step(hp, "checking the servers are reachable from here")
+            direct = self._reachable(t, hp, tasks)
+        return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
+                           client_address=check.client_address, direct=direct)
+
+    def _fence(self, t: Transport, hp: HostPlan, client_address: str | None) -> None:
+        """`firewall: members`: close the host's TF ports to all but the cluster's hosts (and the
+        laptop, in direct mode) before any server listens."""
+        self._step(hp, "closing the TF ports to non-members")
+        allow = self.plan.members()
+        if self.plan.network_for(hp) == "direct" and client_address:
+            allow.append(client_address)
+        fenced = self._decode(FenceReply, t.run(hp.fence_argv(allow), timeout=60), "setting firewall rules")
+        if fenced.error:
+            raise HostError(f"firewall: members is not possible there: {fenced.error}")
+
+    def _reachable(self, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan]) -> bool:
+        """Check that this machine reaches every task as the plan's network says; whether the
+        TF ports accept connections from here directly (also in ssh mode: `up` reports it)."""
+        network = self.plan.network_for(hp)
+        if network == "direct":
+            deadline = time.monotonic() + REACH_TIMEOUT
+            for task in tasks:
+                if not wait_port(task.addr_host, task.port, deadline):
+                    raise HostError(f"{task.name} serves on its host but {task.address} is not "
+                                    f"reachable from this machine (firewall? wrong address? try network: ssh)")
+            return True
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(tasks)))) as pool:
+            direct = all(pool.map(lambda task: port_open(task.addr_host, task.port, DIRECT_PROBE), tasks))
+        if direct and network == "auto":
+            return True
         deadline = time.monotonic() + REACH_TIMEOUT
         for task in tasks:
-            if not wait_port(task.addr_host, task.port, deadline):
-                raise HostError(f"{task.name} serves on its host but {task.address} is not "
-                                f"reachable from this machine (firewall? wrong address?)")
-        return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
-                           client_address=check.client_address)
+            while not t.reaches(task.address, timeout=min(5.0, REACH_TIMEOUT)):
+                if time.monotonic() > deadline:
+                    raise HostError(f"{task.name} serves on its host but {task.address} is not reachable "
+                                    f"through SSH from this machine (does its sshd allow TCP forwarding?)"
+                                    + ("" if network == "ssh" else ", nor directly"))
+                time.sleep(0.2)
+        return direct
+
+    def check_mesh(self, timeout: float = MESH_TIMEOUT) -> dict[str, Outcome[None]]:
+        """From each host, open a connection to every task of the other hosts: each task reaches
+        every other at its planned address (FACTS.md), or training hangs. HostError names the pairs."""
+        def one(hp: HostPlan) -> None:
+            others = {t.address: t for t in self.plan.tasks() if t.host != hp.name}
+            if not others:
+                return
+            self._step(hp, "checking it reaches the other hosts' tasks")
+            with self.transport(hp) as t:
+                reply = self._ask(t, hp, ReachReply, hp.reach_argv(list(others), timeout),
+                                  "checking the other hosts' TF ports", timeout + 30)
+            if reply.unreachable:
+                raise HostError("; ".join(f"cannot reach {others[a].name} at {a} (on {others[a].host}): {why}"
+                                          for a, why in reply.unreachable.items()))
+
+        return self.each_host(one)
 
     def up(self, only: dict[str, set[str]] | None = None) -> dict[str, Outcome[HostStarted]]:
         """Start every task, or only the tasks named per host in `only`."""
@@ -257,6 +313,20 @@ class ClusterOps:
         if only is None:
             return self.each_host(lambda hp: self.start_host(hp, version))
         return self.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), self._hosts_in(only))
+
+    def unreachable(self, network: str, timeout: float) -> list[TaskPlan]:
+        """The tasks this machine cannot open a connection to: directly, or (network ssh)
+        through their host's SSH. Local hosts' tasks are probed directly."""
+        def through(hp: HostPlan) -> list[TaskPlan]:
+            if network != "ssh" or hp.spec.connection == "local":
+                return [task for task in hp.tasks if not port_open(task.addr_host, task.port, timeout)]
+            with self.transport(hp) as t:
+                return [task for task in hp.tasks if not t.reaches(task.address, timeout)]
+
+        outcomes = self.each_host(through)
+        lost = {task.name for hp in self.plan.hosts for task in (
+            outcomes[hp.name].value if outcomes[hp.name].ok else hp.tasks)}
+        return [task for task in self.plan.tasks() if task.name in lost]
 
     # -- the lease -----------------------------------------------------------------------------
     def renew_host(self, hp: HostPlan, ttl: float | None = None) -> RenewReply:

@@ -448,9 +448,9 @@ class _Checker:
         if "ssh_config" in found:
             ssh_config = self.value(found["ssh_config"], "ssh_config", _optional(_read_path))
         choices = {}
-        for key, options in (("network", NETWORKS), ("firewall", FIREWALLS)):
-            if key in found:
-                choices[key] = self.value(found[key], key, _choice(options))
+        for name, options in (("network", NETWORKS), ("firewall", FIREWALLS)):
+            if name in found:
+                choices[name] = self.value(found[name], name, _choice(options))
         defaults = dict(_BUILTIN)
         if "defaults" in found:
             key, node = found["defaults"]

@@ -42,7 +42,8 @@ def no_view(hosts: list[str], title: str) -> Iterator[Progress]:
     yield lambda host, step: None
 
 
-def load_plan(inventory_path: Path, ttl: float | None = None, server: str = "tensorflow") -> Plan:
+def load_plan(inventory_path: Path, ttl: float | None = None, server: str = "tensorflow",
+              network: str | None = None) -> Plan:
     """The plan of an inventory file (bad input: InventoryError with file:line:col)."""
     from dtf import inventory
     from dtf.transport import check_ssh_config, resolver
@@ -52,7 +53,7 @@ def load_plan(inventory_path: Path, ttl: float | None = None, server: str = "ten
         check_ssh_config(inventory_path, inv.ssh_config)
     try:
         return make_plan(inv, resolve=resolver(inv.ssh_config), local_python=sys.executable,
-                         ttl=DEFAULT_TTL if ttl is None else ttl, server=server)
+                         ttl=DEFAULT_TTL if ttl is None else ttl, server=server, network=network)
     except ValueError as e:  # only `server` can be wrong: the inventory was checked
         raise UsageError(f"{SERVER_ENV}: {e}")
 
@@ -88,11 +89,27 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
         t0 = time.monotonic()
         outcomes = start(plan, None, connect_timeout, view)
         client = next((o.value.client_address for o in outcomes.values() if o.value.client_address), None)
+        remote = [outcomes[hp.name].value for hp in plan.hosts if hp.spec.connection != "local"]
         record = Record(plan=plan, inventory=str(inventory_path.resolve()), created=time.time(),
                         chief_host=client or "127.0.0.1",  # the laptop as the hosts see it
-                        pids={name: pid for o in outcomes.values() for name, pid in o.value.pids.items()})
+                        pids={name: pid for o in outcomes.values() for name, pid in o.value.pids.items()},
+                        network=resolve_network(plan, outcomes),
+                        tf_ports_open=any(h.direct for h in remote) if remote else True)
         state.save(record)
     return UpResult(record, started=True, outcomes=outcomes, seconds=time.monotonic() - t0)
+
+
+def resolve_network(plan: Plan, outcomes: dict[str, Outcome[HostStarted]]) -> str:
+    """The mode `dtf train` uses: the plan's, or for auto, direct when this machine reached
+    every remote task directly, else ssh (`up` checked that SSH reaches them)."""
+    modes = {plan.network_for(hp) for hp in plan.hosts if hp.spec.connection != "local"}
+    if not modes:
+        return "direct"
+    if "ssh" in modes:
+        return "ssh"
+    if modes == {"direct"}:
+        return "direct"
+    return "direct" if all(outcomes[hp.name].value.direct for hp in plan.hosts) else "ssh"
 
 
 @contextlib.contextmanager
@@ -127,6 +144,8 @@ def start(plan: Plan, only: dict[str, set[str]] | None, connect_timeout: float,
             try:
                 outcomes = ops.up(only)
                 failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
+                if not failures and not ops.cancel.is_set():
+                    failures = {h: o.reason for h, o in ops.check_mesh().items() if not o.ok}
                 succeeded = not failures and not ops.cancel.is_set()
             finally:
                 if not succeeded:
@@ -234,6 +253,9 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
     with view([h.name for h in plan.hosts], f"dtf down {plan.cluster}") as progress:
         outcomes = ClusterOps(plan, progress, connect_timeout=connect_timeout).down(keep_logs=keep_logs,
                                                                                     grace=grace)
+    from dtf.tunnel import close_masters
+
+    close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts])  # a killed `dtf train`'s
     failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
     if failures:
         kept = tuple(hp for hp in plan.hosts if hp.name in failures)

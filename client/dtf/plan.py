@@ -144,6 +144,14 @@ class HostPlan:
         return self.launcher_argv("stop", "--dir", self.root, "--grace", f"{grace:g}",
                                   *self.task_args(only=only))
 
+    def reach_argv(self, targets: Collection[str], timeout: float) -> list[str]:
+        return self.launcher_argv("reach", "--timeout", f"{timeout:g}", *[a for t in targets for a in ("--to", t)])
+
+    def fence_argv(self, allow: Collection[str]) -> list[str]:
+        """Close this host's TF ports to all but `allow` (and loopback): `firewall: members`."""
+        ports = [a for t in self.tasks for a in ("--port", str(t.port))]
+        return self.launcher_argv("fence", "--dir", self.root, *ports, *[a for m in allow for a in ("--allow", m)])
+
     def clean_argv(self, keep_logs: bool, if_unused: bool = False) -> list[str]:
         return self.launcher_argv("clean", "--dir", self.root, *(["--keep-logs"] if keep_logs else []),
                                   *(["--if-unused"] if if_unused else []))
@@ -158,10 +166,15 @@ class Plan:
     network: str = "auto"  # how the laptop reaches the tasks: inventory.NETWORKS (`up` decides auto)
     firewall: str = "none"  # inventory.FIREWALLS: "members" closes the TF ports to non-members
 
-    @property
-    def remote_hosts(self) -> tuple[HostPlan, ...]:
-        """The hosts reached over SSH (local hosts are this machine: always direct)."""
-        return tuple(h for h in self.hosts if h.spec.connection != "local")
+    def network_for(self, hp: HostPlan) -> str:
+        """How `up` checks that this machine reaches the host's tasks: direct, ssh, or auto
+        (direct if it can). Local hosts are this machine: direct. With `firewall: members` the
+        laptop is no member, so auto means ssh (only `network: direct` lets the laptop in)."""
+        if hp.spec.connection == "local":
+            return "direct"
+        if self.network == "auto" and self.firewall == "members":
+            return "ssh"
+        return self.network
 
     def tasks(self) -> list[TaskPlan]:
         """Every task, ps first, each job by index."""
@@ -170,6 +183,10 @@ class Plan:
 
     def task(self, name: str) -> TaskPlan | None:
         return next((t for t in self.tasks() if t.name == name), None)
+
+    def members(self) -> list[str]:
+        """The addresses the tasks reach each other at, one per host."""
+        return list(dict.fromkeys(t.addr_host for t in self.tasks()))
 
     def host_of(self, task: TaskPlan) -> HostPlan:
         return next(h for h in self.hosts if task in h.tasks)

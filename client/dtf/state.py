@@ -40,6 +40,8 @@ class Record:
     chief_host: str  # the laptop's address as the hosts see it (the coordinator's TF address)
     pids: dict[str, int] = field(default_factory=dict)  # task name -> its supervisor's pid
     taking_down: bool = False  # `dtf down` has begun: a running `dtf train` stops its program
+    network: str = "direct"  # how this machine reaches the tasks: "direct", or "ssh" (dtf.tunnel)
+    tf_ports_open: bool = True  # the TF ports accepted connections from this machine directly
 
     @property
     def cluster(self) -> str:
@@ -48,7 +50,8 @@ class Record:
     def to_dict(self) -> dict[str, Any]:
         return {"version": RECORD_VERSION, "cluster": self.cluster, "inventory": self.inventory,
                 "created": self.created, "chief_host": self.chief_host, "pids": dict(self.pids),
-                "taking_down": self.taking_down, "plan": self.plan.to_dict()}
+                "taking_down": self.taking_down, "network": self.network,
+                "tf_ports_open": self.tf_ports_open, "plan": self.plan.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
@@ -57,7 +60,9 @@ class Record:
         return cls(plan=Plan.from_dict(data["plan"]), inventory=data["inventory"],
                    created=data["created"], chief_host=data["chief_host"],
                    pids={str(k): int(v) for k, v in data["pids"].items()},
-                   taking_down=bool(data.get("taking_down", False)))
+                   taking_down=bool(data.get("taking_down", False)),
+                   network=str(data.get("network", "direct")),
+                   tf_ports_open=bool(data.get("tf_ports_open", True)))
 
     def replace(self, **changes: Any) -> Record:
         return dataclasses.replace(self, **changes)

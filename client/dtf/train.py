@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -11,16 +12,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtf import state
 from dtf.cluster import ClusterOps, LeaseKeeper, TaskState
 from dtf.errors import ClusterDown, DtfError
-from dtf.netutil import CONNECT_TIMEOUT, free_ports, port_open
+from dtf.netutil import CONNECT_TIMEOUT, free_ports
 from dtf.plan import GRPC_KEEPALIVE, Plan
 from dtf.state import Record
+
+if TYPE_CHECKING:
+    from dtf.tunnel import Tunnel
 
 PROBE_TIMEOUT = 3.0
 # After Ctrl-C: seconds until the program's main thread is sent SIGINT itself, until SIGTERM,
@@ -47,12 +50,10 @@ def interrupt_main_thread(pid: int) -> bool:
     return bool(libc.syscall(number, pid, pid, int(signal.SIGINT)) == 0)
 
 
-def dead_tasks(plan: Plan, timeout: float = PROBE_TIMEOUT) -> list[str]:
-    """Tasks whose port does not accept a connection from here (probed in parallel)."""
-    tasks = plan.tasks()
-    with ThreadPoolExecutor(max_workers=min(32, len(tasks))) as pool:
-        alive = list(pool.map(lambda t: port_open(t.addr_host, t.port, timeout), tasks))
-    return [f"{t.name} ({t.host}, {t.address})" for t, ok in zip(tasks, alive) if not ok]
+def dead_tasks(ops: ClusterOps, network: str, timeout: float = PROBE_TIMEOUT) -> list[str]:
+    """Tasks whose port does not accept a connection from here, as the cluster's network goes
+    (directly, or through SSH), probed in parallel."""
+    return [f"{t.name} ({t.host}, {t.address})" for t in ops.unreachable(network, timeout)]
 
 
 def tf_config(plan: Plan, chief_address: str) -> dict[str, Any]:
@@ -61,8 +62,10 @@ def tf_config(plan: Plan, chief_address: str) -> dict[str, Any]:
             "task": {"type": "chief", "index": 0}}
 
 
-def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 1) -> dict[str, str]:
+def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 1,
+                tunnel: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(tunnel or {})  # ssh mode: grpc_proxy, no_grpc_proxy (dtf.tunnel)
     env["TF_CONFIG"] = json.dumps(tf_config(plan, f"{chief_host}:{free_ports(1)[0]}"))
     env["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras = tf-keras: model.fit works under PS (FACTS.md)
     env["GRPC_FAIL_FAST"] = "use_caller"
@@ -90,19 +93,25 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     A failure with every ps intact is the program's own: its exit code is returned at once.
     """
     plan = record.plan
-    dead = dead_tasks(plan)
+    ops = ClusterOps(plan, connect_timeout=connect_timeout)
+    dead = dead_tasks(ops, record.network)
     if dead:
         raise ClusterDown(f"cluster {plan.cluster!r}: not serving: {', '.join(dead)} "
                           f"(see `dtf status`, `dtf logs TASK`)")
-    ops = ClusterOps(plan, connect_timeout=connect_timeout)
-    with LeaseKeeper(plan, warn=lambda m: say(f"warning: {m}"), connect_timeout=connect_timeout):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(LeaseKeeper(plan, warn=lambda m: say(f"warning: {m}"), connect_timeout=connect_timeout))
+        routed: dict[str, str] | None = None
+        if record.network == "ssh":
+            tunnel = stack.enter_context(open_tunnel(record, connect_timeout))
+            routed = tunnel.env(direct=[record.chief_host, *[t.addr_host for t in plan.tasks()
+                                                            if plan.host_of(t).spec.connection == "local"]])
         attempt = 1
         while True:
             before = ps_incarnations(ops)
-            code, interrupted = run_once(record, program, args, output, attempt)
+            code, interrupted = run_once(record, program, args, output, attempt, routed)
             if code == 0 or interrupted:
                 return code
-            lost = lost_ps(ops, before)
+            lost = lost_ps(ops, before, record.network)
             if not lost:
                 return code
             if attempt >= attempts:
@@ -112,7 +121,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
             say(f"{', '.join(lost)} lost during attempt {attempt} of {attempts}; waiting up to "
                 f"{ps_wait:g}s for every task to serve again")
             t0 = time.monotonic()
-            still = wait_serving(plan, ps_wait)
+            still = wait_serving(ops, record.network, ps_wait)
             if still:
                 raise ClusterDown(f"cluster {plan.cluster!r}: still not serving after {ps_wait:g}s: "
                                   f"{', '.join(still)} (see `dtf status`, `dtf logs TASK`)")
@@ -130,7 +139,16 @@ def ps_incarnations(ops: ClusterOps) -> dict[str, tuple[int, int | None]]:
     return {s.task.name: s.status.incarnation for s in ps_states(ops) if s.status is not None}
 
 
-def lost_ps(ops: ClusterOps, before: dict[str, tuple[int, int | None]]) -> list[str]:
+def open_tunnel(record: Record, connect_timeout: float) -> Tunnel:
+    """ssh mode: the program's gRPC channels to the tasks go through SSH (dtf.tunnel)."""
+    from dtf.tunnel import Tunnel
+
+    plan = record.plan
+    hosts = [(hp.spec, [t.address for t in hp.tasks]) for hp in plan.hosts if hp.spec.connection != "local"]
+    return Tunnel(hosts, plan.ssh_config, state.home(), plan.cluster, connect_timeout)
+
+
+def lost_ps(ops: ClusterOps, before: dict[str, tuple[int, int | None]], network: str = "direct") -> list[str]:
     """The ps tasks lost since `before`: restarted or not serving on their host, or not
     reachable from here. Names with the reason, e.g. "ps:0 (server killed by SIGKILL)"."""
     lost = {}
@@ -142,17 +160,18 @@ def lost_ps(ops: ClusterOps, before: dict[str, tuple[int, int | None]]) -> list[
             lost[name] = f"server {s.status.last_exit or 'restarted'}"
         elif not s.status.serving:
             lost[name] = "not serving"
-    for t in ops.plan.tasks():
-        if t.job == "ps" and t.name not in lost and not port_open(t.addr_host, t.port, PROBE_TIMEOUT):
-            lost[t.name] = f"{t.address} unreachable"
+    if any(t.job == "ps" and t.name not in lost for t in ops.plan.tasks()):
+        for t in ops.unreachable(network, PROBE_TIMEOUT):
+            if t.job == "ps" and t.name not in lost:
+                lost[t.name] = f"{t.address} unreachable"
     return [f"{name} ({why})" for name, why in sorted(lost.items())]
 
 
-def wait_serving(plan: Plan, timeout: float) -> list[str]:
+def wait_serving(ops: ClusterOps, network: str, timeout: float) -> list[str]:
     """Wait until every task accepts connections from here; the ones that still do not."""
     deadline = time.monotonic() + timeout
     while True:
-        dead = dead_tasks(plan, timeout=min(PROBE_TIMEOUT, max(0.1, deadline - time.monotonic())))
+        dead = dead_tasks(ops, network, timeout=min(PROBE_TIMEOUT, max(0.1, deadline - time.monotonic())))
         if not dead or time.monotonic() >= deadline:
             return dead
         time.sleep(0.25)
@@ -169,7 +188,7 @@ def taken_down(record: Record) -> bool:
 
 
 def run_once(record: Record, program: str, args: list[str], output: str | None,
-             attempt: int) -> tuple[int, bool]:
+             attempt: int, tunnel: dict[str, str] | None = None) -> tuple[int, bool]:
     """One run of the program: (exit code, stopped on purpose: Ctrl-C, or `dtf down`).
 
     Ctrl-C reaches the program (it is in our terminal's process group) and stops it; dtf waits
@@ -177,7 +196,7 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
     `dtf down` on the cluster stops it too (its workers are going away: it would wait for them).
     """
     plan = record.plan
-    env = program_env(plan, record.chief_host, output, attempt)
+    env = program_env(plan, record.chief_host, output, attempt, tunnel)
     interrupted_at: float | None = None
     proc: subprocess.Popen[bytes] | None = None
     down = False

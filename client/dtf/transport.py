@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dtf.inventory import HostSpec
-from dtf.netutil import CONNECT_TIMEOUT
+from dtf.netutil import CONNECT_TIMEOUT, port_open
 from dtf.shell import expand_local, render
 
 COMMAND_TIMEOUT = 60.0
@@ -69,6 +69,11 @@ class Transport:
         """Run `argv` with its output going to our stdout and stderr; return its exit code."""
         raise NotImplementedError
 
+    def reaches(self, target: str, timeout: float) -> bool:
+        """Whether a TCP connection to `target` ("addr:port") opens from this machine through this
+        transport: for SSH, opened by the host (what `ssh -W` does)."""
+        raise NotImplementedError
+
     def __enter__(self) -> Transport:
         self.open()
         return self
@@ -107,6 +112,10 @@ class LocalTransport(Transport):
 
     def stream(self, argv: Sequence[str]) -> int:
         return subprocess.call(expand_local(argv), stdin=subprocess.DEVNULL)
+
+    def reaches(self, target: str, timeout: float) -> bool:
+        host, _, port = target.rpartition(":")
+        return port_open(host, int(port), timeout)
 
 
 class SSHTransport(Transport):
@@ -218,6 +227,27 @@ class SSHTransport(Transport):
         r = self.connection().run(render(argv), warn=True, pty=True, in_stream=False,
                                   out_stream=sys.stdout)
         return int(r.exited)
+
+
+    def active(self) -> bool:
+        """Whether the SSH connection is open and usable."""
+        ssh = self._conn.transport if self._conn is not None else None
+        return bool(ssh is not None and ssh.is_active())
+
+    def open_tcp(self, target: str, timeout: float) -> Any:
+        """A paramiko channel carrying a TCP connection the host opens to `target` ("addr:port")."""
+        host, _, port = target.rpartition(":")
+        return self.connection().transport.open_channel(
+            "direct-tcpip", (host.strip("[]"), int(port)), ("127.0.0.1", 0), timeout=timeout)
+
+    def reaches(self, target: str, timeout: float) -> bool:
+        import paramiko
+
+        try:
+            self.open_tcp(target, timeout).close()
+            return True
+        except (paramiko.SSHException, OSError, EOFError):
+            return False
 
 
 def temporary_name(filename: str) -> str:

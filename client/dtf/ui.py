@@ -20,6 +20,7 @@ from dtf.shell import render
 
 if TYPE_CHECKING:
     from dtf.lifecycle import UpResult
+    from dtf.state import Record
 
 # The version of `dtf status --json`'s document (README): fields may be added; a change that would
 # break a reader bumps it.
@@ -85,6 +86,42 @@ def show_plan(plan: Plan) -> None:
             out.print(f"  {'':<10} log {t.log}", markup=False)
     out.print("\nTF_CONFIG cluster (the chief is added by `dtf train`): "
               + json.dumps(plan.cluster_spec()), markup=False)
+    out.print(network_plan(plan), markup=False)
+    if plan.firewall == "members":
+        out.print("firewall: members: on each host, before its servers start, the TF ports accept "
+                  "connections only from " + ", ".join(plan.members()) + " and loopback"
+                  + (" and this machine's address as the host sees it" if plan.network == "direct" else "")
+                  + " (root or passwordless sudo needed)", markup=False)
+
+
+def network_plan(plan: Plan) -> str:
+    """What `up` will do about how this machine reaches the tasks (for --dry-run)."""
+    remote = [hp for hp in plan.hosts if hp.spec.connection != "local"]
+    if not remote:
+        return "network: direct (every host is this machine)"
+    ports = ", ".join(t.address for hp in remote for t in hp.tasks)
+    mode = {hp.name: plan.network_for(hp) for hp in remote}
+    if set(mode.values()) == {"ssh"}:
+        why = " (firewall: members)" if plan.network == "auto" else ""
+        return (f"network: ssh{why}: `dtf train` reaches {ports} through SSH to their hosts; "
+                f"`up` checks each through SSH, and whether this machine can also reach them directly")
+    if plan.network == "direct":
+        return f"network: direct: `up` checks that this machine connects to {ports}"
+    return (f"network: auto: `up` tests whether this machine connects directly to {ports}; "
+            f"if every one does, direct, else ssh (through SSH to their hosts, checked too)")
+
+
+def exposure(record: Record) -> str:
+    """Whether the TF ports are open to the network this machine sees: what `up` reports."""
+    plan = record.plan
+    if all(hp.spec.connection == "local" for hp in plan.hosts):
+        return "TF ports on this machine: any local user and (if not firewalled) your network can run code in them"
+    if record.tf_ports_open:
+        hint = ("only members and this machine may connect (firewall: members)" if plan.firewall == "members"
+                else "anyone who reaches them can run code on the hosts; `firewall: members` closes them")
+        return f"network: {record.network}; the TF ports accept connections from this machine: {hint}"
+    closed = "closed to non-members (firewall: members)" if plan.firewall == "members" else "closed to this machine"
+    return f"network: {record.network}; the TF ports are {closed}: dtf reaches them through SSH"
 
 
 def show_up(plan: Plan, outcomes: dict[str, Outcome[HostStarted]], seconds: float) -> None:
@@ -102,6 +139,7 @@ def show_up_result(result: UpResult) -> None:
     cluster = result.record.cluster
     if result.started:
         show_up(result.record.plan, result.outcomes, result.seconds)
+        out.print(exposure(result.record), markup=False)
     elif result.restarted:
         restarted = ", ".join(f"{task} (was {was})" for task, was in result.restarted)
         out.print(f"cluster {cluster}: restarted {restarted} in {result.seconds:.1f}s; "
@@ -130,11 +168,14 @@ def status_rows(states: list[TaskState]) -> list[dict[str, Any]]:
     return rows
 
 
-def show_status(plan: Plan, rows: list[dict[str, Any]], as_json: bool) -> None:
+def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool) -> None:
+    plan = record.plan
     if as_json:
-        out.print_json(json.dumps({"schema": STATUS_SCHEMA, "cluster": plan.cluster, "tasks": rows}))
+        out.print_json(json.dumps({"schema": STATUS_SCHEMA, "cluster": plan.cluster, "network": record.network,
+                                   "firewall": plan.firewall, "tasks": rows}))
         return
-    tab = Table(title=f"cluster {plan.cluster}", title_justify="left")
+    tab = Table(title=f"cluster {plan.cluster} (network: {record.network}, firewall: {plan.firewall})",
+                title_justify="left")
     for col in ("host", "role", "index", "address", "pid", "state", "uptime", "restarts", "last exit"):
         tab.add_column(col)
     for r in rows:

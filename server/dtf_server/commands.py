@@ -9,7 +9,9 @@ it did what was asked:
     status    --dir D --task JOB:INDEX ... [--renew]  is each task alive, serving, restarted how often
     renew     --dir D [--ttl S]                    renew the cluster's lease on this host
     stop      --dir D --task JOB:INDEX ... [--grace S]  TERM the task's process group, KILL after a grace
-    clean     --dir D [--keep-logs] [--if-unused]  remove what dtf put in D
+    clean     --dir D [--keep-logs] [--if-unused]  remove what dtf put in D (firewall rules too)
+    reach     --to ADDR:PORT ... [--timeout S]     which targets this host cannot open a TCP connection to
+    fence     --dir D --port P ... --allow A ... [--remove]  TF ports open only to A and loopback
 
 SPEC is a protocol.TaskSpec as JSON: the task and the exact command its supervisor runs (the plan's).
 """
@@ -20,12 +22,14 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
-from dtf_server import layout
+from dtf_server import fence, layout
 from dtf_server.procs import (
     exit_reason,
     ours,
@@ -44,6 +48,8 @@ from dtf_server.protocol import (
     CheckReply,
     CleanReply,
     Defaults,
+    FenceReply,
+    ReachReply,
     RenewReply,
     Reply,
     StartReply,
@@ -237,12 +243,40 @@ def cmd_stop(args: argparse.Namespace) -> StopReply:
                                            gone=t not in groups or not alive(t)) for t in args.task})
 
 
+def cmd_reach(args: argparse.Namespace) -> ReachReply:
+    """Open a TCP connection to each target (in parallel), each within --timeout seconds."""
+
+    def why_not(target: str) -> str | None:
+        host, _, port = target.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=args.timeout):
+                return None
+        except TimeoutError:
+            return f"no answer within {args.timeout:g}s"
+        except OSError as e:
+            return e.strerror or str(e)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(args.to)))) as pool:
+        results = list(pool.map(why_not, args.to))
+    return ReachReply(unreachable={t: r for t, r in zip(args.to, results) if r is not None})
+
+
+def cmd_fence(args: argparse.Namespace) -> FenceReply:
+    if args.remove:
+        return fence.remove(args.dir)
+    os.makedirs(args.dir, exist_ok=True)
+    return fence.apply(args.dir, args.port, args.allow)
+
+
 def cmd_clean(args: argparse.Namespace) -> CleanReply:
     removed: list[str] = []
     if not os.path.isdir(args.dir):
         return CleanReply(removed=removed)
     if args.if_unused and running_tasks(args.dir):
         return CleanReply(removed=removed, in_use=True)  # another dtf's tasks live here: not ours
+    fenced = fence.remove(args.dir)  # the firewall rules first: they outlive no cluster
+    if fenced.error:
+        raise SystemExit(f"cannot remove the TF ports' firewall rules: {fenced.error}")
     for name in sorted(os.listdir(args.dir)):
         path = os.path.join(args.dir, name)
         if os.path.isdir(path) and not os.path.islink(path) and name != "__pycache__":
@@ -313,6 +347,14 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument("--renew", action="store_true")
         else:
             c.add_argument("--grace", type=float, default=Defaults.STOP_GRACE)
+    c = sub.add_parser("reach")
+    c.add_argument("--to", action="append", default=[])
+    c.add_argument("--timeout", type=float, default=3.0)
+    c = sub.add_parser("fence")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--port", type=int, action="append", default=[])
+    c.add_argument("--allow", action="append", default=[])
+    c.add_argument("--remove", action="store_true")
     c = sub.add_parser("clean")
     c.add_argument("--dir", required=True)
     c.add_argument("--keep-logs", action="store_true")
@@ -323,6 +365,7 @@ def parser() -> argparse.ArgumentParser:
 COMMANDS: dict[str, Any] = {
     "check": cmd_check, "start": cmd_start, "supervise": cmd_supervise, "serve": cmd_serve,
     "fake": cmd_fake, "status": cmd_status, "renew": cmd_renew, "stop": cmd_stop, "clean": cmd_clean,
+    "reach": cmd_reach, "fence": cmd_fence,
 }
 
 

@@ -1,8 +1,9 @@
 """A fake server for tests: everything a supervisor and dtf see of a TensorFlow server, in
 milliseconds and without TensorFlow.
 
-It binds the task's port on 0.0.0.0 (SO_REUSEADDR, as gRPC does), accepts and closes connections,
-and writes the readiness file as the real server does. It can be told to misbehave:
+It binds the task's port on 0.0.0.0 (SO_REUSEADDR, as gRPC does), accepts connections and echoes
+what they send (so a test sees bytes travel to it and back), and writes the readiness file as
+the real server does. It can be told to misbehave:
 - a file `crash` in its task directory (its working directory), present at start or created
   later: it exits with code 3, as a server that cannot start or dies would;
 - `--ready-delay S`: it binds and announces readiness only after S seconds (a slow import);
@@ -15,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 from dtf_server import layout
@@ -22,6 +24,17 @@ from dtf_server.procs import write_json
 
 CRASH_CODE = 3
 POLL = 0.1
+
+
+def echo(conn: socket.socket) -> None:
+    """Send back what the peer sends, until it closes (or 60 s of silence)."""
+    conn.settimeout(60)
+    with conn:
+        try:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+        except OSError:
+            pass
 
 
 def crash_requested() -> bool:
@@ -52,6 +65,6 @@ def serve(job: str, index: int, port: int, ready: str, ready_delay: float = 0.0,
             conn, _ = sock.accept()
         except (TimeoutError, OSError):
             continue
-        conn.close()
+        threading.Thread(target=echo, args=(conn,), daemon=True).start()
     print(f"fake {job}:{index}: crash requested: exiting with code {CRASH_CODE}", flush=True)
     sys.exit(CRASH_CODE)

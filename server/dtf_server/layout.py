@@ -5,6 +5,7 @@ Everything of one cluster lives below its root, WORKDIR/CLUSTER:
     ROOT/launcher-<hash>.pyz   the launcher (this package, one zipapp named by its content)
     ROOT/lease.json            {ttl, renewed}: see supervisor.py
     ROOT/.expire-lock          taken by tasks removing their files when the lease lapsed
+    ROOT/fence.json            the firewall rules set for `firewall: members` (see fence.py)
     ROOT/JOB-INDEX/            one per task:
         log                    the supervisor's and the server's output
         pid.json               the supervisor's pid and process start time (and its task)
@@ -24,6 +25,7 @@ LAUNCHER_SUFFIX = ".pyz"
 OLD_LAUNCHER = "launcher.py"  # what dtf before the protocol version uploaded
 LEASE = "lease.json"
 EXPIRE_LOCK = ".expire-lock"
+FENCE = "fence.json"
 LOG = "log"
 PID = "pid.json"
 SUPERVISOR = "supervisor.json"

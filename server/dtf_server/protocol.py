@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields.
-PROTOCOL = 1
+PROTOCOL = 2
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
@@ -171,8 +171,24 @@ class CleanReply:
     in_use: bool = False  # --if-unused, and tasks (another dtf's) live there: nothing removed
 
 
-Reply = CheckReply | StartReply | StatusReply | RenewReply | StopReply | CleanReply
-R = TypeVar("R", CheckReply, StartReply, StatusReply, RenewReply, StopReply, CleanReply)
+@dataclass(frozen=True)
+class ReachReply:
+    """`reach`: which targets ("addr:port") this host could not open a TCP connection to."""
+
+    unreachable: dict[str, str]  # target -> why ("timed out", "Connection refused")
+
+
+@dataclass(frozen=True)
+class FenceReply:
+    """`fence`: the TF ports' firewall rules on this host (set, or removed)."""
+
+    tool: str | None  # "nft" or "iptables"; None: no rules (removed, or there were none)
+    error: str | None = None  # why rules could not be set (no root, no nft or iptables)
+
+
+Reply = CheckReply | StartReply | StatusReply | RenewReply | StopReply | CleanReply | ReachReply | FenceReply
+R = TypeVar("R", CheckReply, StartReply, StatusReply, RenewReply, StopReply, CleanReply, ReachReply,
+            FenceReply)
 
 
 def encode(reply: Reply) -> str:

@@ -23,7 +23,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from dtf_server import layout
+from dtf_server import fence, layout
 from dtf_server.procs import (
     die_with_parent,
     exit_reason,
@@ -203,4 +203,5 @@ class Supervisor:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one task at a time: the last one sees no others
             shutil.rmtree(self.dir, ignore_errors=True)
             if not running_tasks(self.root):
+                fence.remove(self.root)  # the TF ports' firewall rules go with the cluster
                 shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,367 @@
+"""SSH network mode: the laptop reaches the tasks' TF ports only through SSH.
+
+The hosts keep talking to each other at their cluster addresses; only the laptop's own connections
+travel through SSH (FACTS.md, "Reaching tasks through SSH"). `dtf train` starts a `Tunnel`:
+
+- one OpenSSH master connection per host (ControlMaster, ServerAliveInterval), so that
+  ~/.ssh/config, the agent and ProxyJump apply as they do for the user's own `ssh`;
+- a local HTTP CONNECT proxy, handed to the program as `grpc_proxy` (TensorFlow's gRPC honours
+  it). For each CONNECT to a planned task address it starts `ssh -W ADDR:PORT` over that host's
+  master with the accepted socket as its stdin and stdout: the bytes are carried by OpenSSH, never
+  copied by Python. Any other target is refused. A master that died (a dropped connection) is
+  started again at the next CONNECT, which the coordinator makes when it retries.
+
+Where there is no `ssh` binary, the same proxy carries connections over a paramiko channel
+(`direct-tcpip`), copying in Python: slower, but it works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import select
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dtf.inventory import HostSpec
+from dtf.netutil import CONNECT_TIMEOUT
+from dtf.transport import HostError, SSHTransport
+
+SSH_ENV = "DTF_SSH"  # the ssh client to use (a path), or "none" for the pure-Python fallback
+ALIVE_INTERVAL = 15  # ServerAliveInterval: seconds between SSH keepalives (NAT idle timeouts)
+ALIVE_COUNT = 3  # ServerAliveCountMax: unanswered keepalives before ssh gives up on the host
+PERSIST = 60  # ControlPersist: seconds an unused master stays (a killed `dtf train` leaves none behind)
+REQUEST_LIMIT = 8192  # bytes of a CONNECT request, headers included
+REQUEST_TIMEOUT = 10.0
+
+
+def ssh_binary() -> str | None:
+    """The OpenSSH client to carry connections, or None: use the Python fallback."""
+    chosen = os.environ.get(SSH_ENV)
+    if chosen:
+        return None if chosen == "none" else chosen
+    return shutil.which("ssh")
+
+
+def control_dir() -> Path:
+    """Where dtf's SSH masters keep their sockets: short (a Unix socket path has ~100 bytes)."""
+    return Path(tempfile.gettempdir()) / f"dtf-ssh-{os.getuid()}"
+
+
+def control_path(home: Path, cluster: str, host: str) -> str:
+    key = hashlib.sha256(f"{home}\0{cluster}\0{host}".encode()).hexdigest()[:16]
+    return str(control_dir() / key)
+
+
+def ssh_argv(ssh: str, spec: HostSpec, ssh_config: str | None, connect_timeout: float,
+             *options: str) -> list[str]:
+    """An OpenSSH command line for `spec`, as the inventory and ssh_config say."""
+    argv = [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout))}",
+            "-o", f"ServerAliveInterval={ALIVE_INTERVAL}", "-o", f"ServerAliveCountMax={ALIVE_COUNT}"]
+    if ssh_config:
+        argv += ["-F", os.path.expanduser(ssh_config)]
+    if spec.user:
+        argv += ["-l", spec.user]
+    if spec.port:
+        argv += ["-p", str(spec.port)]
+    if spec.identity_file:
+        argv += ["-i", os.path.expanduser(spec.identity_file)]
+    return [*argv, *options, spec.host]
+
+
+class Master:
+    """One OpenSSH master connection to a host; `ssh -W` channels share it."""
+
+    def __init__(self, ssh: str, spec: HostSpec, ssh_config: str | None, path: str,
+                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+        self.ssh, self.spec, self.ssh_config, self.path = ssh, spec, ssh_config, path
+        self.connect_timeout = connect_timeout
+        self.lock = threading.Lock()
+        self.starts = 0  # how many times this object started the master (1 + re-establishments)
+
+    def _control(self, command: str, timeout: float = 10.0) -> bool:
+        try:
+            r = subprocess.run([self.ssh, "-S", self.path, "-O", command, self.spec.host],
+                               capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return r.returncode == 0
+
+    def alive(self) -> bool:
+        return os.path.exists(self.path) and self._control("check")
+
+    def start(self) -> None:
+        Path(self.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        log = Path(self.path + ".log")
+        argv = ssh_argv(self.ssh, self.spec, self.ssh_config, self.connect_timeout,
+                        "-o", "ControlMaster=yes", "-o", f"ControlPath={self.path}",
+                        "-o", f"ControlPersist={PERSIST}", "-N", "-f")
+        # stderr to a file, not a pipe: the master that `-f` leaves behind keeps it open.
+        with open(log, "w") as err:
+            try:
+                r = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                   timeout=self.connect_timeout + 20, start_new_session=True)
+                code = r.returncode
+            except subprocess.TimeoutExpired:
+                code = None
+        if code != 0:
+            lines = [s for s in log.read_text(errors="replace").splitlines() if s.strip()]
+            why = lines[-1] if lines else ("no answer" if code is None else f"ssh exited {code}")
+            raise HostError(f"SSH connection for the TF ports failed: {why}")
+        self.starts += 1
+
+    def ensure(self) -> None:
+        """Start the master unless it runs (again, after it was lost)."""
+        with self.lock:
+            if not self.alive():
+                self.start()
+
+    def stop(self) -> None:
+        if os.path.exists(self.path):
+            self._control("exit")
+        with contextlib.suppress(OSError):
+            os.unlink(self.path + ".log")
+
+    def channel_argv(self, target: str) -> list[str]:
+        """`ssh -W`: this process's stdin and stdout become a TCP connection to `target`, opened
+        by the host (so `target` is resolved and reached from there)."""
+        return [self.ssh, "-S", self.path, "-o", "ControlMaster=no", "-W", target, self.spec.host]
+
+
+class PythonRoute:
+    """The fallback where no `ssh` binary exists: channels of one paramiko connection."""
+
+    def __init__(self, spec: HostSpec, ssh_config: str | None, connect_timeout: float) -> None:
+        self.spec, self.ssh_config, self.connect_timeout = spec, ssh_config, connect_timeout
+        self.transport: SSHTransport | None = None
+        self.lock = threading.Lock()
+
+    def ensure(self) -> None:
+        with self.lock:
+            if self.transport is not None and self.transport.active():
+                return
+            if self.transport is not None:
+                self.transport.close()
+            self.transport = SSHTransport(self.spec, self.ssh_config, self.connect_timeout)
+            self.transport.open()
+
+    def carry(self, sock: socket.socket, target: str) -> None:
+        assert self.transport is not None
+        channel = self.transport.open_tcp(target, REQUEST_TIMEOUT)
+        threading.Thread(target=_pump, args=(sock, channel), daemon=True, name="dtf-pump").start()
+
+    def stop(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _pump(sock: socket.socket, channel: Any) -> None:
+    """Copy both ways between a local socket and a paramiko channel until either closes."""
+    try:
+        while True:
+            ready, _, _ = select.select([sock, channel], [], [], 60)
+            for source, sink in ((sock, channel), (channel, sock)):
+                if source in ready:
+                    data = source.recv(65536)
+                    if not data:
+                        return
+                    sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        channel.close()
+        sock.close()
+
+
+@dataclass
+class Route:
+    """How connections to one host's tasks are carried."""
+
+    host: str
+    via: Master | PythonRoute
+    targets: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Stats:
+    accepted: int = 0
+    refused: list[str] = field(default_factory=list)  # the targets refused
+    failed: list[str] = field(default_factory=list)  # "target: why"
+
+
+class Proxy:
+    """An HTTP CONNECT proxy on 127.0.0.1 for the planned task addresses only."""
+
+    def __init__(self, routes: Sequence[Route]) -> None:
+        self.routes = {t.lower(): r for r in routes for t in r.targets}
+        self.stats = Stats()
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="dtf-proxy")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Proxy:
+        self.thread.start()
+        return self
+
+    def _serve(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True, name="dtf-proxy-conn").start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            target = _read_connect(conn)
+        except (OSError, ValueError):
+            conn.close()
+            return
+        route = self.routes.get(target.lower())
+        if route is None:
+            self.stats.refused.append(target)
+            _reply(conn, "403 Forbidden", f"dtf: {target} is not a task of this cluster\n")
+            conn.close()
+            return
+        try:
+            route.via.ensure()
+            _reply(conn, "200 Connection established")
+            conn.settimeout(None)
+            if isinstance(route.via, Master):
+                child = subprocess.Popen(route.via.channel_argv(target), stdin=conn.fileno(),
+                                         stdout=conn.fileno(), stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+                self.children.append(child)
+                conn.close()  # ssh holds it now
+                threading.Thread(target=child.wait, daemon=True, name="dtf-proxy-reap").start()
+            else:
+                route.via.carry(conn, target)
+            self.stats.accepted += 1
+        except Exception as e:  # the host is unreachable now: the coordinator sees a closed channel
+            self.stats.failed.append(f"{target}: {e}")
+            conn.close()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+        for child in self.children:
+            if child.poll() is None:
+                child.terminate()
+        deadline = time.monotonic() + 5
+        for child in self.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            if child.poll() is None:
+                child.kill()
+
+
+def _read_connect(conn: socket.socket) -> str:
+    """The target of an HTTP CONNECT request, read up to the end of its headers (not beyond: the
+    bytes after it belong to the tunnelled connection)."""
+    conn.settimeout(REQUEST_TIMEOUT)
+    data = b""
+    while not data.endswith(b"\r\n\r\n"):
+        chunk = conn.recv(1)
+        if not chunk or len(data) > REQUEST_LIMIT:
+            raise ValueError("incomplete request")
+        data += chunk
+    method, target, _ = (data.split(b"\r\n", 1)[0].decode("latin-1").split(" ") + ["", ""])[:3]
+    if method.upper() != "CONNECT" or ":" not in target:
+        _reply(conn, "405 Method Not Allowed")
+        raise ValueError(f"not a CONNECT: {method}")
+    return target
+
+
+def _reply(conn: socket.socket, status: str, body: str = "") -> None:
+    with contextlib.suppress(OSError):
+        conn.sendall(f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+
+
+class Tunnel:
+    """Everything `dtf train` needs in ssh mode: a route per host and the proxy. A context
+    manager: on exit the proxy, its channels and the masters are gone."""
+
+    def __init__(self, hosts: Sequence[tuple[HostSpec, Sequence[str]]], ssh_config: str | None,
+                 home: Path, cluster: str, connect_timeout: float = CONNECT_TIMEOUT) -> None:
+        ssh = ssh_binary()
+        self.routes = []
+        for spec, targets in hosts:
+            via: Master | PythonRoute
+            if ssh:
+                via = Master(ssh, spec, ssh_config, control_path(home, cluster, spec.host), connect_timeout)
+            else:
+                via = PythonRoute(spec, ssh_config, connect_timeout)
+            self.routes.append(Route(spec.host, via, set(targets)))
+        self.proxy = Proxy(self.routes)
+
+    def env(self, direct: Sequence[str] = ()) -> dict[str, str]:
+        """The program's environment: its gRPC channels go through the proxy, except to loopback
+        and `direct` hosts (names or addresses)."""
+        return {"grpc_proxy": self.proxy.url,
+                "no_grpc_proxy": ",".join(["localhost", "127.0.0.1", "::1", *direct])}
+
+    def __enter__(self) -> Tunnel:
+        try:
+            errors = _parallel([r.via.ensure for r in self.routes])
+            failed = {r.host: str(e) for r, e in zip(self.routes, errors) if e is not None}
+            if failed:
+                from dtf.errors import HostFailure
+
+                raise HostFailure("dtf train (SSH to the TF ports)", failed)
+            self.proxy.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.proxy.close()
+        _parallel([r.via.stop for r in self.routes])
+
+
+def _parallel(calls: Sequence[Any]) -> list[BaseException | None]:
+    errors: list[BaseException | None] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            calls[i]()
+        except Exception as e:
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def close_masters(home: Path, cluster: str, hosts: Sequence[HostSpec]) -> int:
+    """Close any master dtf left for this cluster's hosts (`dtf down`); how many were open."""
+    ssh = ssh_binary()
+    if not ssh:
+        return 0
+    masters = [Master(ssh, spec, None, control_path(home, cluster, spec.host)) for spec in hosts]
+    open_ = [m for m in masters if os.path.exists(m.path)]
+    _parallel([m.stop for m in open_])
+    return len(open_)

@@ -1,0 +1,229 @@
+"""How the laptop reaches the tasks, and who else may: fake servers (they echo what they get) on
+the SSH lab, in seconds. `network: ssh` (chosen by `auto` when only port 22 passes), the proxy that
+carries only planned targets, the host-to-host check of `up`, and `firewall: members`.
+Real TensorFlow trains through SSH in tests/e2e/test_network.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import status_json
+from lab import Lab
+from sites import LabSite
+
+pytestmark = pytest.mark.lab
+
+# `dtf train` runs this: through dtf's proxy (grpc_proxy), each task of TF_CONFIG answers with
+# what it was sent; a target that is not a task is refused.
+PROBE = textwrap.dedent("""
+    import json, os, socket, sys, urllib.parse
+    proxy = urllib.parse.urlparse(os.environ["grpc_proxy"])
+    print("no_grpc_proxy", os.environ["no_grpc_proxy"])
+    def through(target):
+        s = socket.create_connection((proxy.hostname, proxy.port), timeout=20)
+        s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
+        head = b""
+        while not head.endswith(b"\\r\\n\\r\\n"):
+            chunk = s.recv(1)
+            if not chunk:
+                break
+            head += chunk
+        status = head.split(b"\\r\\n")[0].decode()
+        if " 200 " not in status:
+            return status
+        s.sendall(b"hello " + target.encode())
+        return status + " | " + s.recv(100).decode()
+    cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+    for target in cluster["ps"] + cluster["worker"] + sys.argv[1:]:
+        print(target, "->", through(target), flush=True)
+""")
+
+
+@pytest.fixture
+def site(tmp_path: Path, lab: Lab):
+    if lab.mode != "netns":
+        pytest.skip("needs network namespaces")
+    the_site = LabSite(tmp_path, lab)
+    try:
+        yield the_site
+    finally:
+        the_site.cleanup()
+
+
+def dtf_processes(home: Path) -> list[str]:
+    """ssh masters and channels dtf started on this machine (their ControlPath is below dtf-ssh-)."""
+    out = []
+    for pid in Path("/proc").iterdir():
+        try:
+            argv = (pid / "cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if Path(argv[0]).name == "ssh" and any("dtf-ssh-" in a for a in argv):
+            out.append(" ".join(argv))
+    return out
+
+
+def connects(lab: Lab, host: str | None, address: str, port: int) -> bool:
+    """Whether a TCP connection from that lab host (None: this machine) to address:port opens."""
+    if host is None:
+        try:
+            with socket.create_connection((address, port), timeout=3):
+                return True
+        except OSError:
+            return False
+    code = f"import socket; socket.create_connection(({address!r}, {port}), timeout=3)"
+    return lab.run(host, [sys.executable, "-c", code], timeout=20).returncode == 0
+
+
+@pytest.mark.parametrize("carrier", ["openssh", "python"])
+def test_auto_picks_ssh_when_only_port_22_passes_and_the_proxy_carries_only_tasks(
+        site: LabSite, tmp_path: Path, carrier: str):
+    lab = site.lab
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    env = {"DTF_SSH": "none"} if carrier == "python" else {}
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    with lab.laptop_blocked():
+        assert not connects(lab, None, lab.host("h0").address, site.ports_of("a")[0])
+        t0 = time.monotonic()
+        r = site.dtf("up", str(inv), env=env)
+        up_s = time.monotonic() - t0
+        assert r.returncode == 0, r.stderr
+        assert "network: ssh; the TF ports are closed to this machine: dtf reaches them through SSH" in r.stdout
+        status = status_json(site.home)
+        assert status["network"] == "ssh" and [x["state"] for x in status["tasks"]] == ["alive"] * 3
+        stranger = f"{lab.host('h2').address}:22"
+        r = site.dtf("train", str(probe), stranger, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        for host, port in [("h0", p) for p in site.ports_of("a")] + [("h1", p) for p in site.ports_of("b")]:
+            target = f"{lab.host(host).address}:{port}"
+            assert f"{target} -> HTTP/1.1 200 Connection established | hello {target}" in r.stdout, r.stdout
+        assert f"{stranger} -> HTTP/1.1 403 Forbidden" in r.stdout
+        assert "no_grpc_proxy localhost,127.0.0.1,::1" in r.stdout
+        assert dtf_processes(site.home) == []  # the proxy and the masters ended with `dtf train`
+        t0 = time.monotonic()
+        r = site.dtf("down")
+        print(f"{carrier}: up {up_s:.1f}s, down {time.monotonic() - t0:.1f}s (ssh mode, fake servers)")
+        assert r.returncode == 0, r.stderr
+    assert site.processes() == [] and site.files() == [] and dtf_processes(site.home) == []
+
+
+def test_down_closes_a_master_a_killed_train_left(site: LabSite, tmp_path: Path):
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}})
+    assert site.dtf("up", str(inv), "--network", "ssh").returncode == 0
+    from dtf.inventory import HostSpec
+    from dtf.tunnel import Master, control_path, ssh_binary
+
+    spec = HostSpec(host="h0", line=1, connection="ssh", user=None, port=None,
+                    identity_file=str(site.lab.key), python=sys.executable, workdir="~", address=None,
+                    ps_ports=(), worker_ports=())
+    ssh = ssh_binary()
+    assert ssh
+    master = Master(ssh, spec, str(site.lab.ssh_config), control_path(site.home, "fk", "h0"))
+    master.start()  # as a `dtf train` would have, before it was killed
+    assert master.alive() and dtf_processes(site.home)
+    assert site.dtf("down").returncode == 0
+    assert not master.alive() and dtf_processes(site.home) == []
+
+
+def test_up_refuses_hosts_that_cannot_reach_each_other_naming_the_pair(site: LabSite):
+    lab = site.lab
+    inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}})
+    ps = site.ports_of("a")[0]
+    # h1 cannot open connections to h0's ps port (h0 and the laptop can).
+    lab.nft("h1", f"table inet dtfblock {{\n chain out {{\n  type filter hook output priority 0;\n"
+                  f"  ip daddr {lab.host('h0').address} tcp dport {ps} reject with tcp reset\n }}\n}}\n")
+    try:
+        r = site.dtf("up", str(inv))
+    finally:
+        lab.run("h1", ["nft", "delete", "table", "inet", "dtfblock"])
+    assert r.returncode != 0
+    error = r.stderr[r.stderr.index("dtf: error:"):].strip().splitlines()
+    assert error == ["dtf: error: dtf up failed on 1 host(s):",
+                     f"  h1: cannot reach ps:0 at {lab.host('h0').address}:{ps} (on h0): Connection refused"]
+    assert site.processes() == [] and site.files() == []  # rolled back
+
+
+def test_firewall_members_closes_the_tf_ports_to_everyone_else_until_down(site: LabSite):
+    lab = site.lab
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    doc = inv.read_text() + "firewall: members\n"
+    inv.write_text(doc)
+    r = site.dtf("up", str(inv))
+    assert r.returncode == 0, r.stderr
+    assert "closed to non-members (firewall: members)" in r.stdout
+    assert status_json(site.home)["network"] == "ssh"  # auto: the laptop is no member
+    a, b = lab.host("h0").address, lab.host("h1").address
+    for port in site.ports_of("a"):
+        assert connects(lab, "h1", a, port)  # a member
+        assert connects(lab, "h0", "127.0.0.1", port)  # loopback
+        assert not connects(lab, "h2", a, port)  # not a member
+        assert not connects(lab, None, a, port)  # the laptop
+    assert not connects(lab, "h2", b, site.ports_of("b")[0])
+    assert any(t.startswith("inet dtf_") for t in lab.tables("h0"))
+    assert site.dtf("down").returncode == 0
+    assert not any(t.startswith("inet dtf_") for t in lab.tables("h0") + lab.tables("h1"))
+    assert connects(lab, "h2", a, site.ports_of("a")[0]) is False  # nothing listens: and no rule left
+
+
+def test_firewall_rules_go_when_the_lease_lapses(site: LabSite):
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}})
+    inv.write_text(inv.read_text() + "firewall: members\n")
+    assert site.dtf("up", str(inv), "--ttl", "3").returncode == 0
+    assert any(t.startswith("inet dtf_") for t in site.lab.tables("h0"))
+    deadline = time.monotonic() + 30
+    while any(t.startswith("inet dtf_") for t in site.lab.tables("h0")) or site.files():
+        assert time.monotonic() < deadline, (site.lab.tables("h0"), site.files())
+        time.sleep(0.2)
+    assert site.processes() == []
+
+
+def python_with(tmp_path: Path, tools: str) -> str:
+    """A python for the inventory whose launcher tries only these firewall tools."""
+    wrapper = tmp_path / f"python-{tools}"
+    wrapper.write_text(f"#!/bin/sh\nDTF_FIREWALL_TOOLS={tools} exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_firewall_members_where_it_cannot_be_done_is_one_line(site: LabSite, tmp_path: Path):
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}}, python=python_with(tmp_path, "none"))
+    inv.write_text(inv.read_text() + "firewall: members\n")
+    r = site.dtf("up", str(inv))
+    assert r.returncode != 0
+    error = r.stderr[r.stderr.index("dtf: error:"):].strip().splitlines()
+    assert error == ["dtf: error: dtf up failed on 1 host(s):",
+                     "  h0: firewall: members is not possible there: neither nft nor iptables is installed"]
+    assert site.processes() == [] and site.files() == []
+
+
+def test_firewall_members_with_iptables(site: LabSite, tmp_path: Path):
+    lab = site.lab
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}}, python=python_with(tmp_path, "iptables"))
+    inv.write_text(inv.read_text() + "firewall: members\n")
+    r = site.dtf("up", str(inv))
+    assert r.returncode == 0, r.stderr
+    port = site.ports_of("a")[0]
+    assert not connects(lab, "h2", lab.host("h0").address, port)
+    assert connects(lab, "h0", lab.host("h0").address, port)  # the host itself is a member
+    assert "DTF-" in lab.run("h0", ["iptables", "-S"]).stdout
+    assert site.dtf("down").returncode == 0
+    assert "DTF-" not in lab.run("h0", ["iptables", "-S"]).stdout
+
+
+def test_status_json_names_the_network(site: LabSite):
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}})
+    assert site.dtf("up", str(inv)).returncode == 0
+    s = status_json(site.home)
+    assert (s["network"], s["firewall"]) == ("direct", "none")
+    r = site.dtf("status")
+    assert "network: direct, firewall: none" in r.stdout
+    assert json.loads(site.record().read_text())["network"] == "direct"
