@@ -31,6 +31,7 @@ PROBE_TIMEOUT = 3.0
 INTERRUPT_STEPS = (3.0, 10.0, 15.0)
 TGKILL = {"x86_64": 234, "aarch64": 131}  # syscall numbers (Linux)
 DOWN_POLL = 0.5  # how often a running `dtf train` looks whether `dtf down` began
+CHIEF_KEY = "<chief>"  # in the tunnel's settings for the program: the chief's TF address
 DOWN_KILL_AFTER = 5.0  # seconds a program gets after TERM when its cluster is taken down
 
 
@@ -65,8 +66,10 @@ def tf_config(plan: Plan, chief_address: str) -> dict[str, Any]:
 def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 1,
                 tunnel: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(tunnel or {})  # ssh mode: grpc_proxy, no_grpc_proxy (dtf.tunnel)
-    env["TF_CONFIG"] = json.dumps(tf_config(plan, f"{chief_host}:{free_ports(1)[0]}"))
+    tunnel = dict(tunnel or {})  # ssh mode: grpc_proxy, no_grpc_proxy and the chief's address
+    chief = tunnel.pop(CHIEF_KEY, None) or f"{chief_host}:{free_ports(1)[0]}"
+    env.update(tunnel)
+    env["TF_CONFIG"] = json.dumps(tf_config(plan, chief))
     env["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras = tf-keras: model.fit works under PS (FACTS.md)
     env["GRPC_FAIL_FAST"] = "use_caller"
     env.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_KEEPALIVE)  # the user's own gRPC options win
@@ -105,6 +108,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
             tunnel = stack.enter_context(open_tunnel(record, connect_timeout))
             routed = tunnel.env(direct=[record.chief_host, *[t.addr_host for t in plan.tasks()
                                                             if plan.host_of(t).spec.connection == "local"]])
+            routed[CHIEF_KEY] = tunnel.chief_address
         attempt = 1
         while True:
             before = ps_incarnations(ops)

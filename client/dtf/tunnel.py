@@ -5,6 +5,9 @@ travel through SSH (FACTS.md, "Reaching tasks through SSH"). `dtf train` starts 
 
 - one OpenSSH master connection per host (ControlMaster, ServerAliveInterval), so that
   ~/.ssh/config, the agent and ProxyJump apply as they do for the user's own `ssh`;
+- a remote forward on each master from the host's 127.0.0.1:P back to this machine's P, the
+  chief's port: tasks that call the coordinator back (the ps does when a checkpoint is written
+  through it) reach it there, even from behind NAT;
 - a local HTTP CONNECT proxy, handed to the program as `grpc_proxy` (TensorFlow's gRPC honours
   it). For each CONNECT to a planned task address it starts `ssh -W ADDR:PORT` over that host's
   master with the accepted socket as its stdin and stdout: the bytes are carried by OpenSSH, never
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dtf.inventory import HostSpec
-from dtf.netutil import CONNECT_TIMEOUT
+from dtf.netutil import CONNECT_TIMEOUT, free_ports
 from dtf.transport import HostError, SSHTransport
 
 SSH_ENV = "DTF_SSH"  # the ssh client to use (a path), or "none" for the pure-Python fallback
@@ -82,9 +85,10 @@ class Master:
     """One OpenSSH master connection to a host; `ssh -W` channels share it."""
 
     def __init__(self, ssh: str, spec: HostSpec, ssh_config: str | None, path: str,
-                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT, chief_port: int | None = None) -> None:
         self.ssh, self.spec, self.ssh_config, self.path = ssh, spec, ssh_config, path
         self.connect_timeout = connect_timeout
+        self.chief_port = chief_port  # forwarded from the host's loopback back to this machine
         self.lock = threading.Lock()
         self.starts = 0  # how many times this object started the master (1 + re-establishments)
 
@@ -101,10 +105,14 @@ class Master:
 
     def start(self) -> None:
         Path(self.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)  # a dead master's socket: ssh would not replace it, and run unshared
         log = Path(self.path + ".log")
+        back = (["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{self.chief_port}:127.0.0.1:{self.chief_port}"]
+                if self.chief_port else [])
         argv = ssh_argv(self.ssh, self.spec, self.ssh_config, self.connect_timeout,
                         "-o", "ControlMaster=yes", "-o", f"ControlPath={self.path}",
-                        "-o", f"ControlPersist={PERSIST}", "-N", "-f")
+                        "-o", f"ControlPersist={PERSIST}", *back, "-N", "-f")
         # stderr to a file, not a pipe: the master that `-f` leaves behind keeps it open.
         with open(log, "w") as err:
             try:
@@ -140,8 +148,10 @@ class Master:
 class PythonRoute:
     """The fallback where no `ssh` binary exists: channels of one paramiko connection."""
 
-    def __init__(self, spec: HostSpec, ssh_config: str | None, connect_timeout: float) -> None:
+    def __init__(self, spec: HostSpec, ssh_config: str | None, connect_timeout: float,
+                 chief_port: int | None = None) -> None:
         self.spec, self.ssh_config, self.connect_timeout = spec, ssh_config, connect_timeout
+        self.chief_port = chief_port
         self.transport: SSHTransport | None = None
         self.lock = threading.Lock()
 
@@ -153,6 +163,19 @@ class PythonRoute:
                 self.transport.close()
             self.transport = SSHTransport(self.spec, self.ssh_config, self.connect_timeout)
             self.transport.open()
+            if self.chief_port:
+                port = self.chief_port
+
+                def back(channel: Any, origin: object, server: object) -> None:
+                    try:
+                        local = socket.create_connection(("127.0.0.1", port), timeout=REQUEST_TIMEOUT)
+                    except OSError:
+                        channel.close()
+                        return
+                    local.settimeout(None)
+                    threading.Thread(target=_pump, args=(local, channel), daemon=True, name="dtf-pump").start()
+
+                self.transport.connection().transport.request_port_forward("127.0.0.1", port, handler=back)
 
     def carry(self, sock: socket.socket, target: str) -> None:
         assert self.transport is not None
@@ -301,15 +324,24 @@ class Tunnel:
     def __init__(self, hosts: Sequence[tuple[HostSpec, Sequence[str]]], ssh_config: str | None,
                  home: Path, cluster: str, connect_timeout: float = CONNECT_TIMEOUT) -> None:
         ssh = ssh_binary()
+        # The chief's port: the tasks reach the coordinator at 127.0.0.1:PORT on their own host, a
+        # remote forward of each host's SSH connection back to this machine (a checkpoint written
+        # through the coordinator has the ps fetch from it; behind NAT nothing else reaches it).
+        self.chief_port = free_ports(1)[0]
         self.routes = []
         for spec, targets in hosts:
             via: Master | PythonRoute
             if ssh:
-                via = Master(ssh, spec, ssh_config, control_path(home, cluster, spec.host), connect_timeout)
+                via = Master(ssh, spec, ssh_config, control_path(home, cluster, spec.host), connect_timeout,
+                             self.chief_port)
             else:
-                via = PythonRoute(spec, ssh_config, connect_timeout)
+                via = PythonRoute(spec, ssh_config, connect_timeout, self.chief_port)
             self.routes.append(Route(spec.host, via, set(targets)))
         self.proxy = Proxy(self.routes)
+
+    @property
+    def chief_address(self) -> str:
+        return f"127.0.0.1:{self.chief_port}"
 
     def env(self, direct: Sequence[str] = ()) -> dict[str, str]:
         """The program's environment: its gRPC channels go through the proxy, except to loopback

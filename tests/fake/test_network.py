@@ -66,7 +66,7 @@ def dtf_processes(home: Path) -> list[str]:
             argv = (pid / "cmdline").read_bytes().decode().split("\0")
         except OSError:
             continue
-        if Path(argv[0]).name == "ssh" and any("dtf-ssh-" in a for a in argv):
+        if (Path(argv[0]).name == "ssh" or argv[0].startswith("ssh: ")) and any("dtf-ssh-" in a for a in argv):
             out.append(" ".join(argv))
     return out
 

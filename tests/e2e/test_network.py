@@ -1,0 +1,73 @@
+"""Real TensorFlow through SSH: a laptop that reaches the lab's hosts on port 22 only (a firewall
+rule in its own namespace) trains with `network: ssh`, picked by `auto`; a killed SSH master is
+re-established while the coordinator retries; nothing is left on the laptop or the hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from dtf.tunnel import control_path
+from helpers import EXAMPLES, Train, dtf, leftovers, status_json
+
+pytestmark = [pytest.mark.lab, pytest.mark.tf]
+
+
+def ssh_processes() -> list[tuple[int, list[str]]]:
+    """ssh masters and channels dtf started on this machine (their ControlPath is below dtf-ssh-)."""
+    out = []
+    for pid in Path("/proc").iterdir():
+        try:
+            argv = (pid / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, ValueError):
+            continue
+        if (Path(argv[0]).name == "ssh" or argv[0].startswith("ssh: ")) and any("dtf-ssh-" in a for a in argv):
+            out.append((int(pid.name), argv))
+    return out
+
+
+def test_laptop_behind_port_22_trains_through_ssh_and_survives_a_killed_master(lab, write_inventory, home, tmp_path):
+    if lab.mode != "netns":
+        pytest.skip("blocking the laptop needs network namespaces")
+    ps, w0, w1 = lab.ports(3)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
+                           {"host": "h2", "workers": [w1]}])
+    with lab.laptop_blocked():
+        t0 = time.monotonic()
+        r = dtf("up", str(inv), home=home, timeout=180)
+        print(f"up (auto -> ssh) {time.monotonic() - t0:.1f}s")
+        assert r.returncode == 0, r.stderr
+        assert "network: ssh; the TF ports are closed to this machine" in r.stdout
+        assert status_json(home)["network"] == "ssh"
+
+        # The fit example, relative output path: checkpoints and SavedModel land on the laptop.
+        epochs = 6
+        run = Train(home, tmp_path / "train.out", "--output", "fit", str(EXAMPLES / "mnist_fit.py"),
+                    "--epochs", str(epochs), "--steps-per-epoch", "30", cwd=tmp_path)
+        run.wait_for(r"^epoch 2/\d+ done")
+        masters = [(pid, argv) for pid, argv in ssh_processes() if "-W" not in argv]
+        assert len(masters) == 3, masters  # one per host (OpenSSH renames a master "ssh: PATH [mux]")
+        path = control_path(home, "lab", "h1")
+        victim = next(pid for pid, argv in masters if any(path in a for a in argv))
+        os.kill(victim, signal.SIGKILL)  # a dropped SSH connection: its channels go with it
+        killed = time.monotonic()
+        seen = len(re.findall(r"^epoch \d+/\d+ done", run.text(), re.M))
+        run.wait_for(rf"^epoch {seen + 1}/\d+ done", timeout=300)
+        print(f"training flowing again {time.monotonic() - killed:.1f}s after the SSH master of h1 was killed")
+        code, text = run.finish(timeout=400)
+        assert code == 0, text[-5000:]
+        s = json.loads((tmp_path / "fit" / "summary.json").read_text())
+        assert s["final_loss"] < 0.5 * s["first_loss"], s
+        assert Path(s["saved_model"], "saved_model.pb").exists()
+        assert list((tmp_path / "fit" / "checkpoints").glob("ckpt-*.index"))
+        assert ssh_processes() == []  # the proxy, its channels and the masters ended with `dtf train`
+        t0 = time.monotonic()
+        assert dtf("down", home=home, timeout=120).returncode == 0
+        print(f"down (ssh) {time.monotonic() - t0:.1f}s")
+    assert leftovers(lab) == {} and ssh_processes() == []
