@@ -201,3 +201,17 @@ def test_ci_asks_the_lab_for_network_namespaces_only():
     from lab import lab_mode
 
     assert lab_mode(ci=True) == "netns" and lab_mode(ci=False) == "auto"
+
+
+def test_up_dry_run_says_what_network_auto_tests_and_a_bad_network_is_a_usage_error(tmp_path: Path):
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("cluster: demo\nhosts:\n  - host: gpu-01\n    address: 10.9.9.1\n    ps: 1\n    workers: 1\n")
+    runner = CliRunner()
+    r = runner.invoke(app, ["up", "--dry-run", str(inv)])
+    assert r.exit_code == 0, r.output
+    assert ("network: auto: `up` tests whether this machine connects directly to 10.9.9.1:2222, "
+            "10.9.9.1:2223; if every one does, direct, else ssh") in r.output
+    r = runner.invoke(app, ["up", "--dry-run", "--network", "ssh", str(inv)])
+    assert "network: ssh: `dtf train` reaches 10.9.9.1:2222, 10.9.9.1:2223 through SSH" in r.output
+    r = runner.invoke(app, ["up", "--dry-run", "--network", "vpn", str(inv)])
+    assert r.exit_code == 2 and "--network: expected one of auto, direct, ssh, got 'vpn'" in r.output

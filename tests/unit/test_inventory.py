@@ -767,3 +767,18 @@ def test_property_dumped_structures(data: object) -> None:
 )
 def test_property_yamlish_text(text: str) -> None:
     _loads_or_inventory_error(text)
+
+
+def test_network_and_firewall_keys() -> None:
+    base = "cluster: c\nhosts:\n  - host: a\n    ps: 1\n    workers: 1\n"
+    inv = loads(base)
+    assert (inv.network, inv.firewall) == ("auto", "none")
+    inv = loads("network: ssh\nfirewall: members\n" + base)
+    assert (inv.network, inv.firewall) == ("ssh", "members")
+    with pytest.raises(InventoryError) as e:
+        loads("network: tunnel\nfirewall: yes\n" + base, "inv.yaml")
+    assert e.value.lines() == ["inv.yaml:1:1: network: expected 'auto', 'direct' or 'ssh', got 'tunnel'",
+                               "inv.yaml:2:1: firewall: expected 'none' or 'members', got a boolean (yes)"]
+    with pytest.raises(InventoryError) as e:
+        loads("netwrk: ssh\n" + base, "inv.yaml")
+    assert e.value.lines() == ["inv.yaml:1:1: netwrk: unknown key (did you mean 'network'?)"]
