@@ -125,3 +125,17 @@ class Interruptible:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         return self.proc.returncode, self.seen + err
+
+
+def ssh_processes() -> list[tuple[int, list[str]]]:
+    """ssh masters and channels dtf started on this machine: their ControlPath is below dtf-ssh-
+    (OpenSSH renames a master "ssh: PATH [mux]")."""
+    out = []
+    for pid in Path("/proc").iterdir():
+        try:
+            argv = (pid / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, ValueError):
+            continue
+        if (Path(argv[0]).name == "ssh" or argv[0].startswith("ssh: ")) and any("dtf-ssh-" in a for a in argv):
+            out.append((int(pid.name), argv))
+    return out

@@ -121,6 +121,14 @@ def _no_progress(host: str, step: str) -> None:
     pass
 
 
+def _probe_all(probe: Callable[[TaskPlan], bool], tasks: Sequence[TaskPlan]) -> list[bool]:
+    """`probe` each task, all at once: a host that drops packets costs one timeout, not one per task."""
+    if not tasks:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(tasks)), thread_name_prefix="dtf-probe") as pool:
+        return list(pool.map(probe, tasks))
+
+
 class ClusterOps:
     """Operations on the hosts of one plan."""
 
@@ -276,8 +284,7 @@ class ClusterOps:
                     raise HostError(f"{task.name} serves on its host but {task.address} is not "
                                     f"reachable from this machine (firewall? wrong address? try network: ssh)")
             return True
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(tasks)))) as pool:
-            direct = all(pool.map(lambda task: port_open(task.addr_host, task.port, DIRECT_PROBE), tasks))
+        direct = all(_probe_all(lambda task: port_open(task.addr_host, task.port, DIRECT_PROBE), tasks))
         if direct and network == "auto":
             return True
         deadline = time.monotonic() + REACH_TIMEOUT
@@ -314,18 +321,23 @@ class ClusterOps:
             return self.each_host(lambda hp: self.start_host(hp, version))
         return self.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), self._hosts_in(only))
 
-    def unreachable(self, network: str, timeout: float) -> list[TaskPlan]:
-        """The tasks this machine cannot open a connection to: directly, or (network ssh)
-        through their host's SSH. Local hosts' tasks are probed directly."""
+    def unreachable(self, network: str, timeout: float, names: Collection[str] | None = None) -> list[TaskPlan]:
+        """The tasks (all, or those named) this machine cannot open a connection to: directly, or
+        (network ssh) through their host's SSH; every task of a host probed in parallel. Local
+        hosts' tasks are probed directly."""
         def through(hp: HostPlan) -> list[TaskPlan]:
-            if network != "ssh" or hp.spec.connection == "local":
-                return [task for task in hp.tasks if not port_open(task.addr_host, task.port, timeout)]
+            tasks = hp.tasks_in(names)
+            if network != "ssh" or hp not in self.plan.remote_hosts:
+                return [task for task, ok in zip(tasks, _probe_all(
+                    lambda task: port_open(task.addr_host, task.port, timeout), tasks)) if not ok]
             with self.transport(hp) as t:
-                return [task for task in hp.tasks if not t.reaches(task.address, timeout)]
+                return [task for task, ok in zip(tasks, _probe_all(
+                    lambda task: t.reaches(task.address, timeout), tasks)) if not ok]
 
-        outcomes = self.each_host(through)
-        lost = {task.name for hp in self.plan.hosts for task in (
-            outcomes[hp.name].value if outcomes[hp.name].ok else hp.tasks)}
+        hosts = [hp for hp in self.plan.hosts if hp.tasks_in(names)]
+        outcomes = self.each_host(through, hosts)
+        lost = {task.name for hp in hosts for task in (
+            outcomes[hp.name].value if outcomes[hp.name].ok else hp.tasks_in(names))}
         return [task for task in self.plan.tasks() if task.name in lost]
 
     # -- the lease -----------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
         t0 = time.monotonic()
         outcomes = start(plan, None, connect_timeout, view)
         client = next((o.value.client_address for o in outcomes.values() if o.value.client_address), None)
-        remote = [outcomes[hp.name].value for hp in plan.hosts if hp.spec.connection != "local"]
+        remote = [outcomes[hp.name].value for hp in plan.remote_hosts]
         record = Record(plan=plan, inventory=str(inventory_path.resolve()), created=time.time(),
                         chief_host=client or "127.0.0.1",  # the laptop as the hosts see it
                         pids={name: pid for o in outcomes.values() for name, pid in o.value.pids.items()},
@@ -102,14 +102,10 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
 def resolve_network(plan: Plan, outcomes: dict[str, Outcome[HostStarted]]) -> str:
     """The mode `dtf train` uses: the plan's, or for auto, direct when this machine reached
     every remote task directly, else ssh (`up` checked that SSH reaches them)."""
-    modes = {plan.network_for(hp) for hp in plan.hosts if hp.spec.connection != "local"}
-    if not modes:
-        return "direct"
-    if "ssh" in modes:
+    if any(plan.network_for(hp) == "ssh" for hp in plan.remote_hosts):
         return "ssh"
-    if modes == {"direct"}:
-        return "direct"
-    return "direct" if all(outcomes[hp.name].value.direct for hp in plan.hosts) else "ssh"
+    # In direct mode every host reported `direct` (or `up` failed); local hosts always do.
+    return "direct" if all(outcomes[hp.name].value.direct for hp in plan.remote_hosts) else "ssh"
 
 
 @contextlib.contextmanager

@@ -166,6 +166,11 @@ class Plan:
     network: str = "auto"  # how the laptop reaches the tasks: inventory.NETWORKS (`up` decides auto)
     firewall: str = "none"  # inventory.FIREWALLS: "members" closes the TF ports to non-members
 
+    @property
+    def remote_hosts(self) -> tuple[HostPlan, ...]:
+        """The hosts reached over SSH (local hosts are this machine: always reached directly)."""
+        return tuple(hp for hp in self.hosts if hp.spec.connection != "local")
+
     def network_for(self, hp: HostPlan) -> str:
         """How `up` checks that this machine reaches the host's tasks: direct, ssh, or auto
         (direct if it can). Local hosts are this machine: direct. With `firewall: members` the

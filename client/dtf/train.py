@@ -31,7 +31,6 @@ PROBE_TIMEOUT = 3.0
 INTERRUPT_STEPS = (3.0, 10.0, 15.0)
 TGKILL = {"x86_64": 234, "aarch64": 131}  # syscall numbers (Linux)
 DOWN_POLL = 0.5  # how often a running `dtf train` looks whether `dtf down` began
-CHIEF_KEY = "<chief>"  # in the tunnel's settings for the program: the chief's TF address
 DOWN_KILL_AFTER = 5.0  # seconds a program gets after TERM when its cluster is taken down
 
 
@@ -64,11 +63,14 @@ def tf_config(plan: Plan, chief_address: str) -> dict[str, Any]:
 
 
 def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 1,
-                tunnel: dict[str, str] | None = None) -> dict[str, str]:
+                tunnel: Tunnel | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    tunnel = dict(tunnel or {})  # ssh mode: grpc_proxy, no_grpc_proxy and the chief's address
-    chief = tunnel.pop(CHIEF_KEY, None) or f"{chief_host}:{free_ports(1)[0]}"
-    env.update(tunnel)
+    if tunnel is None:
+        chief = f"{chief_host}:{free_ports(1)[0]}"
+    else:  # ssh mode: gRPC to the tasks goes through the tunnel's proxy; the tasks reach the chief back through it
+        local = [t.addr_host for hp in plan.hosts if hp not in plan.remote_hosts for t in hp.tasks]
+        env.update(tunnel.env(direct=[chief_host, *local]))
+        chief = tunnel.chief_address
     env["TF_CONFIG"] = json.dumps(tf_config(plan, chief))
     env["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras = tf-keras: model.fit works under PS (FACTS.md)
     env["GRPC_FAIL_FAST"] = "use_caller"
@@ -103,16 +105,11 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                           f"(see `dtf status`, `dtf logs TASK`)")
     with contextlib.ExitStack() as stack:
         stack.enter_context(LeaseKeeper(plan, warn=lambda m: say(f"warning: {m}"), connect_timeout=connect_timeout))
-        routed: dict[str, str] | None = None
-        if record.network == "ssh":
-            tunnel = stack.enter_context(open_tunnel(record, connect_timeout))
-            routed = tunnel.env(direct=[record.chief_host, *[t.addr_host for t in plan.tasks()
-                                                            if plan.host_of(t).spec.connection == "local"]])
-            routed[CHIEF_KEY] = tunnel.chief_address
+        tunnel = stack.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
         attempt = 1
         while True:
             before = ps_incarnations(ops)
-            code, interrupted = run_once(record, program, args, output, attempt, routed)
+            code, interrupted = run_once(record, program, args, output, attempt, tunnel)
             if code == 0 or interrupted:
                 return code
             lost = lost_ps(ops, before, record.network)
@@ -148,7 +145,7 @@ def open_tunnel(record: Record, connect_timeout: float) -> Tunnel:
     from dtf.tunnel import Tunnel
 
     plan = record.plan
-    hosts = [(hp.spec, [t.address for t in hp.tasks]) for hp in plan.hosts if hp.spec.connection != "local"]
+    hosts = [(hp.spec, [t.address for t in hp.tasks]) for hp in plan.remote_hosts]
     return Tunnel(hosts, plan.ssh_config, state.home(), plan.cluster, connect_timeout)
 
 
@@ -164,10 +161,10 @@ def lost_ps(ops: ClusterOps, before: dict[str, tuple[int, int | None]], network:
             lost[name] = f"server {s.status.last_exit or 'restarted'}"
         elif not s.status.serving:
             lost[name] = "not serving"
-    if any(t.job == "ps" and t.name not in lost for t in ops.plan.tasks()):
-        for t in ops.unreachable(network, PROBE_TIMEOUT):
-            if t.job == "ps" and t.name not in lost:
-                lost[t.name] = f"{t.address} unreachable"
+    rest = [t.name for t in ops.plan.tasks() if t.job == "ps" and t.name not in lost]
+    if rest:
+        for t in ops.unreachable(network, PROBE_TIMEOUT, rest):
+            lost[t.name] = f"{t.address} unreachable"
     return [f"{name} ({why})" for name, why in sorted(lost.items())]
 
 
@@ -192,7 +189,7 @@ def taken_down(record: Record) -> bool:
 
 
 def run_once(record: Record, program: str, args: list[str], output: str | None,
-             attempt: int, tunnel: dict[str, str] | None = None) -> tuple[int, bool]:
+             attempt: int, tunnel: Tunnel | None = None) -> tuple[int, bool]:
     """One run of the program: (exit code, stopped on purpose: Ctrl-C, or `dtf down`).
 
     Ctrl-C reaches the program (it is in our terminal's process group) and stops it; dtf waits

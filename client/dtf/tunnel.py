@@ -30,7 +30,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,6 @@ class Master:
         self.connect_timeout = connect_timeout
         self.chief_port = chief_port  # forwarded from the host's loopback back to this machine
         self.lock = threading.Lock()
-        self.starts = 0  # how many times this object started the master (1 + re-establishments)
 
     def _control(self, command: str, timeout: float = 10.0) -> bool:
         try:
@@ -125,7 +125,6 @@ class Master:
             lines = [s for s in log.read_text(errors="replace").splitlines() if s.strip()]
             why = lines[-1] if lines else ("no answer" if code is None else f"ssh exited {code}")
             raise HostError(f"SSH connection for the TF ports failed: {why}")
-        self.starts += 1
 
     def ensure(self) -> None:
         """Start the master unless it runs (again, after it was lost)."""
@@ -214,19 +213,11 @@ class Route:
     targets: set[str] = field(default_factory=set)
 
 
-@dataclass
-class Stats:
-    accepted: int = 0
-    refused: list[str] = field(default_factory=list)  # the targets refused
-    failed: list[str] = field(default_factory=list)  # "target: why"
-
-
 class Proxy:
     """An HTTP CONNECT proxy on 127.0.0.1 for the planned task addresses only."""
 
     def __init__(self, routes: Sequence[Route]) -> None:
         self.routes = {t.lower(): r for r in routes for t in r.targets}
-        self.stats = Stats()
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(64)
@@ -259,7 +250,6 @@ class Proxy:
             return
         route = self.routes.get(target.lower())
         if route is None:
-            self.stats.refused.append(target)
             _reply(conn, "403 Forbidden", f"dtf: {target} is not a task of this cluster\n")
             conn.close()
             return
@@ -276,9 +266,7 @@ class Proxy:
                 threading.Thread(target=child.wait, daemon=True, name="dtf-proxy-reap").start()
             else:
                 route.via.carry(conn, target)
-            self.stats.accepted += 1
-        except Exception as e:  # the host is unreachable now: the coordinator sees a closed channel
-            self.stats.failed.append(f"{target}: {e}")
+        except Exception:  # the host is unreachable now: the coordinator sees a closed channel, retries
             conn.close()
 
     def close(self) -> None:
@@ -371,21 +359,13 @@ class Tunnel:
         _parallel([r.via.stop for r in self.routes])
 
 
-def _parallel(calls: Sequence[Any]) -> list[BaseException | None]:
-    errors: list[BaseException | None] = [None] * len(calls)
-
-    def run(i: int) -> None:
-        try:
-            calls[i]()
-        except Exception as e:
-            errors[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return errors
+def _parallel(calls: Sequence[Callable[[], object]]) -> list[BaseException | None]:
+    """Run the calls at once; each one's exception, or None."""
+    if not calls:
+        return []
+    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="dtf-ssh") as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [f.exception() for f in futures]
 
 
 def close_masters(home: Path, cluster: str, hosts: Sequence[HostSpec]) -> int:

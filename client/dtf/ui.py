@@ -96,12 +96,10 @@ def show_plan(plan: Plan) -> None:
 
 def network_plan(plan: Plan) -> str:
     """What `up` will do about how this machine reaches the tasks (for --dry-run)."""
-    remote = [hp for hp in plan.hosts if hp.spec.connection != "local"]
-    if not remote:
+    if not plan.remote_hosts:
         return "network: direct (every host is this machine)"
-    ports = ", ".join(t.address for hp in remote for t in hp.tasks)
-    mode = {hp.name: plan.network_for(hp) for hp in remote}
-    if set(mode.values()) == {"ssh"}:
+    ports = ", ".join(t.address for hp in plan.remote_hosts for t in hp.tasks)
+    if all(plan.network_for(hp) == "ssh" for hp in plan.remote_hosts):
         why = " (firewall: members)" if plan.network == "auto" else ""
         return (f"network: ssh{why}: `dtf train` reaches {ports} through SSH to their hosts; "
                 f"`up` checks each through SSH, and whether this machine can also reach them directly")
@@ -114,7 +112,7 @@ def network_plan(plan: Plan) -> str:
 def exposure(record: Record) -> str:
     """Whether the TF ports are open to the network this machine sees: what `up` reports."""
     plan = record.plan
-    if all(hp.spec.connection == "local" for hp in plan.hosts):
+    if not plan.remote_hosts:
         return "TF ports on this machine: any local user and (if not firewalled) your network can run code in them"
     if record.tf_ports_open:
         hint = ("only members and this machine may connect (firewall: members)" if plan.firewall == "members"

@@ -43,24 +43,18 @@ def _privileged() -> tuple[list[str], str | None]:
     return (["sudo", "-n"], None) if ok else ([], "needs root or passwordless sudo (sudo -n asks for a password)")
 
 
-def _tool() -> str | None:
-    """The first of the tools to try (DTF_FIREWALL_TOOLS, default nft then iptables) found here."""
-    for tool in os.environ.get(TOOLS_ENV, "nft,iptables").split(","):
-        if tool not in ("nft", "iptables"):
-            continue
-        if shutil.which(tool) or any(os.access(os.path.join(d, tool), os.X_OK) for d in ("/usr/sbin", "/sbin")):
-            return tool
-    return None
-
-
-def _binary(tool: str) -> str:
+def _binary(tool: str) -> str | None:
+    """Where `tool` is: on PATH, or in the sbin directories a non-root PATH often lacks."""
     found = shutil.which(tool)
     if found:
         return found
-    for d in ("/usr/sbin", "/sbin"):
-        if os.access(os.path.join(d, tool), os.X_OK):
-            return os.path.join(d, tool)
-    return tool
+    return next((p for d in ("/usr/sbin", "/sbin") if os.access(p := os.path.join(d, tool), os.X_OK)), None)
+
+
+def _tool() -> str | None:
+    """The first of the tools to try (DTF_FIREWALL_TOOLS, default nft then iptables) found here."""
+    tools = os.environ.get(TOOLS_ENV, "nft,iptables").split(",")
+    return next((t for t in tools if t in ("nft", "iptables") and _binary(t)), None)
 
 
 def _addresses(names: list[str]) -> list[str]:
@@ -130,22 +124,19 @@ def apply(root: str, ports: list[int], allow: list[str]) -> FenceReply:
     # Remembered first: whatever part of it gets set is removed again.
     write_json(os.path.join(root, layout.FENCE), {"tool": tool, "name": name, "ports": ports})
     if tool == "nft":
-        error = _run([*sudo, _binary("nft"), "-f", "-"], stdin=nft_script(name, ports, v4, v6))
+        error = _run([*sudo, str(_binary("nft")), "-f", "-"], stdin=nft_script(name, ports, v4, v6))
     else:
         error = None
         for family, addrs in (("iptables", v4), ("ip6tables", v6)):
-            if family == "ip6tables" and _tool_missing(family):
+            binary = _binary(family)
+            if binary is None:  # no ip6tables: IPv4 only
                 continue
-            for argv in iptables_commands(_binary(family), name, ports, addrs):
+            for argv in iptables_commands(binary, name, ports, addrs):
                 error = error or _run([*sudo, *argv])
     if error:
         remove(root)
         return FenceReply(tool=None, error=f"{tool}: {error}")
     return FenceReply(tool=tool)
-
-
-def _tool_missing(tool: str) -> bool:
-    return _binary(tool) == tool and shutil.which(tool) is None
 
 
 def remove(root: str) -> FenceReply:
@@ -159,14 +150,14 @@ def remove(root: str) -> FenceReply:
         return FenceReply(tool=None, error=why)
     tool, name = str(data.get("tool")), str(data.get("name"))
     if tool == "nft":
-        _run([*sudo, _binary("nft"), "delete", "table", "inet", name])
+        _run([*sudo, str(_binary("nft")), "delete", "table", "inet", name])
     else:
         chain = name.upper().replace("_", "-")
         ports = [int(p) for p in data.get("ports", [])]
         for family in ("iptables", "ip6tables"):
-            if family == "ip6tables" and _tool_missing(family):
-                continue
             binary = _binary(family)
+            if binary is None:
+                continue
             for i in range(0, len(ports), 15):
                 _run([*sudo, binary, "-D", "INPUT", "-p", "tcp", "-m", "multiport", "--dports",
                       ",".join(map(str, ports[i:i + 15])), "-j", chain])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import status_json
+from helpers import ssh_processes, status_json
 from lab import Lab
 from sites import LabSite
 
@@ -58,19 +58,6 @@ def site(tmp_path: Path, lab: Lab):
         the_site.cleanup()
 
 
-def dtf_processes(home: Path) -> list[str]:
-    """ssh masters and channels dtf started on this machine (their ControlPath is below dtf-ssh-)."""
-    out = []
-    for pid in Path("/proc").iterdir():
-        try:
-            argv = (pid / "cmdline").read_bytes().decode().split("\0")
-        except OSError:
-            continue
-        if (Path(argv[0]).name == "ssh" or argv[0].startswith("ssh: ")) and any("dtf-ssh-" in a for a in argv):
-            out.append(" ".join(argv))
-    return out
-
-
 def connects(lab: Lab, host: str | None, address: str, port: int) -> bool:
     """Whether a TCP connection from that lab host (None: this machine) to address:port opens."""
     if host is None:
@@ -108,12 +95,12 @@ def test_auto_picks_ssh_when_only_port_22_passes_and_the_proxy_carries_only_task
             assert f"{target} -> HTTP/1.1 200 Connection established | hello {target}" in r.stdout, r.stdout
         assert f"{stranger} -> HTTP/1.1 403 Forbidden" in r.stdout
         assert "no_grpc_proxy localhost,127.0.0.1,::1" in r.stdout
-        assert dtf_processes(site.home) == []  # the proxy and the masters ended with `dtf train`
+        assert ssh_processes() == []  # the proxy and the masters ended with `dtf train`
         t0 = time.monotonic()
         r = site.dtf("down")
         print(f"{carrier}: up {up_s:.1f}s, down {time.monotonic() - t0:.1f}s (ssh mode, fake servers)")
         assert r.returncode == 0, r.stderr
-    assert site.processes() == [] and site.files() == [] and dtf_processes(site.home) == []
+    assert site.processes() == [] and site.files() == [] and ssh_processes() == []
 
 
 def test_down_closes_a_master_a_killed_train_left(site: LabSite, tmp_path: Path):
@@ -129,9 +116,9 @@ def test_down_closes_a_master_a_killed_train_left(site: LabSite, tmp_path: Path)
     assert ssh
     master = Master(ssh, spec, str(site.lab.ssh_config), control_path(site.home, "fk", "h0"))
     master.start()  # as a `dtf train` would have, before it was killed
-    assert master.alive() and dtf_processes(site.home)
+    assert master.alive() and ssh_processes()
     assert site.dtf("down").returncode == 0
-    assert not master.alive() and dtf_processes(site.home) == []
+    assert not master.alive() and ssh_processes() == []
 
 
 def test_up_refuses_hosts_that_cannot_reach_each_other_naming_the_pair(site: LabSite):
