@@ -145,7 +145,10 @@ class HostPlan:
                                   *self.task_args(only=only))
 
     def reach_argv(self, targets: Collection[str], timeout: float) -> list[str]:
-        return self.launcher_argv("reach", "--timeout", f"{timeout:g}", *[a for t in targets for a in ("--to", t)])
+        """Which targets this host cannot connect to; renews the lease (`up`'s last step: the
+        lease counts from the end of `up`)."""
+        return self.launcher_argv("reach", "--dir", self.root, "--timeout", f"{timeout:g}",
+                                  *[a for t in targets for a in ("--to", t)])
 
     def fence_argv(self, allow: Collection[str]) -> list[str]:
         """Close this host's TF ports to all but `allow` (and loopback): `firewall: members`."""

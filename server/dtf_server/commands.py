@@ -10,7 +10,7 @@ it did what was asked:
     renew     --dir D [--ttl S]                    renew the cluster's lease on this host
     stop      --dir D --task JOB:INDEX ... [--grace S]  TERM the task's process group, KILL after a grace
     clean     --dir D [--keep-logs] [--if-unused]  remove what dtf put in D (firewall rules too)
-    reach     --to ADDR:PORT ... [--timeout S]     which targets this host cannot open a TCP connection to
+    reach     [--dir D] --to ADDR:PORT ... [--timeout S]  which targets this host cannot connect to; renews D's lease
     fence     --dir D --port P ... --allow A ... [--remove]  TF ports open only to A and loopback
 
 SPEC is a protocol.TaskSpec as JSON: the task and the exact command its supervisor runs (the plan's).
@@ -258,6 +258,8 @@ def cmd_reach(args: argparse.Namespace) -> ReachReply:
 
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(args.to)))) as pool:
         results = list(pool.map(why_not, args.to))
+    if args.dir:
+        renew(args.dir, None)  # `up` asks last: whoever asks is using the cluster
     return ReachReply(unreachable={t: r for t, r in zip(args.to, results) if r is not None})
 
 
@@ -348,6 +350,7 @@ def parser() -> argparse.ArgumentParser:
         else:
             c.add_argument("--grace", type=float, default=Defaults.STOP_GRACE)
     c = sub.add_parser("reach")
+    c.add_argument("--dir")
     c.add_argument("--to", action="append", default=[])
     c.add_argument("--timeout", type=float, default=3.0)
     c = sub.add_parser("fence")
