@@ -23,8 +23,9 @@ from lab import Lab
 RELAY = Path(__file__).resolve().parent / "delay_relay.py"
 
 
-def run(lab: Lab, home: Path, inv: Path, network: str, per_call: int, steps: int, tmp: Path) -> float:
-    run = Train(home, tmp / f"{network}-{per_call}.out", "--output", str(tmp / f"out-{network}-{per_call}"),
+def run(home: Path, tag: str, per_call: int, steps: int, tmp: Path) -> float:
+    """Steps/s of one `dtf train` (its own output directory: nothing to resume)."""
+    run = Train(home, tmp / f"{tag}-{per_call}.out", "--output", str(tmp / f"out-{tag}-{per_call}"),
                 str(REPO / "examples" / "custom_loop.py"), "--epochs", "3", "--steps-per-epoch", str(steps),
                 "--steps-per-call", str(per_call))
     t1 = run.wait_for(r"^epoch 1/3 done", timeout=600)
@@ -58,7 +59,7 @@ def main() -> None:
             r = dtf("up", str(inv), "--network", network, home=home, timeout=300)
             up_s = time.monotonic() - t0
             assert r.returncode == 0, r.stderr
-            table[label] = [run(lab, home, inv, network, p, args.steps, tmp) for p in packings]
+            table[label] = [run(home, f"mode{len(table)}", p, args.steps, tmp) for p in packings]
             t0 = time.monotonic()
             assert dtf("down", home=home, timeout=300).returncode == 0
             print(f"{label:<18} up {up_s:5.1f}s  down {time.monotonic() - t0:4.1f}s", flush=True)
