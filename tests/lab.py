@@ -6,6 +6,15 @@ sshd. Mode "loopback" (when namespaces cannot be made): the sshds run in the roo
 127.0.0.{11+i}. Traffic only ever goes to the lab's own subnet or loopback; the subnet is checked
 to be routed on-link to dtflab0 before anything is started.
 
+Disks: the hosts share this machine's filesystem, except PRIVATE (/srv): each sshd runs in a mount
+namespace of its own with a tmpfs there, so what a host writes below /srv only that host sees,
+and what the laptop keeps below /srv no host sees. `lab.laptop_dir()` is such a place on the
+laptop (a program run from there, with relative output paths, is a program whose files the hosts
+cannot see); `lab.exists(host, path)` looks at a path as that host sees it.
+
+Two labs side by side (two checkouts testing at once) need their own name and subnet:
+DTF_LAB_NAME=dtflabp DTF_LAB_SUBNET=10.213.41 in the environment (see lab_identity()).
+
     with Lab(n_hosts=3, root=tmp) as lab:
         lab.run(lab.hosts[0], ["ip", "-br", "addr"], timeout=5)
 """
@@ -35,6 +44,13 @@ LOOPBACK_UNUSED = "127.0.0.250"
 SSHD = "/usr/sbin/sshd"
 MARKER = f"# {PREFIX} sshd, owner pid "  # first line of every lab sshd_config
 PORT_RANGE = (21000, 29000)
+PRIVATE = "/srv"  # each host's own tmpfs (a mount namespace per sshd); the laptop's own /srv otherwise
+
+
+def lab_identity() -> dict[str, str]:
+    """The lab's name and subnet: DTF_LAB_NAME / DTF_LAB_SUBNET, else dtflab and 10.213.37."""
+    return {"name": os.environ.get("DTF_LAB_NAME") or PREFIX,
+            "subnet": os.environ.get("DTF_LAB_SUBNET") or "10.213.37"}
 
 
 def lab_mode(ci: bool) -> str:
@@ -57,7 +73,7 @@ class Host:
     address: str
     port: int  # sshd port (22 unless loopback mode found 22 taken)
     netns: str | None  # None in loopback mode
-    workdir: str  # this host's own dtf workdir (hosts share one filesystem)
+    workdir: str  # this host's own dtf workdir (on the filesystem the hosts share; PRIVATE is not)
     proc: subprocess.Popen[bytes] | None = None
 
 
@@ -156,9 +172,12 @@ def _ports_in_use(pid: int) -> set[int]:
 
 class Lab:
     def __init__(self, n_hosts: int = 3, root: str | Path = "/tmp/dtflab", mode: str = "auto",
-                 name: str = PREFIX, subnet: str = "10.213.37") -> None:
-        """mode: "auto" (netns, else loopback), "netns" or "loopback". name/subnet: only for a
-        second lab next to the default one (name must match dtflab[a-z]*, subnet a /24 prefix)."""
+                 name: str | None = None, subnet: str | None = None) -> None:
+        """mode: "auto" (netns, else loopback), "netns" or "loopback". name/subnet: for a second
+        lab next to the default one (name must match dtflab[a-z]*, subnet a /24 prefix); default
+        lab_identity()."""
+        name = name or lab_identity()["name"]
+        subnet = subnet or lab_identity()["subnet"]
         assert mode in ("auto", "netns", "loopback") and NAME_RE.match(f"{name}0") and n_hosts <= 200
         self.name, self.subnet, self.bridge = name, subnet, f"{name}0"
         self.n_hosts = n_hosts
@@ -174,6 +193,7 @@ class Lab:
         self.unused_port = 22
         self._next_port = PORT_RANGE[0]
         self._lock: IO[str] | None = None  # flock on /run/<name>.lock: we own the namespace names
+        self._laptop_dirs: list[Path] = []
 
     # ---- building -------------------------------------------------------------------------
 
@@ -191,6 +211,7 @@ class Lab:
     def _build(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        os.makedirs(PRIVATE, exist_ok=True)  # the mount point of each host's own tmpfs
         for key in (self.key, self.wrong_key):
             key.unlink(missing_ok=True)
             _sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", key.name, "-f", str(key)])
@@ -286,12 +307,17 @@ class Lab:
         self.ssh_config.write_text("\n".join(blocks))
 
     def _start_sshd(self, h: Host) -> subprocess.Popen[bytes]:
+        """sshd in the host's network namespace and in a mount namespace of its own whose PRIVATE
+        is a fresh tmpfs (every process it starts inherits both). Each step execs the next: the
+        Popen's pid is sshd's."""
         prefix = ["ip", "netns", "exec", h.netns] if h.netns else []
+        sshd = [SSHD, "-D", "-e", "-f", str(self.root / h.name / "sshd_config")]
+        private = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   f'mount -t tmpfs -o mode=0755 dtflab-{h.name} {PRIVATE} && exec "$@"', "sh"]
         log = open(self.root / h.name / "sshd.log", "wb")
         with log:
-            return subprocess.Popen(
-                prefix + [SSHD, "-D", "-e", "-f", str(self.root / h.name / "sshd_config")],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(prefix + private + sshd, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
 
     def _wait_sshd(self, h: Host, deadline: float) -> None:
         while True:
@@ -320,9 +346,24 @@ class Lab:
         raise KeyError(host)
 
     def run(self, host: Host | str, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """Run argv on this machine as the host's processes run: in its network namespace and
+        with its disks (its own PRIVATE)."""
         h = self.host(host)
-        prefix = ["ip", "netns", "exec", h.netns] if h.netns else []
+        assert h.proc is not None
+        prefix = ["nsenter", "--target", str(h.proc.pid), "--mount", *(["--net"] if h.netns else [])]
         return subprocess.run(prefix + list(argv), capture_output=True, text=True, timeout=timeout)
+
+    def exists(self, host: Host | str, path: str | Path) -> bool:
+        """Whether `path` exists as that host sees its disks."""
+        return self.run(host, ["test", "-e", str(path)], timeout=10).returncode == 0
+
+    def laptop_dir(self, name: str) -> Path:
+        """A fresh directory on the laptop below PRIVATE: no lab host sees it (removed at close)."""
+        path = Path(PRIVATE) / f"{self.name}-laptop-{os.getpid()}" / name
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        self._laptop_dirs.append(path.parent)
+        return path
 
     def _link(self, host: Host | str, state: str) -> None:
         h = self.host(host)
@@ -423,6 +464,8 @@ class Lab:
             _kill([pid for pid, _ in self.processes(str(self.root))])
             if self._lock is not None:  # we own the namespace names (also after a half-built netns lab)
                 Lab._cleanup_netns(self.name)
+            for path in self._laptop_dirs:
+                shutil.rmtree(path, ignore_errors=True)
         finally:
             if self._lock is not None:
                 self._lock.close()

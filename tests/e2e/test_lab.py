@@ -14,7 +14,7 @@ import paramiko
 import pytest
 import yaml
 
-from lab import Host, Lab, LabError, LabUnsupported, _alive
+from lab import PRIVATE, Host, Lab, LabError, LabUnsupported, _alive
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
@@ -255,3 +255,14 @@ def test_host_objects_expose_the_documented_fields(lab: Lab) -> None:
     assert h.name == "h0" and h.workdir.endswith("/h0/home/dtf")
     assert (h.netns is None) == (lab.mode == "loopback")
     assert lab.key.exists() and lab.wrong_key.exists() and lab.known_hosts.exists()
+
+
+def test_each_host_has_a_private_disk_the_laptop_does_not_see(lab: Lab) -> None:
+    laptop = lab.laptop_dir("private-check")
+    (laptop / "mine").write_text("laptop")
+    h0, h1 = lab.hosts[0], lab.hosts[1]
+    assert not lab.exists(h0, laptop / "mine")
+    assert ssh_run(lab, "h0", f"mkdir -p {PRIVATE}/x && echo h0 > {PRIVATE}/x/f && cat {PRIVATE}/x/f") == (0, "h0\n")
+    assert lab.exists(h0, f"{PRIVATE}/x/f") and not lab.exists(h1, f"{PRIVATE}/x/f")
+    assert not Path(f"{PRIVATE}/x/f").exists()
+    assert lab.exists(h0, h0.workdir)  # the rest of the filesystem is shared
