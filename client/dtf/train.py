@@ -226,7 +226,7 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
     old_int = signal.signal(signal.SIGINT, on_sigint)
     old_term = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        proc = subprocess.Popen([sys.executable, program, *args], env=env)
+        proc = subprocess.Popen([sys.executable, "-m", "dtf.runner", program, *args], env=env)
         code = _wait(proc, lambda: interrupted_at, watch_down)
     finally:
         signal.signal(signal.SIGINT, old_int)

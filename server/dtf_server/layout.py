@@ -13,6 +13,12 @@ Everything of one cluster lives below its root, WORKDIR/CLUSTER:
         ready.json             written by the server once it serves
         crash                  (fake servers only) makes the fake server exit: for tests
 
+What outlives a cluster (kept by `dtf down` as a cache, removed by `dtf down --purge`) lives
+beside the clusters, below WORKDIR/.cache (a cluster name cannot start with a dot):
+
+    WORKDIR/.cache/env/<hash>/   a managed Python environment, named by a hash of its contents
+    WORKDIR/.cache/sync/<hash>/  a tree sent by `dtf sync`, named by a hash of its contents
+
 Paths are posix paths as the plan writes them (a leading ~/ is the host user's home).
 """
 
@@ -31,6 +37,14 @@ PID = "pid.json"
 SUPERVISOR = "supervisor.json"
 READY = "ready.json"
 CRASH = "crash"
+
+
+CACHE = ".cache"
+
+
+def cache_dir(workdir: str, kind: str = "") -> str:
+    """WORKDIR/.cache, or WORKDIR/.cache/KIND ("env", "sync")."""
+    return posixpath.join(workdir, CACHE, kind) if kind else posixpath.join(workdir, CACHE)
 
 
 def launcher_name(digest: str) -> str:

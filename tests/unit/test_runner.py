@@ -1,0 +1,31 @@
+"""dtf.runner runs a program as `python PROGRAM ARGS` would, after dtf's hooks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_the_program_runs_as_main_with_its_argv_path_and_exit_code(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "helper_mod.py").write_text("VALUE = 'found next to the program'\n")
+    program = tmp_path / "sub" / "prog.py"
+    program.write_text(
+        "import sys\nimport helper_mod\n"
+        "print(__name__, sys.argv, __file__.endswith('prog.py'), helper_mod.VALUE)\n"
+        "if __name__ == '__main__':\n    sys.exit(7)\n")
+    r = subprocess.run([sys.executable, "-m", "dtf.runner", str(program), "a", "--b"], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 7, r.stderr
+    assert r.stdout == f"__main__ {[str(program), 'a', '--b']} True found next to the program\n"
+
+
+def test_on_import_runs_after_the_first_import_and_at_once_when_already_imported() -> None:
+    code = (
+        "import sys\nfrom dtf import hooks\nseen = []\n"
+        "hooks.on_import('colorsys', lambda m: seen.append(('colorsys', hasattr(m, 'rgb_to_hsv'))))\n"
+        "assert seen == []\nimport colorsys\nimport colorsys\n"
+        "hooks.on_import('colorsys', lambda m: seen.append('again'))\nprint(seen)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "[('colorsys', True), 'again']", r.stderr
