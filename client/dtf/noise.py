@@ -22,7 +22,7 @@ from typing import IO
 # A line that starts a noise record.
 NOISE = re.compile(rb"|".join([
     rb"WARNING: All log messages before absl::InitializeLog\(\) is called",
-    rb"[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\] ",  # absl INFO and WARNING (seconds since 1970 before absl::InitializeLog)
+    rb"[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\] ",  # absl INFO, WARNING (time: 00:00:EPOCH.US)
     rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] ",  # TensorFlow's older log format
     rb"E\d{4} [^\]]*\] failed call to cuInit",  # no GPU on a CPU machine: not an error here
     rb"WARNING:tensorflow:\d+ out of the last \d+ calls to <function MultiDeviceSaver\.\w+\.<locals>"
