@@ -32,7 +32,7 @@ with strategy.scope():
                   metrics=["accuracy"], steps_per_execution=5, pss_evaluation_shards="auto")
 
 callbacks = [
-    tf.keras.callbacks.BackupAndRestore("./backup"),
+    tf.keras.callbacks.BackupAndRestore("./backup", delete_checkpoint=False),
     tf.keras.callbacks.ModelCheckpoint("./training_checkpoints/ckpt_{epoch}", save_weights_only=True),
     tf.keras.callbacks.ModelCheckpoint("./models/model_{epoch}"),  # whole model: a SavedModel
     tf.keras.callbacks.TensorBoard("./logs"),
