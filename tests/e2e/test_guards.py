@@ -7,11 +7,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.tf
+KERAS = version("keras")
 
 
 def run(tmp_path: Path, program: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -74,11 +76,15 @@ def test_ssh_mode_warns_of_callbacks_once_each_and_a_dataset_over_the_limit_stop
     assert "DTF_DATASET_LIMIT=300000" in lines[2] and lines[2].endswith("(prog.py:29)")
 
 
-def test_direct_mode_does_not_warn_and_a_dataset_under_the_limit_passes(tmp_path: Path):
-    r = run(tmp_path, SSH_MODE, DTF_NETWORK="direct", DTF_DATASET_LIMIT="1000000")
+def test_direct_mode_does_not_warn_of_callbacks_and_a_dataset_under_the_limit_passes(tmp_path: Path):
+    # Keras 3 imported beside tf-keras (tf.keras): a warning, and the program goes on.
+    program = SSH_MODE.replace("import dtf", "import keras\n    import dtf", 1)
+    r = run(tmp_path, program, DTF_NETWORK="direct", DTF_DATASET_LIMIT="1000000")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines() == ["fit done", "warned", "not reached"]
-    assert dtf_lines(r) == []
+    assert dtf_lines(r) == [
+        f"dtf: warning: the program imported Keras 3 (keras {KERAS}): models made with it cannot fit "
+        "under ParameterServerStrategy; use tf.keras (tf-keras under dtf train) or `import tf_keras` (prog.py:7)"]
 
 
 def test_keras_3_as_tf_keras_stops_the_program_when_the_strategy_is_made(tmp_path: Path):
@@ -93,5 +99,5 @@ def test_keras_3_as_tf_keras_stops_the_program_when_the_strategy_is_made(tmp_pat
     assert r.returncode == 1 and "not reached" not in r.stdout, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     assert dtf_lines(r) == [
-        f"dtf: error: tf.keras is Keras 3 ({__import__('keras').__version__}), whose Model.fit cannot train under "
+        f"dtf: error: tf.keras is Keras 3 ({KERAS}), whose Model.fit cannot train under "
         "ParameterServerStrategy: leave TF_USE_LEGACY_KERAS=1 (dtf train sets it) so that tf.keras is tf-keras (prog.py:6)"]
