@@ -76,15 +76,23 @@ def test_ssh_mode_warns_of_callbacks_once_each_and_a_dataset_over_the_limit_stop
     assert "DTF_DATASET_LIMIT=300000" in lines[2] and lines[2].endswith("(prog.py:29)")
 
 
-def test_direct_mode_does_not_warn_of_callbacks_and_a_dataset_under_the_limit_passes(tmp_path: Path):
+def test_direct_mode_does_not_warn_of_callbacks_and_a_dataset_fn_over_the_limit_stops_the_program(tmp_path: Path):
     # Keras 3 imported beside tf-keras (tf.keras): a warning, and the program goes on.
-    program = SSH_MODE.replace("import dtf", "import keras\n    import dtf", 1)
+    program = SSH_MODE.replace("import dtf", "import keras\n    import dtf", 1) + """
+    def dataset_fn():  # in-memory data in a dataset_fn: constants of the function sent to the workers
+        return tf.data.Dataset.from_tensor_slices(np.zeros((100000, 4), "float32"))
+    coordinator.create_per_worker_dataset(dataset_fn)
+    print("not reached either")
+    """
     r = run(tmp_path, program, DTF_NETWORK="direct", DTF_DATASET_LIMIT="1000000")
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 1, r.stderr[-3000:]
     assert r.stdout.splitlines() == ["fit done", "warned", "not reached"]
     assert dtf_lines(r) == [
         f"dtf: warning: the program imported Keras 3 (keras {KERAS}): models made with it cannot fit "
-        "under ParameterServerStrategy; use tf.keras (tf-keras under dtf train) or `import tf_keras` (prog.py:7)"]
+        "under ParameterServerStrategy; use tf.keras (tf-keras under dtf train) or `import tf_keras` (prog.py:7)",
+        "dtf: error: the dataset holds 1.6 MB of in-memory data, and TensorFlow sends a dataset to every worker as one "
+        "graph of at most 2 GB (DTF_DATASET_LIMIT=1e+06): write the data to files and read them on the workers, in a "
+        "dataset_fn (e.g. TFRecord) (prog.py:35)"]
 
 
 def test_keras_3_as_tf_keras_stops_the_program_when_the_strategy_is_made(tmp_path: Path):

@@ -5,8 +5,9 @@ before it happens.
   (`from_tensor_slices`/`from_tensors` of numpy arrays, tensors captured by its functions) is
   serialized WITH its data and rebuilt on every worker; past protobuf's 2 GB that fails on the
   workers with `FetchOutputs node : not found [[{{node DatasetFromGraph}}]]` (FACTS.md, "Data").
-  dtf estimates the size when the dataset is distributed and stops the program above
-  `DTF_DATASET_LIMIT` bytes (default 1.8e9): an error.
+  A `dataset_fn` that builds one from numpy holds the data as constants of the function sent to
+  the workers, with the same limit. dtf estimates the size when the dataset is distributed and
+  stops the program above `DTF_DATASET_LIMIT` bytes (default 1.8e9): an error.
 - Keras 3 when the strategy is made: its `Model.fit` cannot train under ParameterServerStrategy
   (FACTS.md, "Keras"). An error where `tf.keras` itself is Keras 3 (TF_USE_LEGACY_KERAS unset
   by the program); a warning where only `import keras` brought Keras 3 in beside tf-keras.
@@ -114,9 +115,11 @@ def _checking_datasets(create: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(create)
     def create_(self: Any, dataset_fn: Any) -> Any:
         dataset = _plain_dataset(dataset_fn)
-        if dataset is not None:
-            check_size(dataset)
+        if dataset is not None:  # checked before TensorFlow serializes it
+            check_size(in_graph_bytes(dataset))
         per_worker = create(self, dataset_fn)
+        if dataset is None:  # a dataset_fn, traced by now: its in-memory data are constants in it
+            check_size(function_bytes(getattr(per_worker, "_dataset_fn", None)))
         if os.environ.get("DTF_NETWORK") == "ssh":
             if dataset is not None:
                 ops = {op for d in _walk(dataset) for op in _dataset_ops(d)}
@@ -142,13 +145,12 @@ def _plain_dataset(value: Any) -> Any:
     return value if isinstance(value, dataset_ops.DatasetV2) else None
 
 
-def check_size(dataset: Any) -> None:
+def check_size(size: int) -> None:
     limit = float(os.environ.get(LIMIT_ENV) or DEFAULT_LIMIT)
-    size = in_graph_bytes(dataset)
     if size > limit:
         fail(f"the dataset holds {_human(size)} of in-memory data, and TensorFlow sends a dataset "
              f"to every worker as one graph of at most 2 GB ({LIMIT_ENV}={limit:g}): write the data to "
-             f"files the workers read (TFRecord, in a dataset_fn), or build it in a dataset_fn")
+             f"files and read them on the workers, in a dataset_fn (e.g. TFRecord)")
 
 
 def _human(size: float) -> str:
@@ -168,13 +170,22 @@ def in_graph_bytes(dataset: Any) -> int:
     return total
 
 
+def function_bytes(function: Any) -> int:
+    """Bytes of data a traced function carries: its constants and the tensors it captures."""
+    graph = getattr(function, "graph", None)
+    if graph is None:
+        return 0
+    consts = [op.outputs[0] for op in graph.get_operations() if op.type == "Const"]
+    return sum(_nbytes(t) for t in [*consts, *function.captured_inputs])
+
+
 def _nbytes(tensor: Any) -> int:
     import tensorflow as tf
 
-    if not hasattr(tensor, "numpy") or tensor.dtype in (tf.resource, tf.variant):
+    if tensor.dtype in (tf.resource, tf.variant):
         return 0
-    if tensor.dtype == tf.string:
-        return int(sum(len(s) for s in tensor.numpy().ravel()))
+    if tensor.dtype == tf.string:  # a graph's string constant is not worth reading back: 0
+        return int(sum(len(s) for s in tensor.numpy().ravel())) if hasattr(tensor, "numpy") else 0
     return int(tensor.shape.num_elements() or 0) * int(tensor.dtype.size)
 
 
