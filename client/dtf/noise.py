@@ -55,14 +55,13 @@ class NoiseFilter:
         self.dropping = False  # the last line was noise: its continuation lines are too
 
     def feed(self, data: bytes) -> None:
-        self.pending += data
-        while (end := self.pending.find(b"\n")) >= 0:
-            line, self.pending = self.pending[:end + 1], self.pending[end + 1:]
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        for line in lines:
             if self.mid_line:
                 self.mid_line = False
-                self.write(line)
+                self.write(line + b"\n")
             else:
-                self._line(line)
+                self._line(line + b"\n")
         if self.pending and not self._may_be_noise(self.pending):
             self.write(self.pending)
             self.pending, self.mid_line, self.dropping = b"", True, False
