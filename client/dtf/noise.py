@@ -6,7 +6,9 @@ anyone calls absl::InitializeLog(), so TF_CPP_MIN_LOG_LEVEL does not reach all o
 `Ignoring error status when releasing multi-device function handle` per remote function, the
 search for a GPU on a CPU machine, and TensorFlow's warning that its multi-task checkpoint save
 function retraces (MultiDeviceSaver traces it anew for every save by design, in eager mode when
-the variables span several tasks: the ps and the coordinator). The filter drops those lines,
+the saved variables span several tasks; they always do under this strategy: the model's are on
+the ps, the save_counter that tf.train.Checkpoint makes outside any scope is on the coordinator:
+nothing dtf or the program does causes it). The filter drops those lines,
 with the continuation lines TensorFlow attaches to them, and passes everything else through:
 the program's output, its errors and tracebacks, TensorFlow's ERROR lines.
 """
