@@ -15,7 +15,14 @@ This package is both the `dtf` command (dtf.cli) and a small helper API for trai
 Why the options: under ParameterServerStrategy the variables live on the ps, and TensorFlow places
 a checkpoint's save ops next to them, so without these options each ps writes its shard to ITS OWN
 disk (a relative path is even relative to the server's working directory). The options put all
-file I/O on the coordinator, so checkpoints and saved models land on the laptop.
+file I/O on the coordinator, so checkpoints and saved models land on the laptop. Under `dtf train`
+that is the default for every save and restore once the strategy is made (dtf.hooks.saving: stock
+ModelCheckpoint, BackupAndRestore, model.save, save_weights/load_weights, tf.train.Checkpoint), so
+the helpers matter for programs run elsewhere; an I/O device the program names itself wins.
+
+Under `dtf train` dtf also guards against what would fail late and unreadably (dtf.hooks.guards:
+an in-graph dataset over 2 GB, Keras 3, call-backs to the coordinator in ssh mode) and keeps
+TensorFlow's C++ chatter off the program's stderr unless `dtf train --verbose` (dtf.noise).
 
 Resuming: a lost ps loses its variables, so `dtf train` runs the program again (after the ps is
 back) and the program must continue from its last checkpoint: `dtf.checkpoint_dir()` is the same

@@ -160,6 +160,8 @@ def train(
                                       "from its last checkpoint)."),
     ps_wait: float = typer.Option(120.0, "--ps-wait", help="Seconds to wait for a lost ps to serve again."),
     connect_timeout: float = ConnectTimeoutOpt,
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="Show TensorFlow's own INFO and WARNING lines (hidden by default)."),
 ) -> None:
     """Run PROGRAM here as the chief of the cluster; its exit code is dtf's."""
     from dtf.train import run_program
@@ -168,7 +170,7 @@ def train(
         raise UsageError(f"program not found: {program}")
     code = run_program(_recorded(cluster), str(program), list(args or []),
                        str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
-                       connect_timeout=connect_timeout)
+                       connect_timeout=connect_timeout, verbose=verbose)
     raise typer.Exit(code)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dtf import state
+from dtf import noise, state
 from dtf.cluster import ClusterOps, LeaseKeeper, TaskState
 from dtf.errors import ClusterDown, DtfError
 from dtf.netutil import CONNECT_TIMEOUT, free_ports
@@ -79,6 +79,8 @@ def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 
     env["DTF_ATTEMPT"] = str(attempt)
     if output:
         env["DTF_OUTPUT_DIR"] = str(Path(output).resolve())
+    # dtf.hooks: the guard rails warn about what calls the coordinator back in ssh mode.
+    env["DTF_NETWORK"] = "direct" if tunnel is None else "ssh"
     return env
 
 
@@ -88,7 +90,7 @@ def say(message: str) -> None:
 
 def run_program(record: Record, program: str, args: list[str], output: str | None,
                 attempts: int = 3, ps_wait: float = 120.0,
-                connect_timeout: float = CONNECT_TIMEOUT) -> int:
+                connect_timeout: float = CONNECT_TIMEOUT, verbose: bool = False) -> int:
     """Run `python PROGRAM ARGS` as the cluster's chief; return its exit code.
 
     While it runs, the cluster's lease is renewed. If the program fails because a ps was lost
@@ -96,6 +98,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     `ps_wait` seconds for every task to serve again and runs the program again, up to `attempts`
     runs in all: the program resumes from its last checkpoint (a lost ps loses its variables).
     A failure with every ps intact is the program's own: its exit code is returned at once.
+    Unless `verbose`, TensorFlow's own chatter is filtered out of the program's stderr (dtf.noise).
     """
     plan = record.plan
     ops = ClusterOps(plan, connect_timeout=connect_timeout)
@@ -109,7 +112,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
         attempt = 1
         while True:
             before = ps_incarnations(ops)
-            code, interrupted = run_once(record, program, args, output, attempt, tunnel)
+            code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose)
             if code == 0 or interrupted:
                 return code
             lost = lost_ps(ops, before, record.network)
@@ -189,7 +192,7 @@ def taken_down(record: Record) -> bool:
 
 
 def run_once(record: Record, program: str, args: list[str], output: str | None,
-             attempt: int, tunnel: Tunnel | None = None) -> tuple[int, bool]:
+             attempt: int, tunnel: Tunnel | None = None, verbose: bool = False) -> tuple[int, bool]:
     """One run of the program: (exit code, stopped on purpose: Ctrl-C, or `dtf down`).
 
     Ctrl-C reaches the program (it is in our terminal's process group) and stops it; dtf waits
@@ -225,12 +228,19 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
     # gets its KeyboardInterrupt.
     old_int = signal.signal(signal.SIGINT, on_sigint)
     old_term = signal.signal(signal.SIGTERM, on_sigterm)
+    stderr_pump = None
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "dtf.runner", program, *args], env=env)
+        proc = subprocess.Popen([sys.executable, "-m", "dtf.runner", program, *args], env=env,
+                                stderr=None if verbose else subprocess.PIPE)
+        if proc.stderr is not None:
+            stderr_pump = noise.pump(proc.stderr, sys.stderr.buffer)
         code = _wait(proc, lambda: interrupted_at, watch_down)
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+        if stderr_pump is not None:
+            # The pipe ends with the program, unless a child of it still holds it: do not wait on that.
+            stderr_pump.join(timeout=5)
     if interrupted_at is not None and not down:
         say(f"program interrupted; cluster {plan.cluster!r} is still up (`dtf down` stops it)")
     return (128 - code if code < 0 else code), interrupted_at is not None or down

@@ -1,0 +1,111 @@
+"""Item 4 of issue 9: the guard rails (dtf.hooks.guards), on the in-process cluster: the programs
+run as `dtf train` runs them (`python -m dtf.runner`), without a cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.tf
+KERAS = version("keras")
+
+
+def run(tmp_path: Path, program: str, **env: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "prog.py"
+    path.write_text(textwrap.dedent(program))
+    return subprocess.run([sys.executable, "-m", "dtf.runner", str(path)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **env})
+
+
+def dtf_lines(r: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in r.stderr.splitlines() if line.startswith("dtf: ") and "in-process cluster" not in line]
+
+
+SSH_MODE = """
+    import dtf
+    import numpy as np
+    import tensorflow as tf
+
+    strategy, coordinator = dtf.strategy(), dtf.coordinator()
+    with strategy.scope():  # a stock tf-keras fit: nothing to warn about
+        model = tf.keras.Sequential([tf.keras.layers.Input(shape=(4,)), tf.keras.layers.Dense(2)])
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+    x = np.ones((64, 4), "float32")
+    model.fit(tf.data.Dataset.from_tensor_slices((x, x[:, :2])).repeat().batch(8), epochs=1, steps_per_epoch=4, verbose=0)
+    print("fit done", flush=True)
+
+    outside = tf.Variable(1.0)  # on the coordinator
+    @tf.function
+    def step():
+        return outside + 1.0
+    coordinator.schedule(step)
+    coordinator.schedule(step)
+    coordinator.join()
+
+    def dataset_fn():
+        return tf.data.Dataset.range(4).map(lambda i: tf.py_function(lambda v: v * 2, [i], tf.int64))
+    coordinator.create_per_worker_dataset(dataset_fn)
+    coordinator.create_per_worker_dataset(tf.data.Dataset.from_generator(lambda: iter(range(3)), output_types=tf.int64))
+    print("warned", flush=True)
+
+    big = np.zeros((20000, 4), "float32")  # with its labels 480 kB, over the limit of the ssh test
+    model.fit(tf.data.Dataset.from_tensor_slices((big, big[:, :2])).repeat().batch(8), epochs=1, steps_per_epoch=2, verbose=0)
+    print("not reached")
+"""
+
+
+def test_ssh_mode_warns_of_callbacks_once_each_and_a_dataset_over_the_limit_stops_the_program(tmp_path: Path):
+    r = run(tmp_path, SSH_MODE, DTF_NETWORK="ssh", DTF_DATASET_LIMIT="300000")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["fit done", "warned"], r.stdout + r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    lines = dtf_lines(r)
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("dtf: warning: a scheduled function uses a variable or resource made outside strategy.scope()")
+    assert lines[0].endswith("(prog.py:18)")
+    assert lines[1].startswith("dtf: warning: the dataset runs Python (Dataset.from_generator, tf.py_function")
+    assert lines[1].endswith("(prog.py:24)")
+    assert lines[2].startswith("dtf: error: the dataset holds 0.5 MB of in-memory data")
+    assert "DTF_DATASET_LIMIT=300000" in lines[2] and lines[2].endswith("(prog.py:29)")
+
+
+def test_direct_mode_does_not_warn_of_callbacks_and_a_dataset_fn_over_the_limit_stops_the_program(tmp_path: Path):
+    # Keras 3 imported beside tf-keras (tf.keras): a warning, and the program goes on.
+    program = SSH_MODE.replace("import dtf", "import keras\n    import dtf", 1) + """
+    def dataset_fn():  # in-memory data in a dataset_fn: constants of the function sent to the workers
+        return tf.data.Dataset.from_tensor_slices(np.zeros((100000, 4), "float32"))
+    coordinator.create_per_worker_dataset(dataset_fn)
+    print("not reached either")
+    """
+    r = run(tmp_path, program, DTF_NETWORK="direct", DTF_DATASET_LIMIT="1000000")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["fit done", "warned", "not reached"]
+    assert dtf_lines(r) == [
+        f"dtf: warning: the program imported Keras 3 (keras {KERAS}): models made with it cannot fit "
+        "under ParameterServerStrategy; use tf.keras (tf-keras under dtf train) or `import tf_keras` (prog.py:7)",
+        "dtf: error: the dataset holds 1.6 MB of in-memory data, and TensorFlow sends a dataset to every worker as one "
+        "graph of at most 2 GB (DTF_DATASET_LIMIT=1e+06): write the data to files and read them on the workers, in a "
+        "dataset_fn (e.g. TFRecord) (prog.py:35)"]
+
+
+def test_keras_3_as_tf_keras_stops_the_program_when_the_strategy_is_made(tmp_path: Path):
+    r = run(tmp_path, """
+        import os
+        os.environ["TF_USE_LEGACY_KERAS"] = "0"  # the program undoes what dtf train set
+        import keras
+        import dtf
+        dtf.strategy()
+        print("not reached")
+    """)
+    assert r.returncode == 1 and "not reached" not in r.stdout, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    assert dtf_lines(r) == [
+        f"dtf: error: tf.keras is Keras 3 ({KERAS}), whose Model.fit cannot train under "
+        "ParameterServerStrategy: leave TF_USE_LEGACY_KERAS=1 (dtf train sets it) so that tf.keras is tf-keras (prog.py:6)"]

@@ -1,0 +1,54 @@
+"""Item 1 of issue 9: a stock tf-keras program (no dtf helpers) saves on the laptop under `dtf train`,
+on hosts that do not share the laptop's files (each lab host has a /srv of its own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dtf.shipping import launcher_name
+from helpers import NOISE, REPO, dtf
+
+pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
+
+PROGRAMS = REPO / "tests" / "e2e" / "programs"
+DTF_FILES = {launcher_name(), "log", "pid.json", "ready.json", "supervisor.json", "lease.json"}
+
+
+def test_a_stock_keras_program_saves_every_file_on_the_laptop_and_none_on_a_host(lab, write_inventory, home):
+    ps, w0, w1 = lab.ports(3)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
+                           {"host": "h2", "workers": [w1]}], cluster="saving")
+    r = dtf("up", str(inv), home=home)
+    assert r.returncode == 0, r.stderr
+    laptop = lab.laptop_dir("stock")  # the program's working directory: no host sees it
+    assert not any(lab.exists(h, laptop) for h in lab.hosts)
+
+    r = dtf("train", str(PROGRAMS / "stock_keras.py"), "--explicit-none", home=home, cwd=laptop, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    assert "stock: ok" in r.stdout
+    # What TensorFlow does without dtf's default (the program names device None itself, and that
+    # wins): the ps writes next to its variables, in its own working directory, and fails.
+    assert "explicit None: NotFoundError" in r.stdout, r.stdout[-2000:]
+
+    saved = {str(p.relative_to(laptop)) for p in laptop.rglob("*") if p.is_file()}
+    for expected in ["training_checkpoints/checkpoint", "training_checkpoints/ckpt_2.index",  # ModelCheckpoint, weights
+                     "models/model_2/saved_model.pb", "models/model_2/variables/variables.index",  # ... whole model
+                     "saved_model/saved_model.pb", "saved_model/variables/variables.index",  # model.save
+                     "weights/w.index", "manager/checkpoint"]:  # save_weights, CheckpointManager
+        assert expected in saved, sorted(saved)
+    assert any(p.startswith("backup/") and p.endswith(".index") for p in saved), sorted(saved)  # BackupAndRestore
+    assert any(p.startswith("logs/train/events.out.tfevents.") for p in saved), sorted(saved)  # TensorBoard
+
+    for h in lab.hosts:  # nothing on any host: neither in its /srv nor in its tasks' directories
+        assert not lab.exists(h, laptop)
+        srv = lab.run(h, ["find", "/srv", "-mindepth", "1"], timeout=10)
+        assert srv.returncode == 0 and srv.stdout.split() == [], (h.name, srv.stdout)
+        on_host = [str(p) for p in Path(h.workdir, "saving").rglob("*") if p.is_file() and p.name not in DTF_FILES]
+        assert on_host == [], on_host
+
+    # TensorFlow's chatter is not shown (without --verbose); the program's own output is.
+    assert "Epoch 2/2" in r.stdout
+    for noise in [*NOISE, "Ignoring error status when releasing", "triggered tf.function retracing"]:
+        assert noise not in r.stderr, (noise, r.stderr[-3000:])
