@@ -195,6 +195,7 @@ def sync_(
                                                           f"pass --as NAME")
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
+    cluster = _recorded(cluster).cluster  # no cluster: say so before packing anything
     with sync.packed([(name, str(path))]) as packs:
         ui.show_packs(packs)
         _, reports = lifecycle.sync_to(cluster, packs, connect_timeout=connect_timeout, view=ui.host_progress)

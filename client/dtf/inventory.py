@@ -499,7 +499,7 @@ class _Checker:
                 if "path" not in found:
                     self.report(item, path, "missing required key 'path'")
                     continue
-                where = found["path"][0]
+                where = item
                 value = self.value(found["path"], f"{path}.path", _read_path)
                 if "as" in found:
                     name_node = found["as"][0]

@@ -139,11 +139,12 @@ class LocalTransport(Transport):
                     return
 
         threading.Thread(target=watchdog, daemon=True, name="dtf-feed-watchdog").start()
-        assert proc.stdin is not None
+        stdin, proc.stdin = proc.stdin, None  # ours to close: communicate() must not flush it
+        assert stdin is not None
         try:
-            with proc.stdin:
+            with stdin:
                 while data := source.read(FEED_CHUNK):
-                    proc.stdin.write(data)
+                    stdin.write(data)
                     moved[0] = time.monotonic()
                     sent(len(data))
         except BrokenPipeError:
