@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 
 from common import fmt
+from dtf import sync
 from helpers import dtf
 from lab import Lab
-
-from dtf import sync
 
 FAKE = {"DTF_SERVER": "fake"}
 
