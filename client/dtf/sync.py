@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import posixpath
 import re
 import stat
 import tarfile
@@ -144,6 +145,10 @@ class Synced:
     def task_path(self) -> str:
         """The tree (or the single file) as a path relative to any task's working directory."""
         return layout.synced_from_task(self.digest, self.subpath)
+
+    def host_path(self, hp: HostPlan) -> str:
+        """The tree (or the single file) on that host, absolute or `~/`-relative as its workdir."""
+        return posixpath.join(layout.cache_dir(hp.spec.workdir, "sync"), self.digest, *filter(None, [self.subpath]))
 
     @property
     def short(self) -> str:

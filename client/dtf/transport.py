@@ -321,21 +321,22 @@ def feed_process(argv: Sequence[str], source: BinaryIO, stall: float = COMMAND_T
     stdin, proc.stdin = proc.stdin, None  # ours to close: communicate() must not flush it
     assert stdin is not None
     try:
-        with stdin:
-            while data := source.read(FEED_CHUNK):
-                stdin.write(data)
-                moved[0] = time.monotonic()
-                sent(len(data))
-    except BrokenPipeError:
-        pass  # the command ended early: its exit code and stderr say why
-    try:
+        try:
+            with stdin:
+                while data := source.read(FEED_CHUNK):
+                    stdin.write(data)
+                    moved[0] = time.monotonic()
+                    sent(len(data))
+        except BrokenPipeError:
+            pass  # the command ended early: its exit code and stderr say why
         out, err = proc.communicate(timeout=stall)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
         raise HostError(f"command timed out after {stall:g}s: {what(argv)}")
-    finally:
+    finally:  # also when `sent` raised (Cancelled): no process is left behind
         done.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     if proc.returncode < 0 and time.monotonic() - moved[0] > stall:
         raise HostError(f"no progress for {stall:g}s: {what(argv)}")
     return Result(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))

@@ -181,6 +181,7 @@ def test_the_record_and_the_program_env_carry_the_workers_paths() -> None:
                     synced={"data": synced_tree(), "one": synced_tree("one", "f.csv")})
     assert Record.from_dict(json.loads(json.dumps(record.to_dict()))) == record
     assert record.synced["one"].task_path == f"../../.cache/sync/{'ab' * 32}/f.csv"
+    assert record.synced["one"].host_path(plan.hosts[0]) == f"~/.dtf/.cache/sync/{'ab' * 32}/f.csv"
     env = program_env(plan, "10.0.0.1", None, synced={n: s.task_path for n, s in record.synced.items()})
     assert json.loads(env["DTF_SYNCED"]) == {"data": f"../../.cache/sync/{'ab' * 32}",
                                              "one": f"../../.cache/sync/{'ab' * 32}/f.csv"}
