@@ -202,3 +202,18 @@ def test_dtf_synced_under_dtf_train_and_plainly(tmp_path: Path, monkeypatch: pyt
     assert dtf.synced("d2", local=tmp_path / "data") == str(tmp_path / "data")
     with pytest.raises(LookupError, match="not under `dtf train`, and 'nope' does not exist here"):
         dtf.synced("nope")
+
+
+def test_up_dry_run_shows_the_sync_and_a_missing_path_is_an_inventory_error(tmp_path: Path) -> None:
+    from helpers import assert_one_line_error, dtf as run_dtf
+
+    (tmp_path / "data").mkdir()
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("cluster: c\nhosts:\n  - {host: localhost, connection: local, ps: 1, workers: 1}\n"
+                   "sync:\n  - data\n")
+    r = run_dtf("up", "--dry-run", str(inv), home=tmp_path / "home", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"sync     {tmp_path / 'data'} to every host as 'data'" in r.stdout
+    inv.write_text(inv.read_text() + "  - {path: gone, as: g}\n")
+    r = run_dtf("up", "--dry-run", str(inv), home=tmp_path / "home", timeout=60)
+    assert_one_line_error(r, 3, f"{inv}:6:5: sync[1]: {tmp_path / 'gone'}: no such file or directory")
