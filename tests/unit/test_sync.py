@@ -205,7 +205,8 @@ def test_dtf_synced_under_dtf_train_and_plainly(tmp_path: Path, monkeypatch: pyt
 
 
 def test_up_dry_run_shows_the_sync_and_a_missing_path_is_an_inventory_error(tmp_path: Path) -> None:
-    from helpers import assert_one_line_error, dtf as run_dtf
+    from helpers import assert_one_line_error
+    from helpers import dtf as run_dtf
 
     (tmp_path / "data").mkdir()
     inv = tmp_path / "inv.yaml"
