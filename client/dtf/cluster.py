@@ -356,9 +356,12 @@ class ClusterOps:
                     continue
                 self._step(hp, f"sending {p.name}: {sync.megabytes(p.bytes)}")
                 meter = sync.Meter(lambda step: self._step(hp, step), p.name, p.bytes)
-                with open(p.data, "rb") as f:
-                    reply = self._decode(SyncReply, t.feed(hp.sync_argv(p.digest, receive=True), f, sent=meter),
-                                         f"sending {p.name}")
+                try:
+                    with p.open() as f:
+                        result = t.feed(hp.sync_argv(p.digest, receive=True), f, sent=meter)
+                except sync.SyncError as e:  # a file vanished or shrank since it was hashed
+                    raise HostError(f"sending {p.name}: {e}")
+                reply = self._decode(SyncReply, result, f"sending {p.name}")
                 if not reply.present:
                     raise HostError(f"sending {p.name}: the host did not keep it")
                 sent[p.name] = reply.received

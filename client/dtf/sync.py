@@ -27,10 +27,11 @@ import contextlib
 import hashlib
 import os
 import posixpath
+import queue
 import re
 import stat
 import tarfile
-import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -166,10 +167,11 @@ class Synced:
 
 @dataclass(frozen=True)
 class Pack:
-    """A packed tree on this machine, ready to send: `data` is the tar file (temporary)."""
+    """A tree ready to send: its files, and the hash and size of their pack. The pack itself is
+    never stored: `open()` makes it again while it is read (no temporary copy of the data)."""
 
     synced: Synced
-    data: Path
+    files: tuple[tuple[str, Path], ...]  # (name in the pack, the local file), sorted
     bytes: int  # of the pack (a little more than the files: tar headers)
     sizes: tuple[tuple[str, int], ...]  # (name, size) of every file
     skipped: tuple[str, ...]
@@ -185,15 +187,20 @@ class Pack:
     def largest(self, n: int = 5) -> list[tuple[str, int]]:
         return sorted(self.sizes, key=lambda f: (-f[1], f[0]))[:n]
 
+    def open(self) -> PackStream:
+        """The pack's bytes, made as they are read (a file that changed since `pack()` makes
+        other bytes: the host's hash check refuses them)."""
+        return PackStream(self.files)
+
 
 class _HashingWriter:
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self, raw: IO[bytes] | None) -> None:
         self.raw, self.sha, self.count = raw, hashlib.sha256(), 0
 
     def write(self, data: bytes) -> int:
         self.sha.update(data)
         self.count += len(data)
-        return self.raw.write(data)
+        return self.raw.write(data) if self.raw is not None else len(data)
 
 
 def _tarinfo(name: str, size: int, mode: int) -> tarfile.TarInfo:
@@ -207,8 +214,9 @@ def _tarinfo(name: str, size: int, mode: int) -> tarfile.TarInfo:
     return info
 
 
-def write_pack(files: Sequence[tuple[str, Path]], out: IO[bytes]) -> tuple[str, int, list[tuple[str, int]]]:
-    """Write the deterministic tar of `files` to `out`: (sha256 hex, bytes written, sizes)."""
+def write_pack(files: Sequence[tuple[str, Path]], out: IO[bytes] | None) -> tuple[str, int, list[tuple[str, int]]]:
+    """Write the deterministic tar of `files` to `out` (None: only hash it): (sha256 hex, bytes,
+    the files' sizes)."""
     writer = _HashingWriter(out)
     sizes = []
     with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
@@ -217,42 +225,99 @@ def write_pack(files: Sequence[tuple[str, Path]], out: IO[bytes]) -> tuple[str, 
                 with open(path, "rb") as f:
                     st = os.fstat(f.fileno())
                     tar.addfile(_tarinfo(name, st.st_size, st.st_mode), f)
-            except OSError as e:
-                raise SyncError(f"cannot read {path}: {e.strerror or e}")
+            except OSError as e:  # tarfile's "unexpected end of data" too: the file shrank meanwhile
+                raise SyncError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}")
             sizes.append((name, st.st_size))
     return writer.sha.hexdigest(), writer.count, sizes
 
 
-def pack(path: str | Path, name: str, workdir: Path | None = None) -> Pack:
-    """Pack a local file or directory into a temporary file (in `workdir`, default the system's
-    temporary directory); the caller removes `Pack.data` (see `packed`)."""
+class _Stopped(Exception):
+    pass
+
+
+class PackStream:
+    """A readable stream of a pack, written by a thread of its own through a bounded queue (at
+    most QUEUED chunks ahead of the reader). `close()` (or leaving `with`) stops the writer."""
+
+    QUEUED = 64
+
+    def __init__(self, files: Sequence[tuple[str, Path]]) -> None:
+        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=self.QUEUED)
+        self.stopped = threading.Event()
+        self.error: BaseException | None = None
+        self.buffer = b""
+        self.done = False
+        self.thread = threading.Thread(target=self._write, args=(files,), daemon=True, name="dtf-pack")
+        self.thread.start()
+
+    def _write(self, files: Sequence[tuple[str, Path]]) -> None:
+        try:
+            write_pack(files, self)  # type: ignore[arg-type]  # a writer: write() is all it needs
+        except _Stopped:
+            return
+        except BaseException as e:
+            self.error = e
+        self._put(None)
+
+    def _put(self, item: bytes | None) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.queue.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def write(self, data: bytes) -> int:
+        if data:
+            self._put(bytes(data))
+        return len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        parts, have = [self.buffer], len(self.buffer)
+        while not self.done and (size < 0 or have < size):
+            item = self.queue.get()
+            if item is None:
+                self.done = True
+                if self.error is not None:
+                    raise self.error
+                break
+            parts.append(item)
+            have += len(item)
+        data = b"".join(parts)
+        if size < 0:
+            self.buffer = b""
+            return data
+        self.buffer = data[size:]
+        return data[:size]
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+
+    def __enter__(self) -> PackStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def pack(path: str | Path, name: str) -> Pack:
+    """List a local file or directory and hash its pack (reading every file once, storing nothing)."""
     root = Path(os.path.expanduser(str(path))).resolve()
     if not root.exists():
         raise SyncError(f"{path}: no such file or directory")
     listed = list_files(root)
-    fd, tmp = tempfile.mkstemp(prefix="dtf-sync-", suffix=".tar", dir=workdir)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            digest, count, sizes = write_pack(listed.files, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    digest, count, sizes = write_pack(listed.files, None)
     synced = Synced(name=name, digest=digest, subpath=root.name if root.is_file() else "", source=str(root),
                     size=sum(s for _, s in sizes), files=len(sizes))
-    return Pack(synced, Path(tmp), count, tuple(sizes), listed.skipped)
+    return Pack(synced, listed.files, count, tuple(sizes), listed.skipped)
 
 
 @contextlib.contextmanager
 def packed(items: Sequence[tuple[str, str]]) -> Iterator[list[Pack]]:
-    """Pack every (name, path); the packs' files are removed on exit."""
-    packs: list[Pack] = []
-    try:
-        for name, path in items:
-            packs.append(pack(path, name))
-        yield packs
-    finally:
-        for p in packs:
-            p.data.unlink(missing_ok=True)
+    """Pack every (name, path), for as long as the block runs."""
+    yield [pack(path, name) for name, path in items]
 
 
 # -- sending ----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 from dtf.inventory import HostSpec
 from dtf.netutil import CONNECT_TIMEOUT, port_open
@@ -26,6 +26,12 @@ from dtf.shell import expand_local, render
 
 COMMAND_TIMEOUT = 60.0
 FEED_CHUNK = 1 << 20  # bytes per write of `feed`
+
+
+class Readable(Protocol):
+    """What `feed` reads its input from: a binary file, or a pack made while it is read."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
 class HostError(Exception):
@@ -72,7 +78,7 @@ class Transport:
         """Run `argv` with its output going to our stdout and stderr; return its exit code."""
         raise NotImplementedError
 
-    def feed(self, argv: Sequence[str], source: BinaryIO, stall: float = COMMAND_TIMEOUT,
+    def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:
         """Run `argv` with everything `source` holds as its stdin; `sent(n)` after each chunk.
         HostError when no byte moves (or the command does not finish) for `stall` seconds."""
@@ -122,7 +128,7 @@ class LocalTransport(Transport):
     def stream(self, argv: Sequence[str]) -> int:
         return subprocess.call(expand_local(argv), stdin=subprocess.DEVNULL)
 
-    def feed(self, argv: Sequence[str], source: BinaryIO, stall: float = COMMAND_TIMEOUT,
+    def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:
         return feed_process(expand_local(argv), source, stall, sent)
 
@@ -241,7 +247,7 @@ class SSHTransport(Transport):
                                   out_stream=sys.stdout)
         return int(r.exited)
 
-    def feed(self, argv: Sequence[str], source: BinaryIO, stall: float = COMMAND_TIMEOUT,
+    def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:
         from dtf.tunnel import ssh_argv, ssh_binary  # tunnel imports this module
 
@@ -300,7 +306,7 @@ class SSHTransport(Transport):
             return False
 
 
-def feed_process(argv: Sequence[str], source: BinaryIO, stall: float = COMMAND_TIMEOUT,
+def feed_process(argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
                  sent: Callable[[int], None] = lambda n: None) -> Result:
     """Run a local process with everything `source` holds as its stdin (see Transport.feed)."""
     try:

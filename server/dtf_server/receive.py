@@ -81,7 +81,7 @@ def receive(cache: str, digest: str, stream: BinaryIO) -> int:
         reader.drain()  # the tar's end padding counts in the hash too
         if reader.sha.hexdigest() != digest:
             raise ReceiveError(f"the data received ({reader.count} bytes) does not hash to {digest[:12]}: "
-                               f"the transfer was cut short or corrupted")
+                               f"the transfer was cut short or corrupted, or files changed while being sent")
         os.chmod(tmp, 0o755)  # mkdtemp made it 0700
         try:
             os.rename(tmp, os.path.join(cache, digest))

@@ -66,6 +66,16 @@ def test_links_to_files_are_sent_as_files_and_links_to_directories_are_skipped(t
     assert listed.skipped == ("dirlink (a link to a directory: not followed)",)
 
 
+def read(p: sync.Pack, size: int = -1) -> bytes:
+    with p.open() as stream:
+        if size < 0:
+            return stream.read()
+        chunks = []
+        while chunk := stream.read(size):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
 # -- the pack ---------------------------------------------------------------------------------
 def test_the_pack_depends_on_names_contents_and_the_exec_bit_only(tmp_path: Path) -> None:
     files = {"b/2.csv": "2", "a.txt": "hello", "c/d/e": "x" * 10000}
@@ -73,22 +83,39 @@ def test_the_pack_depends_on_names_contents_and_the_exec_bit_only(tmp_path: Path
     two = tree(tmp_path / "two", dict(reversed(files.items())))  # other order, times, directory
     os.utime(two / "a.txt", (1, 1))
     os.chmod(two / "b" / "2.csv", 0o600)  # only the exec bit counts
-    p1, p2 = sync.pack(one, "x", tmp_path), sync.pack(two, "y", tmp_path)
-    assert p1.digest == p2.digest and p1.data.read_bytes() == p2.data.read_bytes()
+    p1, p2 = sync.pack(one, "x"), sync.pack(two, "y")
+    assert p1.digest == p2.digest and read(p1) == read(p2)
+    assert len(read(p1)) == p1.bytes
     assert (p1.synced.files, p1.synced.size, p1.synced.subpath) == (3, 10006, "")
     os.chmod(two / "a.txt", 0o755)
-    assert sync.pack(two, "y", tmp_path).digest != p1.digest
+    assert sync.pack(two, "y").digest != p1.digest
     (one / "a.txt").write_text("hellO")
-    assert sync.pack(one, "x", tmp_path).digest != p1.digest
-    with tarfile.open(p1.data) as tar:
+    assert sync.pack(one, "x").digest != p1.digest
+    with tarfile.open(fileobj=io.BytesIO(read(p1))) as tar:
         members = tar.getmembers()
     assert [m.name for m in members] == ["a.txt", "b/2.csv", "c/d/e"]
     assert {(m.mtime, m.uid, m.gid, m.uname, m.mode) for m in members} == {(0, 0, 0, "", 0o644)}
 
 
+def test_the_stream_is_the_pack_whatever_the_reads_and_stops_when_closed(tmp_path: Path) -> None:
+    root = tree(tmp_path / "d", {f"f{i}": "x" * (i * 7919) for i in range(40)})
+    p = sync.pack(root, "d")
+    data = read(p)
+    assert read(p, 1000) == read(p, 1 << 20) == data and len(data) == p.bytes
+    stream = p.open()
+    assert stream.read(10) == data[:10]
+    stream.close()  # the writer thread stops although nobody reads the rest
+    assert not stream.thread.is_alive()
+    (root / "f39").write_text("")  # changed since it was hashed: other bytes (the host refuses them)
+    assert read(p) != data
+    (root / "f38").unlink()
+    with pytest.raises(sync.SyncError, match=r"cannot read .*f38"):
+        read(p)
+
+
 def test_a_large_pack_warns_naming_its_largest_files(tmp_path: Path) -> None:
     root = tree(tmp_path / "d", {"small": "x", "big.bin": "y" * 5000, "mid.bin": "z" * 3000})
-    p = sync.pack(root, "d", tmp_path)
+    p = sync.pack(root, "d")
     assert sync.large_warning(p) is None
     warning = sync.large_warning(p, threshold=1000)
     assert warning is not None and "big.bin (0.0 MB), mid.bin (0.0 MB), small" in warning
@@ -98,9 +125,9 @@ def test_a_large_pack_warns_naming_its_largest_files(tmp_path: Path) -> None:
 def test_receive_checks_the_hash_and_is_atomic(tmp_path: Path) -> None:
     root = tree(tmp_path / "d", {"a/b.txt": "b", "run.sh": "#!/bin/sh\n"})
     os.chmod(root / "run.sh", 0o755)
-    p = sync.pack(root, "d", tmp_path)
+    p = sync.pack(root, "d")
     cache = tmp_path / "cache"
-    data = p.data.read_bytes()
+    data = read(p)
     with pytest.raises(receive.ReceiveError, match="does not hash to"):
         receive.receive(str(cache), p.digest, io.BytesIO(data[:-1024] + b"\1" * 1024))
     with pytest.raises(receive.ReceiveError):
