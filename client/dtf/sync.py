@@ -219,7 +219,9 @@ def write_pack(files: Sequence[tuple[str, Path]], out: IO[bytes] | None) -> tupl
     the files' sizes)."""
     writer = _HashingWriter(out)
     sizes = []
-    with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+    # Writes of 1 MB (not 10 KB): the bytes are the same, the calls (and queue items) fewer.
+    with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT,  # type: ignore[call-overload]
+                      bufsize=_CHUNK) as tar:
         for name, path in files:
             try:
                 with open(path, "rb") as f:

@@ -73,7 +73,7 @@ def receive(cache: str, digest: str, stream: BinaryIO) -> int:
     try:
         reader = _Hashing(stream)
         try:
-            with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
+            with tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK) as tar:  # type: ignore[call-overload]
                 for member in tar:
                     _extract(tar, member, tmp)
         except tarfile.TarError as e:
