@@ -2,7 +2,7 @@
 lab: the data reaches every host's WORKDIR/.cache/sync/HASH, a repeat sends nothing, a change
 sends the new tree, `dtf down` keeps the cache. On the lab the data lives where no host sees it
 (lab.laptop_dir), so the files there travelled. The TensorFlow side (a dataset_fn reading it on the
-workers) is tests/e2e/test_sync.py.
+workers) is tests/e2e/test_synced_data.py.
 """
 
 from __future__ import annotations
