@@ -61,6 +61,10 @@ def test_sync_at_up_then_dtf_sync_skips_what_hosts_have_and_down_keeps_it(site: 
         assert on_host(site, host, tree / "train.csv") and on_host(site, host, tree / "sub" / "b.bin")
         assert not on_host(site, host, tree / "scratch.tmp")  # .gitignore'd
 
+    # `dtf up` again (the cluster is up): nothing to restart, and every host has the data.
+    r = site.dtf("up", str(inv))
+    assert r.returncode == 0 and "is already up" in r.stdout, r.stderr
+    assert "had it already (skipped)" in r.stdout and "sent to" not in r.stdout, r.stdout
     # Again: every host has it, nothing is sent.
     r = site.dtf("sync", str(data), "--as", "train")
     assert r.returncode == 0, r.stderr
