@@ -63,7 +63,7 @@ def tf_config(plan: Plan, chief_address: str) -> dict[str, Any]:
 
 
 def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 1,
-                tunnel: Tunnel | None = None) -> dict[str, str]:
+                tunnel: Tunnel | None = None, hook_env: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     if tunnel is None:
         chief = f"{chief_host}:{free_ports(1)[0]}"
@@ -79,6 +79,7 @@ def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 
     env["DTF_ATTEMPT"] = str(attempt)
     if output:
         env["DTF_OUTPUT_DIR"] = str(Path(output).resolve())
+    env.update(hook_env or {})  # the settings of dtf.hooks features (--wrap, --no-packing)
     return env
 
 
@@ -88,7 +89,7 @@ def say(message: str) -> None:
 
 def run_program(record: Record, program: str, args: list[str], output: str | None,
                 attempts: int = 3, ps_wait: float = 120.0,
-                connect_timeout: float = CONNECT_TIMEOUT) -> int:
+                connect_timeout: float = CONNECT_TIMEOUT, hook_env: dict[str, str] | None = None) -> int:
     """Run `python PROGRAM ARGS` as the cluster's chief; return its exit code.
 
     While it runs, the cluster's lease is renewed. If the program fails because a ps was lost
@@ -109,7 +110,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
         attempt = 1
         while True:
             before = ps_incarnations(ops)
-            code, interrupted = run_once(record, program, args, output, attempt, tunnel)
+            code, interrupted = run_once(record, program, args, output, attempt, tunnel, hook_env)
             if code == 0 or interrupted:
                 return code
             lost = lost_ps(ops, before, record.network)
@@ -189,7 +190,8 @@ def taken_down(record: Record) -> bool:
 
 
 def run_once(record: Record, program: str, args: list[str], output: str | None,
-             attempt: int, tunnel: Tunnel | None = None) -> tuple[int, bool]:
+             attempt: int, tunnel: Tunnel | None = None,
+             hook_env: dict[str, str] | None = None) -> tuple[int, bool]:
     """One run of the program: (exit code, stopped on purpose: Ctrl-C, or `dtf down`).
 
     Ctrl-C reaches the program (it is in our terminal's process group) and stops it; dtf waits
@@ -197,7 +199,7 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
     `dtf down` on the cluster stops it too (its workers are going away: it would wait for them).
     """
     plan = record.plan
-    env = program_env(plan, record.chief_host, output, attempt, tunnel)
+    env = program_env(plan, record.chief_host, output, attempt, tunnel, hook_env)
     interrupted_at: float | None = None
     proc: subprocess.Popen[bytes] | None = None
     down = False
