@@ -113,7 +113,7 @@ class Packer:
         self.measurement = estimate(self.samples)
         self.chosen = choose(self.measurement, self._epoch, self.workers, maximum=self.maximum)
         if self.say:
-            self.say(f"packing {self.chosen} steps per closure (round trip "
+            self.say(f"packing {self.chosen} step{'s' if self.chosen != 1 else ''} per closure (round trip "
                      f"{self.measurement.round_trip * 1e3:.1f} ms, step {self.measurement.step * 1e3:.2f} ms)")
 
     def closures(self, total: int | None) -> Iterator[int]:
