@@ -10,9 +10,10 @@ evaluate):
   and where each worker reads the whole dataset): the dataset repeats and `steps_per_epoch` is
   its length, so an epoch is as many batches as on one machine. Where the length cannot be known
   (a dataset that repeats forever, or of unknown length), one line says what to pass.
-- `evaluate` on a finite dataset, and fit's `validation_data`: exact evaluation
-  (`pss_evaluation_shards`): each example is evaluated once, shards handed out to the workers.
-  (Plain evaluation under this strategy fails with OutOfRangeError on a worker: FACTS.md.)
+- `evaluate` runs on the coordinator (this program), as tf-keras' own `predict` does under this
+  strategy: on the workers it fails on a finite dataset (OutOfRangeError: FACTS.md). fit's
+  `validation_data` (finite, no `validation_steps`) uses exact evaluation on the workers
+  (`pss_evaluation_shards`), sharded example by example.
 - `verbose=1` (a progress bar per batch, refused under this strategy) becomes 2 (a line per epoch).
 
 A program that makes a strategy of its own before its first layer is left alone.
@@ -20,10 +21,12 @@ A program that makes a strategy of its own before its first layer is left alone.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
 import sys
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -68,8 +71,24 @@ class _Wrap:
         self.scope.__enter__()
         self.changes.append(f"made a ParameterServerStrategy ({self.strategy._num_workers} workers, "
                             f"{self.strategy._num_ps} ps) and built the model in its scope")
-        self.changes.append("evaluate and validation on a finite dataset: exact, each example once, "
-                            "on the workers (pss_evaluation_shards)")
+        self.changes.append("evaluate runs here, on the coordinator (as tf-keras' predict does); fit's "
+                            "validation_data: exact evaluation on the workers (pss_evaluation_shards)")
+
+    @contextlib.contextmanager
+    def on_coordinator(self, model: Any) -> Iterator[None]:
+        """Run the model here, as tf-keras' own predict does under this strategy: out of the
+        strategy's scope, with no strategy or coordinator on the model (its variables stay on the
+        ps and are read from there)."""
+        assert self.scope is not None
+        saved = model._distribution_strategy, model._cluster_coordinator, model.test_function
+        self.scope.__exit__(None, None, None)
+        model._distribution_strategy = model._cluster_coordinator = model.test_function = None
+        try:
+            yield
+        finally:
+            model._distribution_strategy, model._cluster_coordinator, model.test_function = saved
+            self.scope = self.strategy.scope()
+            self.scope.__enter__()
 
     def change(self, what: str) -> None:
         if what not in self.changes:
@@ -107,12 +126,26 @@ def _is_dataset(x: Any) -> bool:
     return isinstance(x, tf.data.Dataset)
 
 
+def _by_example(dataset: Any) -> Any:
+    """Exact evaluation shards the dataset; AUTO sharding tries files first and fails on a dataset
+    made from tensors ("Could not apply FILE based sharding"): shard it example by example."""
+    import tensorflow as tf
+
+    if not _is_dataset(dataset):
+        return dataset
+    if dataset.options().experimental_distribute.auto_shard_policy != tf.data.experimental.AutoShardPolicy.AUTO:
+        return dataset  # the program chose
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)
+
+
 def _patch(_: ModuleType) -> None:
     from tf_keras.src.engine import base_layer, training
 
     layer_init, model_init = base_layer.Layer.__init__, training.Model.__init__
     fit, evaluate = training.Model.fit, training.Model.evaluate
-    fit_signature, evaluate_signature = inspect.signature(fit), inspect.signature(evaluate)
+    fit_signature = inspect.signature(fit)
 
     def patched_layer_init(self: Any, *args: Any, **kwargs: Any) -> None:
         _wrap.enter()
@@ -166,6 +199,7 @@ def _patch(_: ModuleType) -> None:
         saved = self._pss_evaluation_shards
         if exact:
             self._pss_evaluation_shards = exact_evaluation(self)
+            a["validation_data"] = _by_example(val)
         try:
             return fit(*bound.args, **bound.kwargs)
         finally:
@@ -174,27 +208,12 @@ def _patch(_: ModuleType) -> None:
     def patched_evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not ours(self) or kwargs.get("_use_cached_eval_dataset"):  # fit's validation: set up by fit
             return evaluate(self, *args, **kwargs)
-        bound = evaluate_signature.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
-        if a["verbose"] == 1:
-            a["verbose"] = 2
-            _wrap.change("evaluate: verbose=1 -> 2")
-        x = a["x"]
-        exact = False
-        if a["steps"] is None and not self._pss_evaluation_shards:
-            if _is_dataset(x) and _cardinality(x) == -1:
-                raise WrapError("model.evaluate on a dataset that repeats forever needs steps: "
-                                "pass evaluate(..., steps=N)")
-            exact = True
         _wrap.report()
-        saved = self._pss_evaluation_shards
-        if exact:
-            self._pss_evaluation_shards = exact_evaluation(self)
-        try:
-            return evaluate(*bound.args, **bound.kwargs)
-        finally:
-            self._pss_evaluation_shards = saved
+        # On the workers, evaluate(finite dataset) fails (OutOfRangeError: every worker reads
+        # all of it), and exact evaluation fails on a shuffled dataset made from tensors ("Could
+        # not apply FILE based sharding"): here, it is what it is on one machine.
+        with _wrap.on_coordinator(self):
+            return evaluate(self, *args, **kwargs)
 
     base_layer.Layer.__init__ = patched_layer_init
     training.Model.__init__ = patched_model_init
