@@ -80,6 +80,7 @@ class Packer:
         self.measurement: Measurement | None = None
         self.samples: list[tuple[int, float]] = []
         self._epoch: int | None = None  # the steps_per_epoch first seen (caps probes and the choice)
+        self._warm = 0  # warm-up closures scheduled (one per worker, not timed)
 
     @property
     def measuring(self) -> bool:
@@ -88,7 +89,7 @@ class Packer:
     def _next_probe(self) -> int | None:
         """Steps of the next measuring closure, or None when the measurement is enough."""
         singles = sum(1 for n, _ in self.samples if n == 1)
-        if singles < max(1, self.workers) + SINGLES_AFTER_WARMUP:
+        if singles < SINGLES_AFTER_WARMUP:
             return 1
         cap = min(self.maximum, math.ceil(self._epoch / max(1, self.workers)) if self._epoch else self.maximum)
         sizes = sorted({n for n, _ in self.samples if n > 1})
@@ -123,6 +124,16 @@ class Packer:
         done = 0
         while total is None or done < total:
             left = None if total is None else total - done
+            if self.chosen is None and self._warm < max(1, self.workers):
+                # Each worker's first closure carries the function to it (and the first, its
+                # tracing): seconds, not a round trip. Scheduled together, as they would be
+                # without dtf, and waited for together; not timed.
+                self._warm += 1
+                yield 1
+                done += 1
+                if self._warm == max(1, self.workers):
+                    self.wait()
+                continue
             n = self.chosen
             if n is None:
                 n = self._next_probe()

@@ -61,7 +61,7 @@ def test_the_packer_measures_on_the_first_closures_then_packs_and_says_so() -> N
             sizes.append(n)
         epochs.append(sizes)
     assert [sum(e) for e in epochs] == [500, 500, 500]  # every epoch exactly
-    assert epochs[0][:5] == [1, 1, 1, 1, 1]  # each worker's first, then 3 timed
+    assert epochs[0][:5] == [1, 1, 1, 1, 1]  # each worker's first together (not timed), then 3 timed
     m = packer.measurement
     assert m is not None and m.round_trip == pytest.approx(0.024) and m.step == pytest.approx(0.002)
     assert packer.chosen == choose(m, 500, 2) and packer.chosen > 100
