@@ -118,6 +118,10 @@ def _patch(_: ModuleType) -> None:
             state.active = False
             self._autotune_steps_per_execution = autotune
             _hold(self, state, state.original)
+            if state.packer.measuring and state.packer.samples:  # a fit too short to finish measuring
+                largest = max(n for n, _ in state.packer.samples)
+                say(f"packing: fit ended while dtf was still measuring (its closures ran at most {largest} step(s)); "
+                    f"the next fit of this model goes on measuring")
 
     def patched_evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
         state = _state(self)
