@@ -49,16 +49,15 @@ def main():
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--steps-per-epoch", type=int, default=50)
     parser.add_argument("--per-replica-batch", type=int, default=64)
-    parser.add_argument("--steps-per-call", type=int, default=10,
-                        help="training steps run by one scheduled function (one round trip)")
+    parser.add_argument("--steps-per-call", type=int, default=None,
+                        help="training steps run by one scheduled function (one round trip); "
+                             "default: dtf measures the round trip and a step, and chooses")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--train-examples", type=int, default=4096)
     parser.add_argument("--output", help="output directory (default: dtf's, see dtf.output_dir)")
     args = parser.parse_args()
     if args.output:
         os.environ["DTF_OUTPUT_DIR"] = args.output  # dtf.output_dir() then writes there
-    if args.steps_per_epoch % args.steps_per_call:
-        parser.error("--steps-per-epoch must be a multiple of --steps-per-call")
     start = time.monotonic()
 
     strategy = dtf.strategy()
@@ -118,11 +117,17 @@ def main():
         return loss
 
     @tf.function
-    def train_steps(iterator):
+    def train_steps(iterator, steps):
         # Several steps per scheduled function: one round trip to the worker for all of them.
-        for _ in tf.range(args.steps_per_call):
+        # `steps` is a tensor argument: one traced function for every count.
+        loss = tf.constant(0.0)
+        for _ in tf.range(steps):
             loss = strategy.run(replica_fn, args=(next(iterator),))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+
+    # How many steps each scheduled function runs: --steps-per-call, else dtf measures the round
+    # trip to a worker and a step's time on the first functions, and chooses (it says so).
+    packing = dtf.packing(args.steps_per_call)
 
     # Checkpoints are written here, on the coordinator: options=dtf.checkpoint_options() (without
     # them, each ps would write its variables to its own disk). dtf.checkpoint_dir() is the same
@@ -140,9 +145,9 @@ def main():
     for epoch in range(first_step // args.steps_per_epoch + 1, args.epochs + 1):
         train_loss.reset_state()
         train_accuracy.reset_state()
-        for _ in range(args.steps_per_epoch // args.steps_per_call):
+        for n in packing.closures(args.steps_per_epoch):  # counts summing to steps_per_epoch
             # Non-blocking: queues the function; a free worker runs it with ITS iterator.
-            coordinator.schedule(train_steps, args=(per_worker_iterator,))
+            coordinator.schedule(train_steps, args=(per_worker_iterator, tf.constant(n, tf.int64)))
         coordinator.join()  # wait until every scheduled function has run
         step.assign_add(args.steps_per_epoch)
         manager.save(checkpoint_number=epoch, options=dtf.checkpoint_options())
@@ -169,6 +174,7 @@ def main():
         "final_accuracy": history[-1]["accuracy"],
         "history": history,
         "checkpoint": manager.latest_checkpoint,
+        "steps_per_call": packing.chosen,
         "wall_seconds": round(time.monotonic() - start, 1),
     }
     summary_path = dtf.output_dir() / "summary.json"

@@ -12,6 +12,7 @@ This package is both the `dtf` command (dtf.cli) and a small helper API for trai
     dtf.checkpoint_options()           # pass to ModelCheckpoint / CheckpointManager.save / save_weights
     dtf.save_options()                 # pass to model.save / tf.saved_model.save
     dtf.synced("data")                 # where `dtf sync data` put it, as the workers see it
+    dtf.packing()                      # custom loops: how many steps each scheduled closure runs
 
 Why the options: under ParameterServerStrategy the variables live on the ps, and TensorFlow places
 a checkpoint's save ops next to them, so without these options each ps writes its shard to ITS OWN
@@ -45,7 +46,10 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dtf.packer import Packer
 
 __all__ = [
     "COORDINATOR_DEVICE",
@@ -57,6 +61,7 @@ __all__ = [
     "local_cluster_spec",
     "num_workers",
     "output_dir",
+    "packing",
     "save_options",
     "strategy",
     "synced",
@@ -119,6 +124,29 @@ def num_workers() -> int:
     strategy()
     spec = _resolver.cluster_spec().as_dict()
     return len(spec.get("worker", []))
+
+
+def packing(steps_per_call: int | None = None) -> Packer:
+    """Steps per closure for a custom loop: measured and chosen by dtf, or `steps_per_call`.
+
+        packing = dtf.packing(args.steps_per_call)     # None: dtf measures and chooses
+        for n in packing.closures(steps_per_epoch):    # step counts summing to steps_per_epoch
+            coordinator.schedule(train_steps, args=(iterator, tf.constant(n)))
+        coordinator.join()
+
+    Each closure costs a round trip to a worker. With no `steps_per_call`, the first closures
+    are timed one at a time (the loop's own steps: nothing is wasted) to measure the round trip
+    and a step's time; then each closure runs enough steps to keep the round trip under 5% of
+    it, at most an epoch's share of one worker; dtf prints what it chose. The scheduled function
+    takes the count as an argument (a tensor: a Python int would retrace it for every count).
+    `dtf train --no-packing` makes it 1 where the program gives no value.
+    """
+    from dtf.packer import Packer
+
+    if steps_per_call is None and os.environ.get("DTF_PACKING") == "off":
+        steps_per_call = 1
+    return Packer(workers=num_workers(), wait=coordinator().join, explicit=steps_per_call,
+                  say=lambda message: print(f"dtf: {message}", file=sys.stderr, flush=True))
 
 
 def output_dir(*parts: str) -> Path:

@@ -166,15 +166,28 @@ def train(
     connect_timeout: float = ConnectTimeoutOpt,
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="Show TensorFlow's own INFO and WARNING lines (hidden by default)."),
+    wrap: bool = typer.Option(False, "--wrap",
+                              help="PROGRAM is a single-machine Keras script with no strategy code: dtf "
+                                   "makes the strategy, builds the model in its scope, supplies what "
+                                   "the strategy needs, and says what it changed."),
+    packing: bool = typer.Option(True, "--packing/--no-packing",
+                                 help="Pack steps into each closure where the program sets no "
+                                      "steps_per_execution (measured at the start of fit)."),
 ) -> None:
     """Run PROGRAM here as the chief of the cluster; its exit code is dtf's."""
+    from dtf.hooks import packing as packing_hook
+    from dtf.hooks import wrap as wrap_hook
     from dtf.train import run_program
+
+    hook_env = {packing_hook.ENV: "auto" if packing else "off"}
+    if wrap:
+        hook_env[wrap_hook.ENV] = "1"
 
     if not program.is_file():
         raise UsageError(f"program not found: {program}")
     code = run_program(_recorded(cluster), str(program), list(args or []),
                        str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
-                       connect_timeout=connect_timeout, verbose=verbose)
+                       connect_timeout=connect_timeout, verbose=verbose, hook_env=hook_env)
     raise typer.Exit(code)
 
 

@@ -63,8 +63,10 @@ def tf_config(plan: Plan, chief_address: str) -> dict[str, Any]:
 
 
 def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 1,
-                tunnel: Tunnel | None = None, synced: dict[str, str] | None = None) -> dict[str, str]:
-    """The program's environment; `synced`: name -> path on the workers, for dtf.synced()."""
+                tunnel: Tunnel | None = None, synced: dict[str, str] | None = None,
+                hook_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The program's environment; `synced`: name -> path on the workers, for dtf.synced();
+    `hook_env`: the settings of dtf.hooks features (--wrap, --no-packing), applied last."""
     env = dict(os.environ)
     if tunnel is None:
         chief = f"{chief_host}:{free_ports(1)[0]}"
@@ -83,6 +85,7 @@ def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 
         env["DTF_OUTPUT_DIR"] = str(Path(output).resolve())
     # dtf.hooks: the guard rails warn about what calls the coordinator back in ssh mode.
     env["DTF_NETWORK"] = "direct" if tunnel is None else "ssh"
+    env.update(hook_env or {})
     return env
 
 
@@ -92,7 +95,8 @@ def say(message: str) -> None:
 
 def run_program(record: Record, program: str, args: list[str], output: str | None,
                 attempts: int = 3, ps_wait: float = 120.0,
-                connect_timeout: float = CONNECT_TIMEOUT, verbose: bool = False) -> int:
+                connect_timeout: float = CONNECT_TIMEOUT, verbose: bool = False,
+                hook_env: dict[str, str] | None = None) -> int:
     """Run `python PROGRAM ARGS` as the cluster's chief; return its exit code.
 
     While it runs, the cluster's lease is renewed. If the program fails because a ps was lost
@@ -114,7 +118,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
         attempt = 1
         while True:
             before = ps_incarnations(ops)
-            code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose)
+            code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose, hook_env)
             if code == 0 or interrupted:
                 return code
             lost = lost_ps(ops, before, record.network)
@@ -194,7 +198,8 @@ def taken_down(record: Record) -> bool:
 
 
 def run_once(record: Record, program: str, args: list[str], output: str | None,
-             attempt: int, tunnel: Tunnel | None = None, verbose: bool = False) -> tuple[int, bool]:
+             attempt: int, tunnel: Tunnel | None = None, verbose: bool = False,
+             hook_env: dict[str, str] | None = None) -> tuple[int, bool]:
     """One run of the program: (exit code, stopped on purpose: Ctrl-C, or `dtf down`).
 
     Ctrl-C reaches the program (it is in our terminal's process group) and stops it; dtf waits
@@ -203,7 +208,7 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
     """
     plan = record.plan
     env = program_env(plan, record.chief_host, output, attempt, tunnel,
-                      synced={name: s.task_path for name, s in record.synced.items()})
+                      synced={name: s.task_path for name, s in record.synced.items()}, hook_env=hook_env)
     interrupted_at: float | None = None
     proc: subprocess.Popen[bytes] | None = None
     down = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +30,25 @@ def test_on_import_runs_after_the_first_import_and_at_once_when_already_imported
         "hooks.on_import('colorsys', lambda m: seen.append('again'))\nprint(seen)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[('colorsys', True), 'again']", r.stderr
+
+
+def test_the_packing_and_wrap_hooks_import_nothing_until_the_program_imports_tf_keras(tmp_path: Path) -> None:
+    program = tmp_path / "prog.py"
+    program.write_text("import sys\nprint(sorted(m for m in ('tensorflow', 'tf_keras') if m in sys.modules))\n")
+    env = {**os.environ, "DTF_WRAP": "1", "DTF_PACKING": "auto"}
+    r = subprocess.run([sys.executable, "-m", "dtf.runner", str(program)], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "[]\n"
+    from dtf import hooks
+
+    assert {"packing", "wrap"} <= set(hooks.FEATURES)
+
+
+def test_on_import_survives_a_find_spec_that_imports_nothing() -> None:
+    # TensorFlow asks importlib.util.find_spec("tf_keras") before it imports it.
+    code = ("import importlib.util\nfrom dtf import hooks\nseen = []\n"
+            "hooks.on_import('colorsys', lambda m: seen.append('imported'))\n"
+            "importlib.util.find_spec('colorsys')\nassert seen == []\nimport colorsys\nprint(seen)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "['imported']", r.stderr

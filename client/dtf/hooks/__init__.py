@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 # The features, in the order they are installed: (module name in dtf.hooks, its install function).
-FEATURES: list[str] = ["saving", "guards"]
+FEATURES: list[str] = ["saving", "guards", "packing", "wrap"]
 
 
 def install(features: Sequence[str] | None = None) -> None:
@@ -42,21 +42,25 @@ class _After(importlib.abc.MetaPathFinder):
             find = getattr(finder, "find_spec", None)
             spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target) if find else None
             if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader, self.pending.pop(fullname))
+                # The callbacks are taken when the module is executed, not here: a find_spec
+                # alone (TensorFlow's `importlib.util.find_spec("tf_keras")`, to see whether it is
+                # installed) imports nothing, and would otherwise lose them.
+                spec.loader = _Loader(spec.loader, fullname, self.pending)
                 return spec
         return None
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader, callbacks: list[Callable[[ModuleType], None]]) -> None:
-        self.inner, self.callbacks = inner, callbacks
+    def __init__(self, inner: importlib.abc.Loader, name: str,
+                 pending: dict[str, list[Callable[[ModuleType], None]]]) -> None:
+        self.inner, self.name, self.pending = inner, name, pending
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self.inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self.inner.exec_module(module)
-        for callback in self.callbacks:
+        for callback in self.pending.pop(self.name, []):
             callback(module)
 
 

@@ -1,0 +1,221 @@
+"""`dtf train --wrap`: a single-machine tf-keras program, with no strategy code, trains on the cluster.
+
+What it changes (each change is named in one line, `dtf: --wrap: ...`, at the first fit or
+evaluate):
+- The strategy: before the program makes its first Keras layer or model, dtf makes the
+  ParameterServerStrategy of the cluster (`dtf.strategy()`) and enters its scope for the rest of
+  the program, so the model, its optimizer and metrics are built and compiled in it (their
+  variables live on the ps), wherever the program builds them (module level, a function).
+- `fit` on a finite `tf.data.Dataset` without `steps_per_epoch` (which this strategy requires,
+  and where each worker reads the whole dataset): the dataset repeats and `steps_per_epoch` is
+  its length, so an epoch is as many batches as on one machine. Where the length cannot be known
+  (a dataset that repeats forever, or of unknown length), one line says what to pass.
+- `evaluate` runs on the coordinator (this program), as tf-keras' own `predict` does under this
+  strategy: on the workers it fails on a finite dataset (OutOfRangeError: FACTS.md). fit's
+  `validation_data` (finite, no `validation_steps`) uses exact evaluation on the workers
+  (`pss_evaluation_shards`), sharded example by example.
+- `verbose=1` (a progress bar per batch, refused under this strategy) becomes 2 (a line per epoch).
+
+A program that makes a strategy of its own before its first layer is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import os
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+from dtf import hooks
+
+ENV = "DTF_WRAP"
+
+
+class WrapError(SystemExit):
+    """What --wrap cannot supply: one line, exit code 2, no traceback (raised in the program)."""
+
+    def __init__(self, message: str) -> None:
+        print(f"dtf: error: --wrap: {message}", file=sys.stderr, flush=True)
+        super().__init__(2)
+
+
+class _Wrap:
+    """What --wrap did so far, and what it has reported."""
+
+    def __init__(self) -> None:
+        self.strategy: Any = None
+        self.scope: Any = None  # entered for the rest of the program: keep it
+        self.foreign: str | None = None  # the program's own strategy, if it made one
+        self.changes: list[str] = []
+        self.reported = 0
+
+    def enter(self) -> None:
+        """Make the strategy and enter its scope, once, before the first layer."""
+        if self.strategy is not None or self.foreign is not None:
+            return
+        import tensorflow as tf
+
+        import dtf
+
+        if tf.distribute.has_strategy():
+            self.foreign = type(tf.distribute.get_strategy()).__name__
+            if self.foreign != "ParameterServerStrategyV2":
+                say(f"--wrap: the program uses a strategy of its own ({self.foreign}): --wrap changes nothing")
+            return
+        self.strategy = dtf.strategy()
+        self.scope = self.strategy.scope()
+        self.scope.__enter__()
+        self.changes.append(f"made a ParameterServerStrategy ({self.strategy._num_workers} workers, "
+                            f"{self.strategy._num_ps} ps) and built the model in its scope")
+        self.changes.append("evaluate runs here, on the coordinator (as tf-keras' predict does); fit's "
+                            "validation_data: exact evaluation on the workers (pss_evaluation_shards)")
+
+    @contextlib.contextmanager
+    def on_coordinator(self, model: Any) -> Iterator[None]:
+        """Run the model here, as tf-keras' own predict does under this strategy: out of the
+        strategy's scope, with no strategy or coordinator on the model (its variables stay on the
+        ps and are read from there)."""
+        assert self.scope is not None
+        saved = model._distribution_strategy, model._cluster_coordinator, model.test_function
+        self.scope.__exit__(None, None, None)
+        model._distribution_strategy = model._cluster_coordinator = model.test_function = None
+        try:
+            yield
+        finally:
+            model._distribution_strategy, model._cluster_coordinator, model.test_function = saved
+            self.scope = self.strategy.scope()
+            self.scope.__enter__()
+
+    def change(self, what: str) -> None:
+        if what not in self.changes:
+            self.changes.append(what)
+
+    def report(self) -> None:
+        """One line with every change not yet reported."""
+        if len(self.changes) > self.reported:
+            say("--wrap: " + "; ".join(self.changes[self.reported:]))
+            self.reported = len(self.changes)
+
+
+def say(message: str) -> None:
+    print(f"dtf: {message}", file=sys.stderr, flush=True)
+
+
+_wrap = _Wrap()
+
+
+def install() -> None:
+    if os.environ.get(ENV) == "1":
+        hooks.on_import("tf_keras", _patch)
+
+
+def _cardinality(dataset: Any) -> int:
+    import tensorflow as tf
+
+    n = int(dataset.cardinality().numpy())
+    return {int(tf.data.INFINITE_CARDINALITY): -1, int(tf.data.UNKNOWN_CARDINALITY): -2}.get(n, n)
+
+
+def _is_dataset(x: Any) -> bool:
+    import tensorflow as tf
+
+    return isinstance(x, tf.data.Dataset)
+
+
+def _by_example(dataset: Any) -> Any:
+    """Exact evaluation shards the dataset; AUTO sharding tries files first and fails on a dataset
+    made from tensors ("Could not apply FILE based sharding"): shard it example by example."""
+    import tensorflow as tf
+
+    if not _is_dataset(dataset):
+        return dataset
+    if dataset.options().experimental_distribute.auto_shard_policy != tf.data.experimental.AutoShardPolicy.AUTO:
+        return dataset  # the program chose
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)
+
+
+def _patch(_: ModuleType) -> None:
+    from tf_keras.src.engine import base_layer, training
+
+    layer_init, model_init = base_layer.Layer.__init__, training.Model.__init__
+    fit, evaluate = training.Model.fit, training.Model.evaluate
+    fit_signature = inspect.signature(fit)
+
+    def patched_layer_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        _wrap.enter()
+        layer_init(self, *args, **kwargs)
+
+    def patched_model_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        _wrap.enter()  # a subclassed Model reads the strategy before its layers exist
+        model_init(self, *args, **kwargs)
+
+    def ours(model: Any) -> bool:
+        return _wrap.strategy is not None and model.distribute_strategy is _wrap.strategy
+
+    def exact_evaluation(model: Any) -> int:
+        shards: int = model._pss_evaluation_shards or model._infer_exact_eval_shards("auto")
+        return shards
+
+    def patched_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not ours(self):
+            return fit(self, *args, **kwargs)
+        bound = fit_signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        if a["verbose"] == 1:
+            a["verbose"] = 2
+            _wrap.change("fit: verbose=1 -> 2 (no per-batch progress bar under this strategy)")
+        x = a["x"]
+        if a["steps_per_epoch"] is None:
+            if _is_dataset(x):
+                n = _cardinality(x)
+                if n == -1:
+                    raise WrapError("model.fit on a dataset that repeats forever needs steps_per_epoch "
+                                    "(how many batches make an epoch): pass fit(..., steps_per_epoch=N)")
+                if n == -2:
+                    raise WrapError("model.fit on a dataset of unknown length needs steps_per_epoch "
+                                    "(how many batches make an epoch): pass fit(..., steps_per_epoch=N)")
+                a["x"], a["steps_per_epoch"] = x.repeat(), n
+                _wrap.change(f"fit: the dataset repeats (every worker reads all of it), steps_per_epoch={n} "
+                             f"(its length)")
+            elif x is not None and hasattr(x, "__len__") and not isinstance(x, (dict, list, tuple)):
+                batch = a["batch_size"] or 32
+                n = math.ceil(len(x) * (1 - (a["validation_split"] or 0)) / batch)
+                a["steps_per_epoch"] = n
+                _wrap.change(f"fit: steps_per_epoch={n} ({len(x)} examples in batches of {batch})")
+            else:
+                raise WrapError(f"model.fit on {type(x).__name__} needs steps_per_epoch under "
+                                f"ParameterServerStrategy: pass fit(..., steps_per_epoch=N)")
+        val = a["validation_data"]
+        exact = (val is not None and a["validation_steps"] is None
+                 and not (_is_dataset(val) and _cardinality(val) < 0) and not self._pss_evaluation_shards)
+        _wrap.report()
+        saved = self._pss_evaluation_shards
+        if exact:
+            self._pss_evaluation_shards = exact_evaluation(self)
+            a["validation_data"] = _by_example(val)
+        try:
+            return fit(*bound.args, **bound.kwargs)
+        finally:
+            self._pss_evaluation_shards = saved
+
+    def patched_evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not ours(self) or kwargs.get("_use_cached_eval_dataset"):  # fit's validation: set up by fit
+            return evaluate(self, *args, **kwargs)
+        _wrap.report()
+        # On the workers, evaluate(finite dataset) fails (OutOfRangeError: every worker reads
+        # all of it), and exact evaluation fails on a shuffled dataset made from tensors ("Could
+        # not apply FILE based sharding"): here, it is what it is on one machine.
+        with _wrap.on_coordinator(self):
+            return evaluate(self, *args, **kwargs)
+
+    base_layer.Layer.__init__ = patched_layer_init
+    training.Model.__init__ = patched_model_init
+    training.Model.fit = patched_fit
+    training.Model.evaluate = patched_evaluate

@@ -1,0 +1,76 @@
+"""`dtf train --wrap` on a local cluster: a single-machine Keras script, unchanged, learns."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dtf.netutil import free_ports
+from helpers import EXAMPLES, dtf
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    """A local cluster (1 ps, 2 workers) up for the test; its DTF_HOME."""
+    ps, w0, w1 = free_ports(3)
+    inventory = tmp_path / "local.yaml"
+    inventory.write_text(f"cluster: wrap\nhosts:\n  - host: localhost\n    connection: local\n"
+                         f"    workdir: {tmp_path / 'work'}\n    ps: [{ps}]\n    workers: [{w0}, {w1}]\n")
+    home = tmp_path / "home"
+    r = dtf("up", str(inventory), home=home)
+    assert r.returncode == 0, r.stderr
+    yield home
+    assert dtf("down", home=home).returncode == 0
+
+
+def test_the_tutorial_script_trains_unchanged(cluster: Path):
+    r = dtf("train", "--wrap", str(EXAMPLES / "wrap_mnist.py"), home=cluster, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    wrap_lines = [line for line in r.stderr.splitlines() if line.startswith("dtf: --wrap:")]
+    assert len(wrap_lines) == 1, r.stderr[-4000:]
+    assert "made a ParameterServerStrategy (2 workers, 1 ps)" in wrap_lines[0]
+    assert re.search(r"^dtf: packing \d+ steps? per closure", r.stderr, re.M)
+    epochs = [(float(a), float(b)) for a, b in re.findall(r"^70/70 - .*loss: ([\d.]+) - accuracy: ([\d.]+)",
+                                                          r.stdout, re.M)]
+    assert len(epochs) == 3, r.stdout
+    assert epochs[-1][0] < epochs[0][0] and epochs[-1][1] > epochs[0][1], epochs  # it learns
+    test = re.search(r"^test loss ([\d.]+), test accuracy ([\d.]+)", r.stdout, re.M)
+    assert test and float(test.group(2)) > 0.3, r.stdout  # 10 classes: chance is 0.1
+
+
+VARIANTS = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+
+    x = np.random.default_rng(0).normal(size=(256, 4)).astype("float32")
+    y = (x.sum(1) > 0).astype("int64")
+    # Built and compiled at module level; a finite dataset; no steps_per_epoch; verbose=1.
+    model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu", input_shape=(4,)),
+                                 tf.keras.layers.Dense(2)])
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256).batch(32)
+    model.fit(data, epochs=2, verbose=1)
+    print("steps", int(model.optimizer.iterations.numpy()))
+    result = model.evaluate(data, return_dict=True, verbose=0)
+    print("evaluated", sorted(result))
+    model.fit(data.repeat(), epochs=1)  # forever: what is missing is named
+""")
+
+
+def test_variants_are_supplied_or_named(cluster: Path, tmp_path: Path):
+    program = tmp_path / "variants.py"
+    program.write_text(VARIANTS)
+    r = dtf("train", "--wrap", str(program), home=cluster, timeout=300)
+    assert r.returncode == 2, (r.stdout, r.stderr[-4000:])
+    assert "steps 16" in r.stdout  # 2 epochs of the dataset's 8 batches, as on one machine
+    assert "evaluated ['accuracy', 'loss']" in r.stdout
+    line = next(x for x in r.stderr.splitlines() if x.startswith("dtf: --wrap:"))
+    assert "steps_per_epoch=8 (its length)" in line and "verbose=1 -> 2" in line
+    assert ("dtf: error: --wrap: model.fit on a dataset that repeats forever needs steps_per_epoch"
+            in r.stderr)
+    assert "Traceback" not in r.stderr
