@@ -81,7 +81,8 @@ def main() -> None:
 
         ports = lab.ports(4)
         managed = {"python": "managed", "base_python": BARE}
-        one = lab.inventory(Path(tmp) / "one.yaml", [{"host": "h0", **managed, "ps": [ports[0]], "workers": [ports[1]]}])
+        one = lab.inventory(Path(tmp) / "one.yaml",
+                            [{"host": "h0", **managed, "ps": [ports[0]], "workers": [ports[1]]}])
         plain = lab.inventory(Path(tmp) / "plain.yaml", [{"host": "h0", "ps": [ports[0]], "workers": [ports[1]]}])
         seconds, out = timed("up", str(one), home=home, env=env)
         print(f"cold dtf up, 1 managed host (2 tasks): {seconds:.1f}s; environment {phases(out, 'h0')}")
@@ -102,10 +103,12 @@ def main() -> None:
                         f"h1:{copy_dir}/"], check=True, timeout=1800)
         scp = time.monotonic() - t0
         create = ssh(lab, "h1", f"UV_CACHE_DIR={floor_env}.cache {uv} venv -q --python {BARE} {floor_env}")
-        install = ssh(lab, "h1", f"UV_CACHE_DIR={floor_env}.cache {uv} pip install -q --python {floor_env}/bin/python "
-                                 f"--offline --no-index --find-links {copy_dir} --no-deps -r {lock}")
+        install = ssh(lab, "h1", f"UV_CACHE_DIR={floor_env}.cache {uv} pip install -q "
+                                 f"--python {floor_env}/bin/python --offline --no-index "
+                                 f"--find-links {copy_dir} --no-deps -r {lock}")
         print(f"floor, by hand on a host: scp of the wheels {scp:.1f}s, uv venv {create:.1f}s, "
-              f"uv pip install {install:.1f}s: {create + install:.1f}s to build, {scp + create + install:.1f}s with the copy")
+              f"uv pip install {install:.1f}s: {create + install:.1f}s to build, "
+              f"{scp + create + install:.1f}s with the copy")
         shutil.rmtree(floor_env, ignore_errors=True)
         shutil.rmtree(f"{floor_env}.cache", ignore_errors=True)
         shutil.rmtree(copy_dir, ignore_errors=True)
