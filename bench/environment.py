@@ -51,7 +51,7 @@ def ssh(lab: Lab, host: str, command: str, timeout: float = 1800) -> float:
 
 def phases(stdout: str, host: str) -> str:
     line = next((x for x in stdout.splitlines() if x.startswith(f"{host}: managed environment")), "")
-    return line.removeprefix(f"{host}: managed environment ")
+    return line.split(": ", 2)[-1]
 
 
 def main() -> None:
@@ -105,7 +105,7 @@ def main() -> None:
         create = ssh(lab, "h1", f"UV_CACHE_DIR={floor_env}.cache {uv} venv -q --python {BARE} {floor_env}")
         install = ssh(lab, "h1", f"UV_CACHE_DIR={floor_env}.cache {uv} pip install -q "
                                  f"--python {floor_env}/bin/python --offline --no-index "
-                                 f"--find-links {copy_dir} --no-deps -r {lock}")
+                                 f"--find-links {copy_dir} --no-deps --compile-bytecode -r {lock}")
         print(f"floor, by hand on a host: scp of the wheels {scp:.1f}s, uv venv {create:.1f}s, "
               f"uv pip install {install:.1f}s: {create + install:.1f}s to build, "
               f"{scp + create + install:.1f}s with the copy")

@@ -272,8 +272,10 @@ class ClusterOps:
             if r.exit_code in (126, 127):
                 raise HostError(f"python missing: {hp.python!r} cannot be run there")
             check = self._decode(CheckReply, r, f"{hp.base_python or hp.python} (the host's python)")
-            if hp.managed:
-                pass  # its environment is checked below, once the ports are known to be free
+            if hp.managed:  # its environment is checked below, once the ports are known to be free
+                if tf_version and tf_version != environment.TF_VERSION:
+                    raise HostError(f"TensorFlow mismatch: a managed environment holds dtf's pinned "
+                                    f"{environment.TF_VERSION}, this machine has {tf_version}")
             elif check.tensorflow is None:
                 raise HostError(f"TensorFlow is not installed for {hp.python} "
                                 f"(install tensorflow-cpu=={tf_version} there, or set python: managed)")
@@ -603,7 +605,7 @@ def _mb(n: int) -> str:
 def env_summary(report: EnvReport) -> str:
     """`built in 41.2s (resolve 2.0s, send 6.1s, create 0.1s, install 33.0s), 1.5 GB`."""
     if report.reused and not report.seconds:
-        return f"reused {report.dir}"
+        return "reused (found complete by the check)"
     phases = ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items())
     what = "found complete" if report.reused else "built"
     size = f", {_mb(report.size)} on disk" if report.size else ""

@@ -136,8 +136,7 @@ def show_up(plan: Plan, outcomes: dict[str, Outcome[HostStarted]], seconds: floa
     for hp in plan.hosts:
         env = outcomes[hp.name].value.env
         if env is not None:
-            out.print(f"{hp.name}: managed environment {env_summary(env)}"
-                      + ("" if env.reused and not env.seconds else f" in {env.dir}"), markup=False)
+            out.print(f"{hp.name}: managed environment {env.dir}: {env_summary(env)}", markup=False)
 
 
 def show_purged(outcomes: dict[str, Outcome[HostStopped]]) -> None:

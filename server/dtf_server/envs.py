@@ -147,8 +147,11 @@ def build(env: str, wheels: str, uv: str, requirements: str) -> EnvReply:
              uv_env, "creating the environment", env)
         seconds["create"] = time.monotonic() - t0
         t0 = time.monotonic()
+        # --compile-bytecode: once here, not by every server's first import of TensorFlow (two
+        # tasks of a host compiling at once made the first start slower than the start timeout).
         _run([uv, "pip", "install", "--quiet", "--python", env_python(env), "--offline", "--no-index",
-              "--find-links", wheels, "--no-deps", "-r", requirements], uv_env, "installing the packages", env)
+              "--find-links", wheels, "--no-deps", "--compile-bytecode", "-r", requirements], uv_env,
+             "installing the packages", env)
         seconds["install"] = time.monotonic() - t0
         size = disk_usage(env)
         with open(requirements) as f:
