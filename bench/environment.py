@@ -54,6 +54,33 @@ def phases(stdout: str, host: str) -> str:
     return line.split(": ", 2)[-1]
 
 
+def floor(lab: Lab, host: str, wheels, uv: str, lock: Path) -> tuple[float, float, float]:
+    """The same wheels installed by hand with uv on a host: (scp, uv venv, uv pip install) seconds."""
+    floor_env = Path(lab.host(host).workdir) / "floor-env"
+    copy_dir = Path(lab.host(host).workdir) / "floor-wheels"
+    copy_dir.mkdir(parents=True)
+    try:
+        t0 = time.monotonic()
+        subprocess.run(["scp", "-q", "-F", str(lab.ssh_config), "-i", str(lab.key), *map(str, wheels.files),
+                        f"{host}:{copy_dir}/"], check=True, timeout=1800)
+        scp = time.monotonic() - t0
+        create = ssh(lab, host, f"UV_CACHE_DIR={floor_env}.cache {uv} venv -q --python {BARE} {floor_env}")
+        install = ssh(lab, host, f"UV_CACHE_DIR={floor_env}.cache {uv} pip install -q "
+                                 f"--python {floor_env}/bin/python --offline --no-index "
+                                 f"--find-links {copy_dir} --no-deps --compile-bytecode -r {lock}")
+    finally:
+        for path in (floor_env, Path(f"{floor_env}.cache"), copy_dir):
+            shutil.rmtree(path, ignore_errors=True)
+    return scp, create, install
+
+
+def show_floor(when: str, figures: tuple[float, float, float]) -> None:
+    scp, create, install = figures
+    print(f"floor ({when}), by hand on a host: scp of the wheels {scp:.1f}s, uv venv {create:.1f}s, "
+          f"uv pip install {install:.1f}s: {create + install:.1f}s to build, "
+          f"{scp + create + install:.1f}s with the copy")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
@@ -79,6 +106,11 @@ def main() -> None:
         print(f"laptop cache: resolve + download for {target.tag} / python {target.py}: {fetch:.1f}s "
               f"({len(wheels.files)} wheels, {wheels.size / 1e6:.0f} MB)")
 
+        lock = Path(tmp) / "lock.txt"
+        lock.write_text(wheels.text())
+        uv = environment.uv_binary()
+        show_floor("before dtf's build", floor(lab, "h1", wheels, uv, lock))
+
         ports = lab.ports(4)
         managed = {"python": "managed", "base_python": BARE}
         one = lab.inventory(Path(tmp) / "one.yaml",
@@ -90,28 +122,7 @@ def main() -> None:
         print(f"environment on disk: {du(env_dir) / 1e9:.2f} GB ({env_dir}); wheels kept on the host: "
               f"{du(Path(lab.host('h0').workdir, '.cache', 'wheels')) / 1e6:.0f} MB")
         timed("down", home=home, env=env)
-
-        # The floor, on h1: the same wheels (the lab's hosts see the laptop's disk outside /srv), by hand.
-        lock = Path(tmp) / "lock.txt"
-        lock.write_text(wheels.text())
-        floor_env = Path(lab.host("h1").workdir) / "floor-env"
-        uv = environment.uv_binary()
-        copy_dir = Path(lab.host("h1").workdir) / "floor-wheels"
-        copy_dir.mkdir(parents=True)
-        t0 = time.monotonic()
-        subprocess.run(["scp", "-q", "-F", str(lab.ssh_config), "-i", str(lab.key), *map(str, wheels.files),
-                        f"h1:{copy_dir}/"], check=True, timeout=1800)
-        scp = time.monotonic() - t0
-        create = ssh(lab, "h1", f"UV_CACHE_DIR={floor_env}.cache {uv} venv -q --python {BARE} {floor_env}")
-        install = ssh(lab, "h1", f"UV_CACHE_DIR={floor_env}.cache {uv} pip install -q "
-                                 f"--python {floor_env}/bin/python --offline --no-index "
-                                 f"--find-links {copy_dir} --no-deps --compile-bytecode -r {lock}")
-        print(f"floor, by hand on a host: scp of the wheels {scp:.1f}s, uv venv {create:.1f}s, "
-              f"uv pip install {install:.1f}s: {create + install:.1f}s to build, "
-              f"{scp + create + install:.1f}s with the copy")
-        shutil.rmtree(floor_env, ignore_errors=True)
-        shutil.rmtree(f"{floor_env}.cache", ignore_errors=True)
-        shutil.rmtree(copy_dir, ignore_errors=True)
+        show_floor("after dtf's build", floor(lab, "h2", wheels, uv, lock))
 
         # Two managed hosts, cold: the laptop sends to one, the other copies from it.
         two = lab.inventory(Path(tmp) / "two.yaml", [{"host": "h1", **managed, "ps": [ports[2]]},

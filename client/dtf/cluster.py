@@ -80,6 +80,7 @@ ENV_BUILD_TIMEOUT = 1800.0  # seconds a managed environment's build may take on 
 # A managed environment takes about 4.5 times its wheels on disk (tensorflow-cpu 2.21: 334 MB of
 # wheels, 1.5 GB installed); `up` refuses a host with less free space than wheels + this.
 ENV_SIZE_FACTOR = 4.5
+ENV_MIN_FREE = 2_000_000_000  # bytes: less than this free, and no TensorFlow environment fits
 
 
 @dataclass(frozen=True)
@@ -320,6 +321,9 @@ class ClusterOps:
         problem = target.problem()
         if problem:
             raise HostError(problem)
+        if 0 <= check.free < ENV_MIN_FREE:  # hopeless before anything is resolved or downloaded
+            raise HostError(f"disk full: {_mb(check.free)} free for {hp.env_dir}, a managed environment "
+                            f"needs about {_mb(ENV_MIN_FREE)} or more")
         seconds: dict[str, float] = {}
         t0 = time.monotonic()
         self._step(hp, f"resolving and fetching packages for {target.tag} / python {target.py}")

@@ -217,3 +217,42 @@ def test_purge_refuses_while_tasks_run_and_removes_the_cache(tmp_path: Path):
     done = envs.purge(str(tmp_path), {"demo": []})
     assert done.error is None and done.size >= 10000 and done.removed == [str(tmp_path / ".cache" / "env")]
     assert not (tmp_path / ".cache").exists()
+
+
+def test_wheels_copied_from_another_host_are_checked(tmp_path: Path):
+    """The seed's `serve-wheels` and a peer's `fetch-wheels`, on loopback: only the files named
+    are served, each copy is checked against its sha256, and the server stops when idle."""
+    import hashlib
+    import socket
+    import threading
+
+    from dtf.relay import Relay
+
+    seed, peer = tmp_path / "seed", tmp_path / "peer"
+    seed.mkdir()
+    (seed / "a-1.0-py3-none-any.whl").write_bytes(b"a" * 3_000_000)
+    (seed / "secret.txt").write_text("not a wheel")
+    sha = hashlib.sha256(b"a" * 3_000_000).hexdigest()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    served: list = []
+    server = threading.Thread(target=lambda: served.append(
+        envs.serve(str(seed), port, ["a-1.0-py3-none-any.whl"], idle=1.0, limit=30)))
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    ok = envs.fetch(url, str(peer), [("a-1.0-py3-none-any.whl", sha)], wait=10, timeout=10)
+    assert ok.error is None and ok.fetched == ["a-1.0-py3-none-any.whl"]
+    assert (peer / "a-1.0-py3-none-any.whl").read_bytes() == b"a" * 3_000_000
+    bad = envs.fetch(url, str(tmp_path / "peer2"), [("a-1.0-py3-none-any.whl", "0" * 64)], wait=10, timeout=10)
+    assert bad.fetched == [] and "does not match its sha256" in (bad.error or "")
+    denied = envs.fetch(url, str(tmp_path / "peer3"), [("secret.txt", sha)], wait=10, timeout=10)
+    assert denied.fetched == [] and "404" in (denied.error or "")
+    server.join(timeout=30)
+    assert not server.is_alive() and served[0].requests == 3
+    assert [p.name for p in (tmp_path / "peer2").iterdir()] == []  # no partial file left
+
+    relay = Relay()
+    first = relay.join("cp311-manylinux_2_36_x86_64", "h0")
+    assert relay.join("cp311-manylinux_2_36_x86_64", "h1") is first and first.host == "h0"
+    assert relay.join("cp312-manylinux_2_36_x86_64", "h1").host == "h1"
