@@ -24,7 +24,7 @@ from dtf import environment, relay, shipping
 from dtf.netutil import CONNECT_TIMEOUT, port_open, wait_port
 from dtf.plan import HostPlan, Plan, TaskPlan
 from dtf.transport import HostError, Result, Transport, transport_for
-from dtf_server import protocol
+from dtf_server import layout, protocol
 from dtf_server.procs import tf_version
 from dtf_server.protocol import (
     CheckReply,
@@ -334,35 +334,37 @@ class ClusterOps:
             raise HostError(str(e))
         seconds["resolve"] = time.monotonic() - t0
         missing = [f for f in wheels.files if f.name not in set(check.wheels)]
-        need = sum(f.stat().st_size for f in missing) + int(wheels.size * ENV_SIZE_FACTOR)
-        if 0 <= check.free < need:
+        space = sum(f.stat().st_size for f in missing) + int(wheels.size * ENV_SIZE_FACTOR)
+        if 0 <= check.free < space:
             raise HostError(f"disk full: {_mb(check.free)} free for {hp.env_dir}, the environment needs "
-                            f"about {_mb(need)}")
+                            f"about {_mb(space)}")
         t0 = time.monotonic()
-        remote_uv = environment.uv_remote(hp.spec.workdir, uv)
+        # What this host lacks, as (file here, path below WORKDIR/.cache there): uv, and wheels.
+        cache = layout.cache_dir(hp.spec.workdir)
+        uv_rel = f"bin/{environment.uv_name(uv)}"
+        remote_uv = posixpath.join(cache, uv_rel)
+        need = [] if t.run(["test", "-x", remote_uv], timeout=30).ok else [(uv, uv_rel)]
+        need += [(f, f"wheels/{f.name}") for f in missing]
         sent = 0
-        if not t.run(["test", "-x", remote_uv], timeout=30).ok:
-            self._step(hp, "sending uv")
-            self._send(t, hp, uv, remote_uv)
-            sent += uv.stat().st_size
-            if not t.run(["chmod", "755", remote_uv], timeout=30).ok:
-                raise HostError(f"cannot make {remote_uv} executable")
         seed = None
-        if missing:
+        if need:
             seed = self.relay.join(target.key, hp.name)
             if seed.host != hp.name:
-                missing = self._copy_wheels(t, hp, seed, wheels, missing)
+                need = self._copy_wheels(t, hp, seed, need)
         try:
-            for i, f in enumerate(missing, 1):
-                self._step(hp, f"sending wheels: {i}/{len(missing)} ({_mb(sent)} of "
-                               f"{_mb(sum(m.stat().st_size for m in missing))})")
-                self._send(t, hp, f, f"{hp.wheels_dir}/{f.name}")
+            total = sum(f.stat().st_size for f, _ in need)
+            for i, (f, rel) in enumerate(need, 1):
+                self._step(hp, f"sending {i}/{len(need)}: {f.name} ({_mb(sent)} of {_mb(total)})")
+                self._send(t, hp, f, posixpath.join(cache, rel))
                 sent += f.stat().st_size
             if seed is not None and seed.host == hp.name:
-                self._serve_wheels(hp, seed, wheels, free_port)
+                self._serve_wheels(hp, seed, [(uv, uv_rel),
+                                              *[(f, f"wheels/{f.name}") for f in wheels.files]], free_port)
         finally:
             if seed is not None and seed.host == hp.name:
                 seed.ready.set()  # serving, or failed: the other hosts stop waiting either way
+        if not t.run(["chmod", "755", remote_uv], timeout=30).ok:
+            raise HostError(f"cannot make {remote_uv} executable")
         requirements = f"{hp.env_dir}.requirements.txt"
         t.put_bytes(wheels.text().encode(), posixpath.dirname(requirements), posixpath.basename(requirements))
         seconds["send"] = time.monotonic() - t0
@@ -390,14 +392,15 @@ class ClusterOps:
         self._step(hp, "environment ready: " + env_summary(report))
         return report
 
-    def _serve_wheels(self, hp: HostPlan, seed: relay.Seed, wheels: environment.WheelSet, port: int) -> None:
-        """The seed: serve the wheels to the other hosts of the cluster on a planned (free) TF
-        port, from a second SSH session, until no request comes for a while."""
+    def _serve_wheels(self, hp: HostPlan, seed: relay.Seed, files: list[tuple[Path, str]], port: int) -> None:
+        """The seed: serve uv and the wheels (paths below WORKDIR/.cache) to the other hosts of
+        the cluster on a planned (free) TF port, from a second SSH session, until no request
+        comes for a while."""
         if not any(other.managed for other in self.plan.hosts if other.name != hp.name):
             return
-        argv = [hp.base_python, hp.launcher, "serve-wheels", "--dir", hp.wheels_dir, "--port", str(port),
-                "--idle", f"{relay.SERVE_IDLE:g}", "--limit", f"{relay.SERVE_LIMIT:g}",
-                *[a for f in wheels.files for a in ("--file", f.name)]]
+        argv = [hp.base_python, hp.launcher, "serve-wheels", "--dir", layout.cache_dir(hp.spec.workdir),
+                "--port", str(port), "--idle", f"{relay.SERVE_IDLE:g}", "--limit", f"{relay.SERVE_LIMIT:g}",
+                *[a for _, rel in files for a in ("--file", rel)]]
 
         def serve() -> None:
             try:
@@ -412,32 +415,34 @@ class ClusterOps:
         seed.thread = threading.Thread(target=serve, name=f"dtf-wheels-{hp.name}", daemon=True)
         seed.thread.start()
 
-    def _copy_wheels(self, t: Transport, hp: HostPlan, seed: relay.Seed, wheels: environment.WheelSet,
-                     missing: list[Path]) -> list[Path]:
-        """Copy the missing wheels from the seed host (hosts reach each other on the TF ports);
-        what could not be copied is left for this machine to send."""
+    def _copy_wheels(self, t: Transport, hp: HostPlan, seed: relay.Seed,
+                     need: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
+        """Copy what this host needs (uv, wheels) from the seed host (hosts reach each other on
+        the TF ports); what could not be copied is left for this machine to send."""
         self._step(hp, f"waiting for {seed.host} to receive the wheels")
         deadline = time.monotonic() + relay.SEED_WAIT
         while not seed.ready.wait(0.2):
             if self.cancel.is_set():
                 raise Cancelled("interrupted")
             if time.monotonic() > deadline:
-                return missing
+                return need
         if seed.url is None or seed.closed.is_set():
-            return missing
-        self._step(hp, f"copying {len(missing)} wheels from {seed.host}")
-        digests = self.wheels.sha256(missing)
-        argv = [hp.base_python, hp.launcher, "fetch-wheels", "--from", seed.url, "--dir", hp.wheels_dir,
-                *[a for f in missing for a in ("--file", f"{f.name}:{digests[f]}")]]
+            return need
+        self._step(hp, f"copying {len(need)} files from {seed.host}")
+        digests = self.wheels.sha256([f for f, _ in need])
+        argv = [hp.base_python, hp.launcher, "fetch-wheels", "--from", seed.url,
+                "--dir", layout.cache_dir(hp.spec.workdir),
+                *[a for f, rel in need for a in ("--file", f"{rel}:{digests[f]}")]]
         try:
             reply = self._decode(FetchReply, t.run(argv, timeout=relay.SERVE_LIMIT), "copying the wheels")
         except HostError as e:
             self.progress(hp.name, f"copying from {seed.host} failed ({e}): sending from here")
-            return missing
+            return need
         if reply.error:
             self.progress(hp.name, f"{reply.error}: sending the rest from here")
-        self.copied[hp.name] = sum(f.stat().st_size for f in missing if f.name in set(reply.fetched))
-        return [f for f in missing if f.name not in set(reply.fetched)]
+        fetched = set(reply.fetched)
+        self.copied[hp.name] = sum(f.stat().st_size for f, rel in need if rel in fetched)
+        return [(f, rel) for f, rel in need if rel not in fetched]
 
     def _send(self, t: Transport, hp: HostPlan, local: Path, remote: str) -> None:
         try:

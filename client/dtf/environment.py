@@ -87,9 +87,9 @@ def wheels_dir(workdir: str) -> str:
     return layout.cache_dir(workdir, "wheels")
 
 
-def uv_remote(workdir: str, binary: Path) -> str:
-    digest = hashlib.sha256(binary.read_bytes()).hexdigest()[:12]
-    return posixpath.join(layout.cache_dir(workdir, "bin"), f"uv-{digest}")
+def uv_name(binary: Path) -> str:
+    """uv's name on a host (WORKDIR/.cache/bin/): by its content, so another version never clashes."""
+    return f"uv-{hashlib.sha256(binary.read_bytes()).hexdigest()[:12]}"
 
 
 # -- the host's platform ---------------------------------------------------------------------

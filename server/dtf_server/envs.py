@@ -269,8 +269,12 @@ def fetch(url: str, directory: str, files: list[tuple[str, str]], wait: float, t
         return FetchReply(fetched=fetched, error=f"cannot create {directory}: {e.strerror or e}")
     start = time.monotonic()
     for name, sha256 in files:
-        target = os.path.join(directory, name)
+        target = os.path.join(directory, name)  # name: a path below directory (wheels/..., bin/uv-...)
         tmp = f"{target}.tmp-fetch{os.getpid()}"
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+        except OSError as e:
+            return FetchReply(fetched=fetched, error=f"cannot create {os.path.dirname(target)}: {e.strerror or e}")
         while True:
             try:
                 digest = hashlib.sha256()
