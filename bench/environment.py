@@ -31,7 +31,14 @@ from lab import Lab
 BARE = "/usr/bin/python3"
 
 
+def settle() -> None:
+    """Write back what earlier steps left dirty, so that a step that writes 1.6 GB is not
+    throttled for the one before it (each measured build starts from the same state)."""
+    subprocess.run(["sync"], check=False, timeout=300)
+
+
 def timed(*args: str, home: Path, env: dict[str, str]) -> tuple[float, str]:
+    settle()
     t0 = time.monotonic()
     r = dtf(*args, home=home, check=True, timeout=1800, env=env)
     return time.monotonic() - t0, r.stdout
@@ -60,10 +67,12 @@ def floor(lab: Lab, host: str, wheels, uv: str, lock: Path) -> tuple[float, floa
     copy_dir = Path(lab.host(host).workdir) / "floor-wheels"
     copy_dir.mkdir(parents=True)
     try:
+        settle()
         t0 = time.monotonic()
         subprocess.run(["scp", "-q", "-F", str(lab.ssh_config), "-i", str(lab.key), *map(str, wheels.files),
                         f"{host}:{copy_dir}/"], check=True, timeout=1800)
         scp = time.monotonic() - t0
+        settle()
         create = ssh(lab, host, f"UV_CACHE_DIR={floor_env}.cache {uv} venv -q --python {BARE} {floor_env}")
         install = ssh(lab, host, f"UV_CACHE_DIR={floor_env}.cache {uv} pip install -q "
                                  f"--python {floor_env}/bin/python --offline --no-index "

@@ -39,8 +39,6 @@ from dtf_server import layout
 
 # Keep equal to pyproject.toml's pins (tests/unit/test_environment.py checks).
 TF_VERSION = "2.21.0"
-ACCELERATORS = ("none", "cuda")
-MANAGED = "managed"  # `python: managed`
 CACHE_ENV = "DTF_CACHE"
 RESOLVE_TIMEOUT = 300.0  # seconds for one resolution, or one download of a target's wheels
 MIN_GLIBC, MAX_GLIBC = 17, 40  # manylinux_2_17 .. what uv's --python-platform names
