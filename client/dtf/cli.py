@@ -269,15 +269,20 @@ def down(
     cluster: str | None = ClusterOpt,
     keep_logs: bool = typer.Option(False, "--keep-logs", help="Leave the task logs on the hosts."),
     grace: float = typer.Option(Defaults.STOP_GRACE, help="Seconds between TERM and KILL."),
+    purge: bool = typer.Option(False, "--purge",
+                               help="Also remove each host's cache (WORKDIR/.cache: managed "
+                                    "environments, wheels, synced data), which `down` keeps."),
     connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
     """Stop every task, check none remains, remove dtf's files from the hosts, forget the cluster."""
     from dtf import lifecycle, ui
 
     result = lifecycle.down(cluster, keep_logs=keep_logs, grace=grace, connect_timeout=connect_timeout,
-                            view=ui.host_progress)
+                            view=ui.host_progress, purge=purge)
     ui.out.print(f"cluster {result.cluster} is down: {result.stopped} server(s) stopped on "
                  f"{len(result.outcomes)} host(s) in {result.seconds:.1f}s", markup=False)
+    if purge:
+        ui.show_purged(result.outcomes)
 
 
 def main() -> None:

@@ -11,25 +11,30 @@ every task of a plan.
 
 from __future__ import annotations
 
+import posixpath
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Generic, TypeVar
 
-from dtf import shipping, sync
+from dtf import environment, relay, shipping, sync
 from dtf.netutil import CONNECT_TIMEOUT, port_open, wait_port
 from dtf.plan import HostPlan, Plan, TaskPlan
 from dtf.transport import HostError, Result, Transport, transport_for
-from dtf_server import protocol
+from dtf_server import layout, protocol
 from dtf_server.procs import tf_version
 from dtf_server.protocol import (
     CheckReply,
     CleanReply,
     Defaults,
+    EnvReply,
     FenceReply,
+    FetchReply,
     ProtocolMismatch,
+    PurgeReply,
     R,
     ReachReply,
     RenewReply,
@@ -72,17 +77,38 @@ class Outcome(Generic[T]):
         return self.data
 
 
+ENV_BUILD_TIMEOUT = 1800.0  # seconds a managed environment's build may take on a host
+# A managed environment takes about 4.5 times its wheels on disk (tensorflow-cpu 2.21: 334 MB of
+# wheels, 1.5 GB installed); `up` refuses a host with less free space than wheels + this.
+ENV_SIZE_FACTOR = 4.5
+ENV_MIN_FREE = 2_000_000_000  # bytes: less than this free, and no TensorFlow environment fits
+
+
+@dataclass(frozen=True)
+class EnvReport:
+    """What `up` did about a host's managed environment, and how long each phase took."""
+
+    dir: str
+    reused: bool  # complete already: one check, nothing built
+    seconds: dict[str, float] = field(default_factory=dict)  # resolve, send, create, install
+    size: int = 0  # bytes on the host (0: not measured, reused)
+    sent: int = 0  # bytes sent from this machine
+    copied: int = 0  # bytes of wheels copied from another host of the cluster
+
+
 @dataclass(frozen=True)
 class HostStarted:
     pids: dict[str, int]  # task -> its supervisor's pid
     client_address: str | None  # the laptop's address as the host saw it
     direct: bool = True  # its tasks' TF ports accept connections from this machine directly
+    env: EnvReport | None = None  # `python: managed`
 
 
 @dataclass(frozen=True)
 class HostStopped:
     stopped: dict[str, TaskStopped]
     removed: list[str] = field(default_factory=list)
+    purged: PurgeReply | None = None  # `down --purge`: WORKDIR/.cache removed (or why not)
 
 
 @dataclass(frozen=True)
@@ -141,6 +167,18 @@ class ClusterOps:
         self.cancel = threading.Event()
         self.touched: set[str] = set()  # hosts `up` uploaded the launcher to
         self.started: set[str] = set()  # hosts `up` started tasks on
+        self._wheels: environment.WheelCache | None = None
+        self._wheels_guard = threading.Lock()
+        self.relay = relay.Relay()  # wheels from host to host (managed environments)
+        self.copied: dict[str, int] = {}  # host -> bytes of wheels it copied from another host
+
+    @property
+    def wheels(self) -> environment.WheelCache:
+        """The laptop's wheel cache (made on first use, by the first managed host)."""
+        with self._wheels_guard:
+            if self._wheels is None:
+                self._wheels = environment.WheelCache()
+            return self._wheels
 
     def transport(self, hp: HostPlan) -> Transport:
         return transport_for(hp.spec, self.plan.ssh_config, self.connect_timeout)
@@ -227,15 +265,23 @@ class ClusterOps:
             self._step(hp, "uploading launcher")
             self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
             self._upload(t, hp)
-            self._step(hp, "checking python and TensorFlow")
+            self._step(hp, "checking python and " + ("its environment" if hp.managed else "TensorFlow"))
             r = t.run(hp.check_argv(only), timeout=30)
-            if r.exit_code in (126, 127):  # the shell's "not found" / "not executable"
+            if r.exit_code in (126, 127) and hp.managed:  # the shell's "not found" / "not executable"
+                where = "on the PATH of an SSH command" if "/" not in hp.base_python else "there"
+                raise HostError(f"no python3 on the host (looked for {hp.base_python!r} {where}; "
+                                f"set base_python)")
+            if r.exit_code in (126, 127):
                 raise HostError(f"python missing: {hp.python!r} cannot be run there")
-            check = self._decode(CheckReply, r, f"{hp.python} (the host's python)")
-            if check.tensorflow is None:
+            check = self._decode(CheckReply, r, f"{hp.base_python or hp.python} (the host's python)")
+            if hp.managed:  # its environment is checked below, once the ports are known to be free
+                if tf_version and tf_version != environment.TF_VERSION:
+                    raise HostError(f"TensorFlow mismatch: a managed environment holds dtf's pinned "
+                                    f"{environment.TF_VERSION}, this machine has {tf_version}")
+            elif check.tensorflow is None:
                 raise HostError(f"TensorFlow is not installed for {hp.python} "
-                                f"(install tensorflow-cpu=={tf_version} there)")
-            if tf_version and check.tensorflow != tf_version:
+                                f"(install tensorflow-cpu=={tf_version} there, or set python: managed)")
+            elif tf_version and check.tensorflow != tf_version:
                 raise HostError(f"TensorFlow mismatch: {check.tensorflow} on the host ({hp.python}), "
                                 f"{tf_version} on this machine")
             if check.running and only is None:
@@ -246,6 +292,7 @@ class ClusterOps:
             if check.busy:
                 raise HostError("port busy: " + ", ".join(
                     f"{task.port} ({task.name})" for task in hp.tasks if task.port in check.busy))
+            env = self._environment(t, hp, check, hp.tasks_in(only)[0].port) if hp.managed else None
             if self.plan.firewall == "members":
                 self._fence(t, hp, check.client_address)
             tasks = hp.tasks_in(only)
@@ -261,7 +308,154 @@ class ClusterOps:
             self._step(hp, "checking the servers are reachable from here")
             direct = self._reachable(t, hp, tasks)
         return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
-                           client_address=check.client_address, direct=direct)
+                           client_address=check.client_address, direct=direct, env=env)
+
+    def _environment(self, t: Transport, hp: HostPlan, check: CheckReply, free_port: int) -> EnvReport:
+        """A managed host's environment: reused when `check` found it complete (the one cheap
+        check), else resolved and fetched on this machine (cached), sent (or copied from another
+        host of the cluster: see _copy_wheels), and built there. `free_port`: a planned TF port
+        of this host, free until its servers start."""
+        assert hp.env_dir is not None
+        if check.env_ready:
+            return EnvReport(dir=hp.env_dir, reused=True)
+        target = environment.Target(check.machine, check.system, check.libc, check.python)
+        problem = target.problem()
+        if problem:
+            raise HostError(problem)
+        if 0 <= check.free < ENV_MIN_FREE:  # hopeless before anything is resolved or downloaded
+            raise HostError(f"disk full: {_mb(check.free)} free for {hp.env_dir}, a managed environment "
+                            f"needs about {_mb(ENV_MIN_FREE)} or more")
+        seconds: dict[str, float] = {}
+        t0 = time.monotonic()
+        self._step(hp, f"resolving and fetching packages for {target.tag} / python {target.py}")
+        try:
+            wheels = self.wheels.wheels(hp.requirements, hp.spec.accelerator, target)
+            uv = self.wheels.uv_for(target)
+        except environment.EnvError as e:
+            raise HostError(str(e))
+        seconds["resolve"] = time.monotonic() - t0
+        missing = [f for f in wheels.files if f.name not in set(check.wheels)]
+        space = sum(f.stat().st_size for f in missing) + int(wheels.size * ENV_SIZE_FACTOR)
+        if 0 <= check.free < space:
+            raise HostError(f"disk full: {_mb(check.free)} free for {hp.env_dir}, the environment needs "
+                            f"about {_mb(space)}")
+        t0 = time.monotonic()
+        # What this host lacks, as (file here, path below WORKDIR/.cache there): uv, and wheels.
+        cache = layout.cache_dir(hp.spec.workdir)
+        uv_rel = f"bin/{environment.uv_name(uv)}"
+        remote_uv = posixpath.join(cache, uv_rel)
+        need = [] if t.run(["test", "-x", remote_uv], timeout=30).ok else [(uv, uv_rel)]
+        need += [(f, f"wheels/{f.name}") for f in missing]
+        sent = 0
+        seed = None
+        if need:
+            seed = self.relay.join(target.key, hp.name)
+            if seed.host != hp.name:
+                need = self._copy_wheels(t, hp, seed, need)
+        try:
+            total = sum(f.stat().st_size for f, _ in need)
+            for i, (f, rel) in enumerate(need, 1):
+                self._step(hp, f"sending {i}/{len(need)}: {f.name} ({_mb(sent)} of {_mb(total)})")
+                self._send(t, hp, f, posixpath.join(cache, rel))
+                sent += f.stat().st_size
+            if seed is not None and seed.host == hp.name:
+                self._serve_wheels(hp, seed, [(uv, uv_rel),
+                                              *[(f, f"wheels/{f.name}") for f in wheels.files]], free_port)
+        finally:
+            if seed is not None and seed.host == hp.name:
+                seed.ready.set()  # serving, or failed: the other hosts stop waiting either way
+        if not t.run(["chmod", "755", remote_uv], timeout=30).ok:
+            raise HostError(f"cannot make {remote_uv} executable")
+        requirements = f"{hp.env_dir}.requirements.txt"
+        t.put_bytes(wheels.text().encode(), posixpath.dirname(requirements), posixpath.basename(requirements))
+        seconds["send"] = time.monotonic() - t0
+        self._step(hp, f"building the environment ({len(wheels.pinned)} packages)")
+        try:
+            r = t.run(hp.env_argv(remote_uv, requirements), timeout=ENV_BUILD_TIMEOUT)
+        finally:
+            if seed is not None and seed.thread is not None:
+                # Its servers need the port; and whatever happens here, the others may be copying.
+                self._step(hp, "waiting for the other hosts to finish copying the wheels from here")
+                seed.thread.join(timeout=relay.SERVE_LIMIT + 60)
+        try:
+            built = self._decode(EnvReply, r, "building the environment")
+        except HostError:
+            if r.stdout.strip() or r.exit_code >= 0:
+                raise
+            # No reply and killed by a signal (SSH reports -1): what was built is never used.
+            raise HostError(f"the environment build in {hp.env_dir} was killed before it finished; "
+                            f"the next `dtf up` builds it again")
+        if not built.ok:
+            raise HostError(built.error or "building the environment failed")
+        seconds.update(built.seconds)
+        report = EnvReport(dir=hp.env_dir, reused=built.reused, seconds=seconds, size=built.size, sent=sent,
+                           copied=self.copied.get(hp.name, 0))
+        self._step(hp, "environment ready: " + env_summary(report))
+        return report
+
+    def _serve_wheels(self, hp: HostPlan, seed: relay.Seed, files: list[tuple[Path, str]], port: int) -> None:
+        """The seed: serve uv and the wheels (paths below WORKDIR/.cache) to the other hosts of
+        the cluster on a planned (free) TF port, from a second SSH session, until no request
+        comes for a while."""
+        if not any(other.managed for other in self.plan.hosts if other.name != hp.name):
+            return
+        argv = [hp.base_python, hp.launcher, "serve-wheels", "--dir", layout.cache_dir(hp.spec.workdir),
+                "--port", str(port), "--idle", f"{relay.SERVE_IDLE:g}", "--limit", f"{relay.SERVE_LIMIT:g}",
+                *[a for _, rel in files for a in ("--file", rel)]]
+
+        def serve() -> None:
+            try:
+                with self.transport(hp) as t2:
+                    t2.run(argv, timeout=relay.SERVE_LIMIT + 30)
+            except HostError:
+                pass  # the other hosts fall back to this machine
+            finally:
+                seed.closed.set()
+
+        seed.url = f"http://{hp.tasks[0].addr_host}:{port}"
+        seed.thread = threading.Thread(target=serve, name=f"dtf-wheels-{hp.name}", daemon=True)
+        seed.thread.start()
+
+    def _copy_wheels(self, t: Transport, hp: HostPlan, seed: relay.Seed,
+                     need: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
+        """Copy what this host needs (uv, wheels) from the seed host (hosts reach each other on
+        the TF ports); what could not be copied is left for this machine to send."""
+        self._step(hp, f"waiting for {seed.host} to receive the wheels")
+        deadline = time.monotonic() + relay.SEED_WAIT
+        while not seed.ready.wait(0.2):
+            if self.cancel.is_set():
+                raise Cancelled("interrupted")
+            if time.monotonic() > deadline:
+                return need
+        if seed.url is None or seed.closed.is_set():
+            return need
+        self._step(hp, f"copying {len(need)} files from {seed.host}")
+        digests = self.wheels.sha256([f for f, _ in need])
+        argv = [hp.base_python, hp.launcher, "fetch-wheels", "--from", seed.url,
+                "--dir", layout.cache_dir(hp.spec.workdir),
+                *[a for f, rel in need for a in ("--file", f"{rel}:{digests[f]}")]]
+        try:
+            reply = self._decode(FetchReply, t.run(argv, timeout=relay.SERVE_LIMIT), "copying the wheels")
+        except HostError as e:
+            self.progress(hp.name, f"copying from {seed.host} failed ({e}): sending from here")
+            return need
+        if reply.error:
+            self.progress(hp.name, f"{reply.error}: sending the rest from here")
+        fetched = set(reply.fetched)
+        self.copied[hp.name] = sum(f.stat().st_size for f, rel in need if rel in fetched)
+        return [(f, rel) for f, rel in need if rel not in fetched]
+
+    def _send(self, t: Transport, hp: HostPlan, local: Path, remote: str) -> None:
+        try:
+            t.put_file(local, posixpath.dirname(remote), posixpath.basename(remote))
+        except HostError as e:
+            # SFTP says only "Failure" when the disk is full: ask the host what is left.
+            free = t.run([hp.base_python, "-c", "import os,sys;s=os.statvfs(sys.argv[1]);"
+                          "print(s.f_bavail*s.f_frsize)", posixpath.dirname(remote)], timeout=30)
+            if free.ok and free.stdout.strip().isdigit() and int(free.stdout) < local.stat().st_size:
+                raise HostError(f"disk full while sending the wheels to {posixpath.dirname(remote)} "
+                                f"({_mb(int(free.stdout))} free)")
+            raise e
 
     def _fence(self, t: Transport, hp: HostPlan, client_address: str | None) -> None:
         """`firewall: members`: close the host's TF ports to all but the cluster's hosts (and the
@@ -400,8 +594,9 @@ class ClusterOps:
 
     # -- down ----------------------------------------------------------------------------------
     def stop_host(self, hp: HostPlan, keep_logs: bool = False, grace: float = STOP_GRACE,
-                  only: Collection[str] | None = None) -> HostStopped:
-        """Stop the host's tasks and remove dtf's files; with `only`, stop just those tasks."""
+                  only: Collection[str] | None = None, purge: bool = False) -> HostStopped:
+        """Stop the host's tasks and remove dtf's files; with `only`, stop just those tasks; with
+        `purge`, remove WORKDIR/.cache too (managed environments, wheels, synced trees)."""
         self._step(hp, "connecting")
         with self.transport(hp) as t:
             self._step(hp, "stopping servers")
@@ -411,13 +606,18 @@ class ClusterOps:
                 raise HostError(f"still running after KILL: {', '.join(left)}")
             if only is not None:
                 return HostStopped(stopped.tasks)
+            purged = None
+            if purge:  # before `clean`, which removes the launcher
+                self._step(hp, f"removing {hp.spec.workdir}/.cache")
+                argv = hp.purge_argv()
+                purged = self._ask(t, hp, PurgeReply, argv, "purging the cache", 300)
             self._step(hp, "removing files")
             cleaned = self._ask(t, hp, CleanReply, hp.clean_argv(keep_logs), "cleaning up", 30)
-        return HostStopped(stopped.tasks, cleaned.removed)
+        return HostStopped(stopped.tasks, cleaned.removed, purged)
 
     def down(self, keep_logs: bool = False, grace: float = STOP_GRACE,
-             hosts: Sequence[HostPlan] | None = None) -> dict[str, Outcome[HostStopped]]:
-        return self.each_host(lambda hp: self.stop_host(hp, keep_logs, grace), hosts)
+             hosts: Sequence[HostPlan] | None = None, purge: bool = False) -> dict[str, Outcome[HostStopped]]:
+        return self.each_host(lambda hp: self.stop_host(hp, keep_logs, grace, purge=purge), hosts)
 
     def remove_launcher(self, hosts: Sequence[HostPlan]) -> dict[str, Outcome[CleanReply]]:
         """Undo an upload that no start followed: remove dtf's files unless tasks (another
@@ -432,6 +632,22 @@ class ClusterOps:
         """Stop the tasks named per host (a partial rollback); leave the rest and the files."""
         return self.each_host(lambda hp: self.stop_host(hp, grace=grace, only=only[hp.name]),
                               self._hosts_in(only))
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def env_summary(report: EnvReport) -> str:
+    """`built in 41.2s (resolve 2.0s, send 6.1s, create 0.1s, install 33.0s), 1.5 GB`."""
+    if report.reused and not report.seconds:
+        return "reused (found complete by the check)"
+    phases = ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items())
+    what = "found complete" if report.reused else "built"
+    size = f", {_mb(report.size)} on disk" if report.size else ""
+    sent = f", {_mb(report.sent)} sent" if report.sent else ""
+    copied = f", {_mb(report.copied)} copied from another host" if report.copied else ""
+    return f"{what} in {sum(report.seconds.values()):.1f}s ({phases}){size}{sent}{copied}"
 
 
 class LeaseKeeper:

@@ -26,6 +26,8 @@ from .errors import InventoryError, Problem
 
 DEFAULT_TF_PORT = 2222
 DEFAULT_PYTHON = "python3"
+MANAGED = "managed"  # `python: managed`: dtf builds the environment (see dtf.environment)
+ACCELERATORS = ("none", "cuda")
 DEFAULT_WORKDIR = "~/.dtf"
 DEFAULT_RESTART_LIMIT = Defaults.RESTART_LIMIT  # host-side defaults live in one place
 DEFAULT_RESTART_BACKOFF = Defaults.RESTART_BACKOFF
@@ -47,6 +49,15 @@ class HostSpec:
     # The last fields have defaults: records saved before they existed still load (HostSpec(**d)).
     restart_limit: int = DEFAULT_RESTART_LIMIT  # restarts of a dead task's server before giving up; 0: never
     restart_backoff: float = DEFAULT_RESTART_BACKOFF  # seconds before a restart; doubles on quick deaths, max 60
+    # `python: managed`: dtf builds the host's environment (dtf.environment) on `base_python`,
+    # with the pinned TensorFlow (the CUDA build with accelerator cuda) plus `packages`.
+    base_python: str = DEFAULT_PYTHON
+    packages: tuple[str, ...] = ()
+    accelerator: str = "none"
+
+    @property
+    def managed(self) -> bool:
+        return self.python == MANAGED
 
 
 @dataclass(frozen=True)
@@ -319,6 +330,25 @@ def _read_seconds(node: yaml.Node) -> float:
     return float(value) + 0.0  # -0.0 becomes 0.0
 
 
+# A requirement as pip and uv read it: a name, extras, a version specifier, a marker. Never an
+# option (a line starting with '-' would be one in a requirements file).
+_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._, -]*\])?\s*([<>=!~;@ ][^\n\r]*)?")
+
+
+def _read_packages(node: yaml.Node) -> tuple[str, ...]:
+    value = _plain(node)
+    expected = "a list of requirements such as 'pandas==2.2.3' or 'scipy>=1.13'"
+    if not isinstance(value, yaml.SequenceNode):
+        raise _Invalid(f"expected {expected}, got {_describe(node)}")
+    packages = []
+    for item in value.value:
+        text = _plain(item)
+        if not isinstance(text, str) or not _REQUIREMENT.fullmatch(text.strip()):
+            raise _Invalid(f"expected {expected}, got {_describe(item)} in the list")
+        packages.append(text.strip())
+    return tuple(packages)
+
+
 def _read_connection(node: yaml.Node) -> str:
     value = _plain(node)
     if value not in ("ssh", "local"):
@@ -363,11 +393,16 @@ _SETTINGS: dict[str, Callable[[yaml.Node], object]] = {
     "tf_port": _read_port,
     "restart_limit": _read_restart_limit,
     "restart_backoff": _read_seconds,
+    "base_python": _read_path,
+    "packages": _read_packages,
+    "accelerator": _choice(ACCELERATORS),
 }
 _BUILTIN: dict[str, object] = dict.fromkeys(_SETTINGS) | {
     "connection": "ssh", "python": DEFAULT_PYTHON, "workdir": DEFAULT_WORKDIR, "tf_port": DEFAULT_TF_PORT,
     "restart_limit": DEFAULT_RESTART_LIMIT, "restart_backoff": DEFAULT_RESTART_BACKOFF,
+    "base_python": DEFAULT_PYTHON, "packages": (), "accelerator": "none",
 }
+_MANAGED_ONLY = ("base_python", "packages", "accelerator")  # on a host entry: only with python: managed
 _TOP_KEYS = ("cluster", "ssh_config", "network", "firewall", "defaults", "hosts", "sync")
 _SYNC_KEYS = ("path", "as")
 _HOST_KEYS = ("host", *_SETTINGS, "ps", "workers")
@@ -566,6 +601,14 @@ class _Checker:
             return None
         if name is _INVALID or _INVALID in s.values():
             return None
+        if s["python"] != MANAGED:  # a user's python is never modified: nothing to install there
+            misplaced = [k for k in _MANAGED_ONLY if k in found]
+            for key in misplaced:
+                self.report(found[key][0], f"{path}.{key}",
+                            f"only for a managed environment (python: {MANAGED}); this host's python is "
+                            f"{s['python']!r}")
+            if misplaced:
+                return None
         tasks = self.assign_ports(path, found, s["tf_port"], ps, workers)
         if tasks is None:
             return None
@@ -588,6 +631,9 @@ class _Checker:
             worker_ports=tuple(port for port, _, _ in tasks[1]),
             restart_limit=s["restart_limit"],
             restart_backoff=s["restart_backoff"],
+            base_python=s["base_python"],
+            packages=s["packages"],
+            accelerator=s["accelerator"],
         )
 
     def role(self, entry: tuple[yaml.Node, yaml.Node], path: str) -> _Role | None:

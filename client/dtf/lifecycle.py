@@ -293,18 +293,19 @@ class DownResult:
 
 
 def down(name: str | None, *, keep_logs: bool, grace: float, connect_timeout: float,
-         view: ProgressView = no_view) -> DownResult:
-    """Stop every task of the cluster, remove dtf's files from its hosts and forget it."""
+         view: ProgressView = no_view, purge: bool = False) -> DownResult:
+    """Stop every task of the cluster, remove dtf's files from its hosts and forget it; with
+    `purge`, also each host's WORKDIR/.cache (managed environments, wheels, synced trees)."""
     with state.locked():
         record = state.load(state.resolve_name(name))
         t0 = time.monotonic()
         outcomes = teardown(record, keep_logs=keep_logs, grace=grace, connect_timeout=connect_timeout,
-                            view=view)
+                            view=view, purge=purge)
     return DownResult(record.cluster, outcomes, time.monotonic() - t0)
 
 
 def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: float,
-             view: ProgressView = no_view) -> dict[str, Outcome[HostStopped]]:
+             view: ProgressView = no_view, purge: bool = False) -> dict[str, Outcome[HostStopped]]:
     """Stop every task and remove the files; forget the cluster, or keep the hosts that failed
     in the record so that a later `dtf down` retries them."""
     plan = record.plan
@@ -312,7 +313,7 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
     state.save(record)  # a `dtf train` on this cluster sees it and stops its program
     with view([h.name for h in plan.hosts], f"dtf down {plan.cluster}") as progress:
         outcomes = ClusterOps(plan, progress, connect_timeout=connect_timeout).down(keep_logs=keep_logs,
-                                                                                    grace=grace)
+                                                                                    grace=grace, purge=purge)
     from dtf.tunnel import close_masters
 
     close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts])  # a killed `dtf train`'s

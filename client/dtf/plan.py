@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from dtf import shipping
+from dtf import environment, shipping
 from dtf.inventory import DEFAULT_PYTHON, HostSpec, Inventory
 from dtf_server import layout
 from dtf_server.protocol import Defaults, TaskSpec
@@ -93,10 +93,34 @@ class HostPlan:
     start_timeout: float
     ttl: float = DEFAULT_TTL  # the lease: seconds without renewal before the tasks stop themselves
     server: str = "tensorflow"  # see SERVERS
+    # `python: managed`: the environment's directory on the host (`python` is its bin/python) and
+    # what it holds; `base_python` builds it and runs the launcher until it exists.
+    env_dir: str | None = None
+    requirements: tuple[str, ...] = ()
+    base_python: str = ""
 
     @property
     def name(self) -> str:
         return self.spec.host
+
+    @property
+    def managed(self) -> bool:
+        return self.env_dir is not None
+
+    @property
+    def wheels_dir(self) -> str:
+        return environment.wheels_dir(self.spec.workdir)
+
+    def env_argv(self, uv: str, requirements_file: str) -> list[str]:
+        """Build the managed environment (with the base python: the environment does not exist yet)."""
+        assert self.env_dir is not None
+        return [self.base_python, self.launcher, "env", "--env", self.env_dir, "--wheels", self.wheels_dir,
+                "--uv", uv, "--requirements", requirements_file]
+
+    def purge_argv(self) -> list[str]:
+        """Remove WORKDIR/.cache (`dtf down --purge`): run by the base python, never from inside
+        the environment it removes."""
+        return [self.base_python or self.python, self.launcher, "purge", "--workdir", self.spec.workdir]
 
     @property
     def launcher(self) -> str:
@@ -131,8 +155,12 @@ class HostPlan:
         )
 
     def check_argv(self, only: Collection[str] | None = None) -> list[str]:
-        return self.launcher_argv("check", "--dir", self.root,
-                                  *[a for t in self.tasks_in(only) for a in ("--port", str(t.port))])
+        ports = [a for t in self.tasks_in(only) for a in ("--port", str(t.port))]
+        if self.env_dir is None:
+            return self.launcher_argv("check", "--dir", self.root, *ports)
+        # The base python: the environment may not exist yet; `check` says whether it is complete.
+        return [self.base_python, self.launcher, "check", "--dir", self.root, *ports,
+                "--env", self.env_dir, "--wheels", self.wheels_dir]
 
     def status_argv(self) -> list[str]:
         """Status of every task; renews the lease (whoever asks is using the cluster)."""
@@ -162,8 +190,9 @@ class HostPlan:
                                   "--hash", digest, *(["--receive"] if receive else []))
 
     def clean_argv(self, keep_logs: bool, if_unused: bool = False) -> list[str]:
-        return self.launcher_argv("clean", "--dir", self.root, *(["--keep-logs"] if keep_logs else []),
-                                  *(["--if-unused"] if if_unused else []))
+        """Run by the base python: a managed environment may be gone (`--purge`) or not built yet."""
+        return [self.base_python or self.python, self.launcher, "clean", "--dir", self.root,
+                *(["--keep-logs"] if keep_logs else []), *(["--if-unused"] if if_unused else [])]
 
 
 @dataclass(frozen=True)
@@ -239,10 +268,12 @@ class Plan:
             tasks = tuple(TaskPlan(**{**t, "serve_argv": server_argv(
                 server, h["python"], launcher, t["job"], t["index"], t["port"],
                 posixpath.join(t["dir"], layout.READY))}) for t in h["tasks"])
+            spec["packages"] = tuple(spec.get("packages", ()))
             hosts.append(HostPlan(
                 spec=HostSpec(**spec), python=h["python"], root=h["root"], tasks=tasks,
                 env=tuple((k, v) for k, v in h["env"]), start_timeout=h["start_timeout"],
-                ttl=h.get("ttl", DEFAULT_TTL), server=server,
+                ttl=h.get("ttl", DEFAULT_TTL), server=server, env_dir=h.get("env_dir"),
+                requirements=tuple(h.get("requirements", ())), base_python=h.get("base_python", ""),
             ))
         return cls(cluster=data["cluster"], inventory=data["inventory"],
                    ssh_config=data["ssh_config"], hosts=tuple(hosts),
@@ -279,6 +310,12 @@ def make_plan(
     for spec in inventory.hosts:
         local = spec.connection == "local"
         python = local_python if local and spec.python == DEFAULT_PYTHON else spec.python
+        env_dir: str | None = None
+        reqs: tuple[str, ...] = ()
+        if spec.managed:
+            reqs = environment.requirements(spec.accelerator, spec.packages)
+            env_dir = environment.env_dir(spec.workdir, environment.env_hash(reqs, spec.accelerator, spec.base_python))
+            python = posixpath.join(env_dir, "bin", "python")
         root = posixpath.join(spec.workdir, inventory.cluster)
         launcher = launcher_path(root)
         address = resolve(spec)
@@ -294,7 +331,9 @@ def make_plan(
                                                      posixpath.join(tdir, layout.READY)),
                 ))
         hosts.append(HostPlan(spec=spec, python=python, root=root, tasks=tuple(tasks),
-                              env=TASK_ENV, start_timeout=start_timeout, ttl=ttl, server=server))
+                              env=TASK_ENV, start_timeout=start_timeout, ttl=ttl, server=server,
+                              env_dir=env_dir, requirements=reqs,
+                              base_python=spec.base_python if spec.managed else python))
     # A relative sync path is relative to the inventory's directory, as the user reads the file.
     base = os.path.dirname(os.path.abspath(inventory.path))
     sync = tuple(SyncItem(s.name, os.path.normpath(os.path.join(base, os.path.expanduser(s.path))), s.line,
@@ -305,7 +344,7 @@ def make_plan(
 
 
 _HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdir", "address",
-                "restart_limit", "restart_backoff")
+                "restart_limit", "restart_backoff", "base_python", "packages", "accelerator")
 
 
 def differences(old: Plan, new: Plan) -> list[str]:

@@ -8,6 +8,7 @@ Constructors do no I/O: `open()` (or `with`) connects, `close()` always runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -74,6 +75,10 @@ class Transport:
         no process ever reads half of it."""
         raise NotImplementedError
 
+    def put_file(self, local: Path, remote_dir: str, filename: str) -> None:
+        """Copy a local file to remote_dir/filename, atomically as put_bytes (large files: wheels)."""
+        raise NotImplementedError
+
     def stream(self, argv: Sequence[str]) -> int:
         """Run `argv` with its output going to our stdout and stderr; return its exit code."""
         raise NotImplementedError
@@ -124,6 +129,19 @@ class LocalTransport(Transport):
         tmp = directory / temporary_name(filename)
         tmp.write_bytes(data)
         os.replace(tmp, directory / filename)
+
+    def put_file(self, local: Path, remote_dir: str, filename: str) -> None:
+        import shutil
+
+        directory = Path(os.path.expanduser(remote_dir))
+        tmp = directory / temporary_name(filename)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local, tmp)
+            os.replace(tmp, directory / filename)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise HostError(f"copying {local.name} to {remote_dir} failed: {e.strerror or e}")
 
     def stream(self, argv: Sequence[str]) -> int:
         return subprocess.call(expand_local(argv), stdin=subprocess.DEVNULL)
@@ -240,6 +258,27 @@ class SSHTransport(Transport):
             sftp.posix_rename(tmp, f"{path}/{filename}")
         except (OSError, paramiko.SSHException) as e:
             raise HostError(f"upload to {remote_dir} failed: {e}")
+
+    def put_file(self, local: Path, remote_dir: str, filename: str) -> None:
+        import paramiko
+
+        try:
+            sftp = self.connection().sftp()
+            sftp.get_channel().settimeout(COMMAND_TIMEOUT)
+            path = remote_dir
+            if path == "~" or path.startswith("~/"):
+                path = sftp.normalize(".") + path[1:]
+            _sftp_makedirs(sftp, path)
+            tmp = f"{path}/{temporary_name(filename)}"
+            try:
+                sftp.put(str(local), tmp, confirm=True)
+                sftp.posix_rename(tmp, f"{path}/{filename}")
+            except (OSError, paramiko.SSHException):
+                with contextlib.suppress(OSError, paramiko.SSHException):
+                    sftp.remove(tmp)  # a full disk needs the space back
+                raise
+        except (OSError, paramiko.SSHException) as e:
+            raise HostError(f"upload of {local.name} to {remote_dir} failed: {e}")
 
     def stream(self, argv: Sequence[str]) -> int:
         # A pty, so that when we stop following (Ctrl-C) the remote command gets SIGHUP.

@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from dtf.cluster import HostStarted, Outcome, Progress, TaskState
+from dtf.cluster import HostStarted, HostStopped, Outcome, Progress, TaskState, env_summary
 from dtf.plan import Plan
 from dtf.shell import render
 
@@ -80,6 +80,9 @@ def show_plan(plan: Plan) -> None:
         out.print(f"\nhost {hp.name} ({target})", markup=False)
         out.print(f"  upload   {hp.launcher}", markup=False)
         out.print(f"  check    {render(hp.check_argv())}", markup=False)
+        if hp.env_dir is not None:
+            out.print(f"  env      {hp.env_dir} on {hp.base_python}, unless complete there: "
+                      + ", ".join(hp.requirements), markup=False)
         out.print(f"  start    {render(hp.start_argv)}", markup=False)
         for t in hp.tasks:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in hp.env)
@@ -134,6 +137,22 @@ def show_up(plan: Plan, outcomes: dict[str, Outcome[HostStarted]], seconds: floa
         o = outcomes[t.host]
         tab.add_row(t.name, t.host, t.address, str(o.value.pids.get(t.name, "")), f"{o.seconds:.1f}s")
     out.print(tab)
+    for hp in plan.hosts:
+        env = outcomes[hp.name].value.env
+        if env is not None:
+            out.print(f"{hp.name}: managed environment {env.dir}: {env_summary(env)}", markup=False)
+
+
+def show_purged(outcomes: dict[str, Outcome[HostStopped]]) -> None:
+    """What `dtf down --purge` removed on each host (or why not)."""
+    for host, o in outcomes.items():
+        purged = o.value.purged if o.ok else None
+        if purged is None:
+            continue
+        if purged.error:
+            err.print(f"{host}: {purged.error}", markup=False)
+        else:
+            out.print(f"{host}: cache removed ({purged.size / 1e6:.0f} MB freed)", markup=False)
 
 
 def show_packs(packs: list[Pack]) -> None:

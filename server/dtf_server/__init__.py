@@ -9,5 +9,6 @@ dtf ships this package to each host as one file, a zipapp named by its content
     procs.py       process and file helpers (which process is ours, ports, logs)
     supervisor.py  one task's supervisor, and the lease
     commands.py    the commands (check, start, status, renew, stop, clean...)
+    envs.py        managed environments: built with uv from sent wheels; wheels from host to host; purge
     fake.py        a fake server for tests (no TensorFlow)
 """

@@ -1,7 +1,12 @@
 """The launcher's commands. Each prints one reply (dtf_server.protocol) as JSON and exits 0 when
 it did what was asked:
 
-    check     --dir D --port P ...                 versions, busy ports, the SSH client's address
+    check     --dir D --port P ... [--env E --wheels W]  versions, busy ports, the SSH client's
+                                                   address, the platform; is managed environment E complete
+    env       --env E --wheels W --uv U --requirements F  build managed environment E (dtf_server.envs)
+    purge     --workdir W                          remove W/.cache (environments, wheels, synced trees)
+    serve-wheels --dir W --port P --file NAME ... [--idle S]   serve those wheels to the other hosts
+    fetch-wheels --from URL --dir W --file NAME:SHA256 ...    copy wheels from another host's serve-wheels
     start     --dir D --task SPEC ... [options]    start supervised servers detached, wait until each serves
     supervise --dir D --task SPEC [options]        (internal) run one server, restart it when it dies
     serve     --job J --index I --port P --ready F (internal) run one tf.distribute.Server
@@ -30,7 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
-from dtf_server import fence, layout, receive
+from dtf_server import envs, fence, layout, receive
 from dtf_server.procs import (
     exit_reason,
     ours,
@@ -49,10 +54,14 @@ from dtf_server.protocol import (
     CheckReply,
     CleanReply,
     Defaults,
+    EnvReply,
     FenceReply,
+    FetchReply,
+    PurgeReply,
     ReachReply,
     RenewReply,
     Reply,
+    ServeReply,
     StartReply,
     StatusReply,
     StopReply,
@@ -80,10 +89,37 @@ def parse_name(text: str) -> tuple[str, int]:
 
 def cmd_check(args: argparse.Namespace) -> CheckReply:
     client = os.environ.get("SSH_CONNECTION", "").split()
+    machine, system, libc = envs.platform_info()
+    env_ready = envs.ready(args.env) if args.env else None
     return CheckReply(python=sys.version.split()[0], executable=sys.executable, tensorflow=tf_version(),
                       busy=[p for p in args.port if port_busy(p)],
                       client_address=client[0] if client else None,
-                      running=running_tasks(args.dir) if args.dir else [])
+                      running=running_tasks(args.dir) if args.dir else [],
+                      machine=machine, system=system, libc=libc, env_ready=env_ready,
+                      # what a build would need: only looked at when the environment is not complete
+                      wheels=envs.wheels_in(args.wheels) if env_ready is False else [],
+                      free=envs.free_space(args.wheels) if env_ready is False else -1)
+
+
+def cmd_env(args: argparse.Namespace) -> EnvReply:
+    return envs.build(args.env, args.wheels, args.uv, args.requirements)
+
+
+def cmd_serve_wheels(args: argparse.Namespace) -> ServeReply:
+    return envs.serve(args.dir, args.port, args.file, args.idle, args.limit)
+
+
+def cmd_fetch_wheels(args: argparse.Namespace) -> FetchReply:
+    files = [tuple(f.rsplit(":", 1)) for f in args.file]
+    return envs.fetch(args.source, args.dir, [(n, h) for n, h in files], args.wait, args.timeout)
+
+
+def cmd_purge(args: argparse.Namespace) -> PurgeReply:
+    workdir = args.workdir
+    clusters = [n for n in os.listdir(workdir) if not n.startswith(".")] if os.path.isdir(workdir) else []
+    running = {n: running_tasks(os.path.join(workdir, n)) for n in clusters
+               if os.path.isdir(os.path.join(workdir, n))}
+    return envs.purge(workdir, running)
 
 
 def supervise_argv(root: str, task: TaskSpec, limit: int, backoff: float) -> list[str]:
@@ -329,6 +365,25 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check")
     c.add_argument("--dir")
     c.add_argument("--port", type=int, action="append", default=[])
+    c.add_argument("--env")
+    c.add_argument("--wheels")
+    c = sub.add_parser("env")
+    for option in ("--env", "--wheels", "--uv", "--requirements"):
+        c.add_argument(option, required=True)
+    c = sub.add_parser("purge")
+    c.add_argument("--workdir", required=True)
+    c = sub.add_parser("serve-wheels")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--port", type=int, required=True)
+    c.add_argument("--file", action="append", default=[])
+    c.add_argument("--idle", type=float, default=15.0)
+    c.add_argument("--limit", type=float, default=900.0)
+    c = sub.add_parser("fetch-wheels")
+    c.add_argument("--from", dest="source", required=True)
+    c.add_argument("--dir", required=True)
+    c.add_argument("--file", action="append", default=[])
+    c.add_argument("--wait", type=float, default=30.0)
+    c.add_argument("--timeout", type=float, default=30.0)
     for name in ("start", "supervise"):
         c = sub.add_parser(name)
         c.add_argument("--dir", required=True)
@@ -385,14 +440,15 @@ def parser() -> argparse.ArgumentParser:
 COMMANDS: dict[str, Any] = {
     "check": cmd_check, "start": cmd_start, "supervise": cmd_supervise, "serve": cmd_serve,
     "fake": cmd_fake, "status": cmd_status, "renew": cmd_renew, "stop": cmd_stop, "clean": cmd_clean,
-    "reach": cmd_reach, "fence": cmd_fence, "sync": cmd_sync,
+    "reach": cmd_reach, "fence": cmd_fence, "sync": cmd_sync, "env": cmd_env, "purge": cmd_purge,
+    "serve-wheels": cmd_serve_wheels, "fetch-wheels": cmd_fetch_wheels,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    for attr in ("dir", "ready"):
-        if getattr(args, attr, None):
+    for attr in ("dir", "ready", "env", "wheels", "uv", "requirements", "workdir"):
+        if isinstance(getattr(args, attr, None), str):  # (start's --env is a list of variables)
             setattr(args, attr, os.path.expanduser(getattr(args, attr)))
     reply: Reply | None = COMMANDS[args.command](args)
     if reply is None:  # supervise, serve, fake: they run until stopped

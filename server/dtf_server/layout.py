@@ -16,7 +16,10 @@ Everything of one cluster lives below its root, WORKDIR/CLUSTER:
 What outlives a cluster (kept by `dtf down` as a cache, removed by `dtf down --purge`) lives
 beside the clusters, below WORKDIR/.cache (a cluster name cannot start with a dot):
 
-    WORKDIR/.cache/env/<hash>/   a managed Python environment, named by a hash of its contents
+    WORKDIR/.cache/env/<hash>/   a managed Python environment, named by a hash of its contents;
+                                 complete once its ENV_MARKER exists (written last)
+    WORKDIR/.cache/wheels/       the wheels dtf sent to build those (a flat directory)
+    WORKDIR/.cache/bin/uv-<hash> the uv binary that builds them
     WORKDIR/.cache/sync/<hash>/  a tree sent by `dtf sync`, named by a hash of its contents
 
 Paths are posix paths as the plan writes them (a leading ~/ is the host user's home).
@@ -40,6 +43,7 @@ CRASH = "crash"
 
 
 CACHE = ".cache"
+ENV_MARKER = ".dtf-env.json"  # in a managed environment: written last, once it is complete
 
 
 def cache_dir(workdir: str, kind: str = "") -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields.
-PROTOCOL = 3  # 3: `sync` (dtf sync)
+PROTOCOL = 4  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
@@ -81,6 +81,15 @@ class CheckReply:
     busy: list[int]  # planned ports already taken
     client_address: str | None  # the SSH client's address as the host sees it (the laptop's)
     running: list[str]  # tasks (JOB:INDEX) alive in this cluster's directory
+    # The platform, for a managed environment's wheels: platform.machine(), platform.system(),
+    # "glibc 2.36" ("" when not glibc), and whether the environment asked for (`check --env`)
+    # is complete and built on this python; if not, the wheels already on the host (WORKDIR/.cache/wheels).
+    machine: str = ""
+    system: str = ""
+    libc: str = ""
+    env_ready: bool | None = None  # None: no environment was asked about
+    wheels: list[str] = field(default_factory=list)
+    free: int = -1  # bytes free where the wheels and environments go (-1: not asked)
 
 
 @dataclass(frozen=True)
@@ -195,10 +204,48 @@ class SyncReply:
     received: int = 0
 
 
+@dataclass(frozen=True)
+class EnvReply:
+    """`env`: a managed environment built (or found complete: another dtf built it meanwhile)."""
+
+    ok: bool
+    error: str | None = None  # one line: why it could not be built ("disk full ...")
+    seconds: dict[str, float] = field(default_factory=dict)  # phase (create, install) -> seconds
+    size: int = 0  # bytes on disk
+    reused: bool = False  # it was complete when the command started
+
+
+@dataclass(frozen=True)
+class PurgeReply:
+    """`purge`: WORKDIR/.cache removed (managed environments, wheels, synced trees)."""
+
+    removed: list[str]
+    size: int = 0  # bytes freed
+    error: str | None = None  # why something could not be removed
+
+
+@dataclass(frozen=True)
+class ServeReply:
+    """`serve-wheels`: the seed's file server ended (no request for a while)."""
+
+    requests: int
+    bytes: int
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class FetchReply:
+    """`fetch-wheels`: the wheels copied from the seed, in order; `error`: why it stopped."""
+
+    fetched: list[str]
+    error: str | None = None
+
+
+
 Reply = (CheckReply | StartReply | StatusReply | RenewReply | StopReply | CleanReply | ReachReply | FenceReply
-         | SyncReply)
+         | SyncReply | EnvReply | PurgeReply | ServeReply | FetchReply)
 R = TypeVar("R", CheckReply, StartReply, StatusReply, RenewReply, StopReply, CleanReply, ReachReply,
-            FenceReply, SyncReply)
+            FenceReply, SyncReply, EnvReply, PurgeReply, ServeReply, FetchReply)
 
 
 def encode(reply: Reply) -> str:

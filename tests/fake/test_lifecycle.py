@@ -247,3 +247,23 @@ def test_a_bug_in_a_host_thread_is_an_internal_error(local_site: Site, monkeypat
     assert r.exit_code == 1, r.output
     assert r.output.startswith("dtf: error: internal error: KeyError: 'tasks' (traceback in "), r.output
     assert "in broken" in (site.home / "debug.log").read_text()
+
+
+def test_down_keeps_the_cache_and_purge_removes_it(site: Site):
+    """WORKDIR/.cache (managed environments, wheels, synced trees) outlives a cluster: `down`
+    keeps it, `down --purge` removes it on every host."""
+    inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}})
+    for name in ("a", "b"):
+        env = site.workdir(name) / ".cache" / "env" / "0123abcd"
+        env.mkdir(parents=True)
+        (env / "big").write_bytes(b"x" * 2_000_000)
+    assert site.dtf("up", str(inv)).returncode == 0
+    r = site.dtf("down")
+    assert r.returncode == 0, r.stderr
+    assert all((site.workdir(n) / ".cache" / "env" / "0123abcd" / "big").exists() for n in ("a", "b"))
+    assert site.dtf("up", str(inv)).returncode == 0
+    r = site.dtf("down", "--purge")
+    assert r.returncode == 0, r.stderr
+    assert not any((site.workdir(n) / ".cache").exists() for n in ("a", "b"))
+    assert r.stdout.count(": cache removed (2 MB freed)") == 2, r.stdout
+    assert site.processes() == [] and site.files() == []

@@ -20,8 +20,10 @@ from dtf_server.protocol import (
     PROTOCOL,
     CheckReply,
     CleanReply,
+    EnvReply,
     Lease,
     ProtocolMismatch,
+    PurgeReply,
     RenewReply,
     StartReply,
     StatusReply,
@@ -44,6 +46,12 @@ REPLIES = [
     RenewReply(lease=None),
     StopReply(tasks={"ps:0": TaskStopped(was_running=True, killed=True, gone=True)}),
     CleanReply(removed=["/x/ps-0/log"], in_use=False),
+    CheckReply(python="3.11.2", executable="/usr/bin/python3", tensorflow=None, busy=[], client_address=None,
+               running=[], machine="x86_64", system="Linux", libc="glibc 2.36", env_ready=False,
+               wheels=["tf_keras-2.21.0-py3-none-any.whl"], free=10**9),
+    EnvReply(ok=True, seconds={"create": 0.1, "install": 20.5}, size=1500000000),
+    EnvReply(ok=False, error="disk full while building the environment in /srv/e"),
+    PurgeReply(removed=["/w/.cache/env"], size=10**9),
 ]
 
 
