@@ -266,3 +266,4 @@ def test_each_host_has_a_private_disk_the_laptop_does_not_see(lab: Lab) -> None:
     assert lab.exists(h0, f"{PRIVATE}/x/f") and not lab.exists(h1, f"{PRIVATE}/x/f")
     assert not Path(f"{PRIVATE}/x/f").exists()
     assert lab.exists(h0, h0.workdir)  # the rest of the filesystem is shared
+    assert lab.run(h0, ["rm", "-r", f"{PRIVATE}/x"]).returncode == 0  # later tests expect an empty /srv
