@@ -471,8 +471,8 @@ class _Checker:
             self.report(key, "hosts", f"expected a non-empty list of hosts, got {_describe(node)}")
             return []
         specs = [self.host(f"hosts[{i}]", item, defaults) for i, item in enumerate(node.value)]
-        if self.roles_known and self.num_ps == 0:
-            self.report(key, "hosts", "no ps task: at least one host needs ps: 1 (or a list of ports)")
+        # No ps is a cluster for `dtf train --collective` only (MultiWorkerMirroredStrategy); a
+        # ParameterServerStrategy run on it is refused by `dtf train`.
         if self.roles_known and self.num_workers == 0:
             self.report(key, "hosts", "no worker task: at least one host needs workers: 1 or more")
         return [spec for spec in specs if spec is not None]
