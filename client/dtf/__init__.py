@@ -11,7 +11,7 @@ This package is both the `dtf` command (dtf.cli) and a small helper API for trai
     dtf.attempt()                      # 1, or 2, 3... when `dtf train` ran the program again
     dtf.checkpoint_options()           # pass to ModelCheckpoint / CheckpointManager.save / save_weights
     dtf.save_options()                 # pass to model.save / tf.saved_model.save
-    dtf.collective()                   # True in a copy of a `dtf train --collective` program
+    dtf.collective_mode()              # True in a copy of a `dtf train --collective` program
 
 Under `dtf train --collective` the program runs on the hosts, one copy per worker:
 `dtf.strategy()` is then a MultiWorkerMirroredStrategy, `dtf.output_dir()` the copy's output
@@ -50,7 +50,7 @@ __all__ = [
     "attempt",
     "checkpoint_dir",
     "checkpoint_options",
-    "collective",
+    "collective_mode",
     "coordinator",
     "local_cluster_spec",
     "num_workers",
@@ -84,7 +84,7 @@ def under_dtf() -> bool:
     return bool(os.environ.get("TF_CONFIG")) and bool(os.environ.get("DTF_CLUSTER"))
 
 
-def collective() -> bool:
+def collective_mode() -> bool:
     """True when this program is one copy of a `dtf train --collective` run (on a host)."""
     return os.environ.get(COLLECTIVE_ENV) == "1"
 
@@ -99,7 +99,7 @@ def strategy(**kwargs: Any) -> Any:
     if _strategy is None:
         import tensorflow as tf
 
-        if collective():
+        if collective_mode():
             _resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
             ring = tf.distribute.experimental.CommunicationOptions(
                 implementation=tf.distribute.experimental.CommunicationImplementation.RING)
@@ -118,7 +118,7 @@ def strategy(**kwargs: Any) -> Any:
 def coordinator() -> Any:
     """The ClusterCoordinator of `strategy()`, made once and cached."""
     global _coordinator
-    if collective():
+    if collective_mode():
         raise RuntimeError("dtf.coordinator(): there is no coordinator under `dtf train --collective` "
                            "(MultiWorkerMirroredStrategy: every worker runs the program)")
     if _coordinator is None:
@@ -173,7 +173,7 @@ def BackupAndRestore(backup_dir: str | os.PathLike[str] | None = None, **kwargs:
     from tf_keras.src.distribute import worker_training_state
 
     base = tf.keras.callbacks.BackupAndRestore
-    if collective():  # every worker does its own I/O; dtf copies the chief's backup for a restart
+    if collective_mode():  # every worker does its own I/O; dtf copies the chief's backup for a restart
         return base(str(backup_dir or checkpoint_dir("backup")), **kwargs)
     options = checkpoint_options()
 
@@ -226,7 +226,7 @@ def checkpoint_options() -> Any:
     """
     import tensorflow as tf
 
-    if collective():  # no coordinator: each worker writes where it runs
+    if collective_mode():  # no coordinator: each worker writes where it runs
         return tf.train.CheckpointOptions()
     return tf.train.CheckpointOptions(experimental_io_device=COORDINATOR_DEVICE)
 
@@ -239,7 +239,7 @@ def save_options() -> Any:
     """
     import tensorflow as tf
 
-    if collective():
+    if collective_mode():
         return tf.saved_model.SaveOptions()
     return tf.saved_model.SaveOptions(experimental_io_device=COORDINATOR_DEVICE)
 

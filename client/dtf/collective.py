@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dtf import follow, remote_files
+from dtf import follow, gpus, remote_files
 from dtf.cluster import ClusterOps, LeaseKeeper
-from dtf.errors import DtfError, HostFailure, UsageError
+from dtf.errors import DtfError, HostFailure
 from dtf.netutil import CONNECT_TIMEOUT
 from dtf.plan import HostPlan, Plan, TaskPlan
 from dtf.state import Record
@@ -103,7 +103,9 @@ def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt
     env = {"TF_CONFIG": json.dumps(tf_configs(plan)[task.name], separators=(",", ":")),
            "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", "DTF_COLLECTIVE": "1",
            "DTF_CLUSTER": plan.cluster, "DTF_ATTEMPT": str(attempt)}
-    return ["env", *(f"{k}={v}" for k, v in env.items()), hp.python, "-m", "dtf.runner", program, *args]
+    position = hp.spec.worker_ports.index(task.port)
+    env.update(gpus.task_env(hp.spec.gpus, task.job, position, len(hp.spec.worker_ports)))
+    return [*gpus.env_prefix(env), hp.python, "-m", "dtf.runner", program, *args]
 
 
 def run_argv(hp: HostPlan, specs: list[TaskSpec], fresh: bool) -> list[str]:
@@ -121,10 +123,7 @@ def prefix(task: TaskPlan) -> str:
 
 
 def check_plan(plan: Plan) -> list[str]:
-    """Refuse a cluster without workers (UsageError); the notes to print (ps tasks unused)."""
-    if not workers(plan):
-        raise UsageError(f"cluster {plan.cluster!r} has no worker task: --collective runs one copy of "
-                         f"the program per worker")
+    """The notes to print: ps tasks are not used (an inventory always has a worker)."""
     ps = [f"{t.name} ({t.host})" for t in plan.tasks() if t.job == "ps"]
     if ps:
         return [f"--collective: {', '.join(ps)} not used (MultiWorkerMirroredStrategy has no parameter "
@@ -278,9 +277,9 @@ class CollectiveRun:
 
         self.ops.each_host(one, self.hosts)
 
-    def diagnose(self, pending: list[TaskPlan]) -> str:
+    def diagnose(self, pending: list[TaskPlan]) -> tuple[str, bool]:
         """Why the pending tasks never joined: is each one's port open on its host, and which
-        hosts cannot reach it."""
+        hosts cannot reach it; and whether some host could not reach one."""
         serving = {s.task.name: bool(s.status and s.status.serving) for s in self.ops.task_states()}
         targets = {t.address: t for t in pending}
         unreachable: dict[str, list[str]] = {}
@@ -295,7 +294,7 @@ class CollectiveRun:
             if o.ok:
                 for address in o.value.unreachable:
                     unreachable.setdefault(targets[address].name, []).append(host)
-        return never_joined(self.plan, pending, serving, unreachable)
+        return never_joined(self.plan, pending, serving, unreachable), bool(unreachable)
 
     # -- one attempt -----------------------------------------------------------------------------
     def watch(self, interrupted: threading.Event) -> Attempt:
@@ -351,6 +350,11 @@ class CollectiveRun:
                         result.failure = Failure(task.name, task.host, reason, tuple(last[task.name]),
                                                  lost_or_killed(ev))
                         stop_all(f"{task.name} ({task.host}) {reason}")
+                        if len(joined) < len(self.workers) and not result.failure.lost:
+                            # Before all joined: TensorFlow gave up on a peer it cannot reach?
+                            why, blocked = self.diagnose([t for t in self.workers if t.name not in joined])
+                            if blocked:
+                                start_error = f"the copies could not join: {why}"
                 if interrupted.is_set() and not result.interrupted:
                     result.interrupted = True
                     stop_all("interrupted")
@@ -364,7 +368,8 @@ class CollectiveRun:
                 if stopping is None and len(joined) < len(self.workers) and now > deadline and not chief_done:
                     pending = [t for t in self.workers if t.name not in joined and t.name not in result.ended]
                     if pending:
-                        start_error = self.diagnose(pending)
+                        why, _ = self.diagnose(pending)
+                        start_error = f"start deadline ({self.join_timeout:g}s, --join-timeout) passed: {why}"
                         stop_all(f"start deadline ({self.join_timeout:g}s) passed")
                 if chief_done is not None and stopping is None and now - chief_done > FINISH_GRACE:
                     stop_all(f"the chief ended {FINISH_GRACE:g}s ago")
@@ -376,7 +381,7 @@ class CollectiveRun:
             if stopping is not None:
                 stopping.join(timeout=self.grace + 60)
         if start_error is not None and not result.interrupted:
-            raise StartDeadline(f"start deadline ({self.join_timeout:g}s, --join-timeout) passed: {start_error}")
+            raise StartDeadline(start_error)
         return result
 
 
@@ -406,7 +411,7 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
             while True:
                 run.start_copies(attempt)
                 say(f"started {len(run.workers)} copies of {Path(program).name} (attempt {attempt} of "
-                    f"{attempts}) in {time.monotonic() - t0:.1f}s")
+                    f"{attempts}), {time.monotonic() - t0:.1f}s after the command")
                 try:
                     result = run.watch(interrupted)
                 finally:

@@ -47,6 +47,7 @@ class HostSpec:
     # The last fields have defaults: records saved before they existed still load (HostSpec(**d)).
     restart_limit: int = DEFAULT_RESTART_LIMIT  # restarts of a dead task's server before giving up; 0: never
     restart_backoff: float = DEFAULT_RESTART_BACKOFF  # seconds before a restart; doubles on quick deaths, max 60
+    gpus: tuple[int, ...] | None = None  # the host's GPU ids, shared among its workers (dtf.gpus); None: not set
 
 
 # How the laptop reaches the tasks' TF ports: directly, through SSH, or whichever works (auto).
@@ -293,11 +294,26 @@ def _read_port(node: yaml.Node) -> int:
     return value
 
 
+_MAX_GPUS = 1024
+
+
 def _read_restart_limit(node: yaml.Node) -> int:
     value = _plain(node)
     if not _is_int(value) or not 0 <= value <= _MAX_RESTART_LIMIT:  # a 60-digit number is _TOO_BIG
         raise _Invalid(f"expected a whole number 0..{_MAX_RESTART_LIMIT}, got {_describe(node)}")
     return value
+
+
+def _read_gpus(node: yaml.Node) -> tuple[int, ...]:
+    """`gpus`: a count (ids 0..N-1) or a list of distinct device ids."""
+    value = _plain(node)
+    if _is_int(value) and 0 <= value <= _MAX_GPUS:
+        return tuple(range(value))
+    if isinstance(value, yaml.SequenceNode):
+        ids = [_plain(item) for item in value.value]
+        if all(_is_int(i) and 0 <= i <= _MAX_GPUS for i in ids) and len(set(ids)) == len(ids):
+            return tuple(ids)  # type: ignore[arg-type]
+    raise _Invalid(f"expected a number of GPUs 0..{_MAX_GPUS} or a list of distinct GPU ids, got {_describe(node)}")
 
 
 def _read_seconds(node: yaml.Node) -> float:
@@ -352,6 +368,7 @@ _SETTINGS: dict[str, Callable[[yaml.Node], object]] = {
     "tf_port": _read_port,
     "restart_limit": _read_restart_limit,
     "restart_backoff": _read_seconds,
+    "gpus": _optional(_read_gpus),
 }
 _BUILTIN: dict[str, object] = dict.fromkeys(_SETTINGS) | {
     "connection": "ssh", "python": DEFAULT_PYTHON, "workdir": DEFAULT_WORKDIR, "tf_port": DEFAULT_TF_PORT,
@@ -525,6 +542,7 @@ class _Checker:
             worker_ports=tuple(port for port, _, _ in tasks[1]),
             restart_limit=s["restart_limit"],
             restart_backoff=s["restart_backoff"],
+            gpus=s["gpus"],
         )
 
     def role(self, entry: tuple[yaml.Node, yaml.Node], path: str) -> _Role | None:
