@@ -77,11 +77,17 @@ def write_filepath(filepath, task_type, task_id):
 
 
 class EpochLog(tf.keras.callbacks.Callback):
-    """Appends "attempt N epoch E" to epochs.txt at each epoch's end (and sleeps, to be killable)."""
+    """Appends "attempt N epoch E" to epochs.txt at each epoch's end (and sleeps, to be killable);
+    says "first step done" once."""
 
     def __init__(self, path, sleep):
         super().__init__()
-        self.path, self.sleep = path, sleep
+        self.path, self.sleep, self.stepped = path, sleep, False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.stepped:
+            self.stepped = True
+            print("first step done", flush=True)
 
     def on_epoch_end(self, epoch, logs=None):
         with open(self.path, "a") as f:

@@ -349,12 +349,13 @@ class CollectiveRun:
                         reason = ev.reason if isinstance(ev, follow.Ended) else f"host lost: {ev.reason}"
                         result.failure = Failure(task.name, task.host, reason, tuple(last[task.name]),
                                                  lost_or_killed(ev))
-                        stop_all(f"{task.name} ({task.host}) {reason}")
-                        if len(joined) < len(self.workers) and not result.failure.lost:
-                            # Before all joined: TensorFlow gave up on a peer it cannot reach?
-                            why, blocked = self.diagnose([t for t in self.workers if t.name not in joined])
+                        pending = [t for t in self.workers if t.name not in joined and t.name not in result.ended]
+                        if pending and not result.failure.lost:
+                            # Before all joined: did TensorFlow give up on a peer it cannot reach?
+                            why, blocked = self.diagnose(pending)
                             if blocked:
                                 start_error = f"the copies could not join: {why}"
+                        stop_all(f"{task.name} ({task.host}) {reason}")
                 if interrupted.is_set() and not result.interrupted:
                     result.interrupted = True
                     stop_all("interrupted")
