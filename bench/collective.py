@@ -80,7 +80,7 @@ def by_hand(lab: Lab, ports: list[int], program: Path, steps: int, tmp: Path) ->
         config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
         remote = (f"cd {cwd} && env TF_CONFIG='{config}' TF_USE_LEGACY_KERAS=1 PYTHONUNBUFFERED=1 "
                   f"{sys.executable} {program} --epochs 3 --steps {steps}")
-        argv = ["ssh", "-F", str(lab.ssh_config), h.name, remote]
+        argv = ["ssh", "-F", str(lab.ssh_config), "-i", str(lab.key), h.name, remote]
         procs.append(Timed(argv))
     chief = procs[0]
     chief.others = procs[1:]  # type: ignore[attr-defined]

@@ -11,6 +11,7 @@ This package is both the `dtf` command (dtf.cli) and a small helper API for trai
     dtf.attempt()                      # 1, or 2, 3... when `dtf train` ran the program again
     dtf.checkpoint_options()           # pass to ModelCheckpoint / CheckpointManager.save / save_weights
     dtf.save_options()                 # pass to model.save / tf.saved_model.save
+    dtf.synced("data")                 # where `dtf sync data` put it, as the workers see it
     dtf.collective_mode()              # True in a copy of a `dtf train --collective` program
 
 Under `dtf train --collective` the program runs on the hosts, one copy per worker:
@@ -57,6 +58,7 @@ __all__ = [
     "output_dir",
     "save_options",
     "strategy",
+    "synced",
     "under_dtf",
 ]
 
@@ -74,6 +76,7 @@ LOCAL_WORKERS_ENV = "DTF_LOCAL_WORKERS"
 LOCAL_PS_ENV = "DTF_LOCAL_PS"
 OUTPUT_DIR_ENV = "DTF_OUTPUT_DIR"
 COLLECTIVE_ENV = "DTF_COLLECTIVE"  # "1": a copy of a `dtf train --collective` program, on a host
+SYNCED_ENV = "DTF_SYNCED"  # JSON {name: path on the workers}, set by `dtf train` (dtf.sync)
 # The coordinator's device: ParameterServerStrategy names the program's own job "chief", both
 # under `dtf train` (TF_CONFIG) and on the in-process cluster.
 COORDINATOR_DEVICE = "/job:chief/replica:0/task:0/device:CPU:0"
@@ -152,6 +155,34 @@ def checkpoint_dir(*parts: str) -> Path:
     same --output, which then resumes too: delete it, or pick another --output, to start over).
     """
     return output_dir("checkpoints", *parts)
+
+
+def synced(name: str, *parts: str, local: str | os.PathLike[str] | None = None) -> str:
+    """The path of what `dtf sync PATH --as NAME` (or the inventory's `sync:`) sent to the hosts,
+    as the workers see it: for file ops inside a `dataset_fn` (TFRecordDataset, TextLineDataset,
+    tf.io.gfile.glob in the graph), which run ON THE WORKERS. `parts` are joined below it.
+
+    The path is relative to the servers' working directory, so it is the same on every host; it
+    is not a path on this machine (Python's own `open()` here would not find it). Run plainly
+    (`python my_model.py`, an in-process cluster) it is `local`, or else NAME in the current
+    directory, if that exists.
+    """
+    import json
+    import posixpath
+
+    known = os.environ.get(SYNCED_ENV)
+    if known is not None and under_dtf():
+        paths: dict[str, str] = json.loads(known or "{}")
+        if name not in paths:
+            have = f" (synced: {', '.join(sorted(paths))})" if paths else ""
+            raise LookupError(f"dtf.synced({name!r}): nothing named {name!r} was synced to cluster "
+                              f"{os.environ.get('DTF_CLUSTER')!r}{have}; run `dtf sync PATH --as {name}`")
+        return posixpath.join(paths[name], *parts)
+    path = Path(local) if local is not None else Path(name)
+    if not path.exists():
+        raise LookupError(f"dtf.synced({name!r}): not under `dtf train`, and {str(path)!r} does not exist "
+                          f"here: pass local=PATH (the data on this machine)")
+    return str(path.joinpath(*parts))
 
 
 def attempt() -> int:

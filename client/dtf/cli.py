@@ -141,8 +141,12 @@ def up(
     if dry_run:
         ui.show_plan(plan)
         return
-    result = lifecycle.up(plan, inventory, ttl=ttl_seconds, replace=replace,
-                          connect_timeout=connect_timeout, view=ui.host_progress)
+    from dtf import sync
+
+    with sync.packed([(item.name, item.path) for item in plan.sync]) as packs:
+        ui.show_packs(packs)
+        result = lifecycle.up(plan, inventory, ttl=ttl_seconds, replace=replace,
+                              connect_timeout=connect_timeout, view=ui.host_progress, packs=packs)
     ui.show_up_result(result)
 
 
@@ -184,6 +188,33 @@ def train(
                        str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
                        connect_timeout=connect_timeout)
     raise typer.Exit(code)
+
+
+@app.command(name="sync")
+@guarded
+def sync_(
+    path: Path = typer.Argument(..., help="A local file or directory (a directory's .gitignore files apply)."),
+    as_name: str | None = typer.Option(None, "--as", help="The name dtf.synced(NAME) finds it by "
+                                                          "(default: the path's last part)."),
+    cluster: str | None = ClusterOpt,
+    connect_timeout: float = ConnectTimeoutOpt,
+) -> None:
+    """Send PATH to every host of the cluster (once per content: a host that has it is skipped)."""
+    from dtf import lifecycle, sync, ui
+
+    name = as_name or sync.default_name(str(path))
+    flaw = sync.name_flaw(name)
+    if flaw:
+        raise UsageError(f"--as: {flaw}" if as_name else f"cannot name {str(path)!r} after its path: {flaw}; "
+                                                          f"pass --as NAME")
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    cluster = _recorded(cluster).cluster  # no cluster: say so before packing anything
+    with sync.packed([(name, str(path))]) as packs:
+        ui.show_packs(packs)
+        _, reports = lifecycle.sync_to(cluster, packs, connect_timeout=connect_timeout, view=ui.host_progress)
+    for report in reports:
+        ui.out.print(report.line(), markup=False)
 
 
 @app.command()

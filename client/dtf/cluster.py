@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from dtf import shipping
+from dtf import shipping, sync
 from dtf.netutil import CONNECT_TIMEOUT, port_open, wait_port
 from dtf.plan import HostPlan, Plan, TaskPlan
 from dtf.transport import HostError, Result, Transport, transport_for
@@ -36,6 +36,7 @@ from dtf_server.protocol import (
     StartReply,
     StatusReply,
     StopReply,
+    SyncReply,
     TaskStatus,
     TaskStopped,
 )
@@ -339,6 +340,32 @@ class ClusterOps:
         lost = {task.name for hp in hosts for task in (
             outcomes[hp.name].value if outcomes[hp.name].ok else hp.tasks_in(names))}
         return [task for task in self.plan.tasks() if task.name in lost]
+
+    # -- sync ----------------------------------------------------------------------------------
+    def sync_host(self, hp: HostPlan, packs: Sequence[sync.Pack]) -> sync.HostSynced:
+        """Make sure the host holds every pack below WORKDIR/.cache/sync: one check each, and the
+        bytes (streamed to the launcher, which checks their hash) only where one is missing."""
+        sent: dict[str, int] = {}
+        self._step(hp, "connecting")
+        with self.transport(hp) as t:
+            for p in packs:
+                self._step(hp, f"checking {p.name} ({p.synced.short})")
+                have = self._ask(t, hp, SyncReply, hp.sync_argv(p.digest), f"checking {p.name}", 30)
+                if have.present:
+                    sent[p.name] = 0
+                    continue
+                self._step(hp, f"sending {p.name}: {sync.megabytes(p.bytes)}")
+                meter = sync.Meter(lambda step: self._step(hp, step), p.name, p.bytes)
+                try:
+                    with p.open() as f:
+                        result = t.feed(hp.sync_argv(p.digest, receive=True), f, sent=meter)
+                except sync.SyncError as e:  # a file vanished or shrank since it was hashed
+                    raise HostError(f"sending {p.name}: {e}")
+                reply = self._decode(SyncReply, result, f"sending {p.name}")
+                if not reply.present:
+                    raise HostError(f"sending {p.name}: the host did not keep it")
+                sent[p.name] = reply.received
+        return sync.HostSynced(sent)
 
     # -- the lease -----------------------------------------------------------------------------
     def renew_host(self, hp: HostPlan, ttl: float | None = None) -> RenewReply:

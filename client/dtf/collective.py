@@ -2,8 +2,8 @@
 MultiWorkerMirroredStrategy (worker 0 is the chief; gradients are all-reduced among the copies).
 
 What happens, in order:
-1. The program's directory is packed and sent to every host once per content hash
-   (WORKDIR/.cache/sync/HASH); ps tasks are not used (the strategy has none) and say so.
+1. The program's directory is sent to every host as `dtf sync` sends it (dtf.sync: once per
+   content hash, to WORKDIR/.cache/sync/HASH); ps tasks are not used (the strategy has none) and say so.
 2. The worker servers of `dtf up` give their ports to the copies: they are stopped, and started
    again when the run ends (the cluster is left as it was found).
 3. Each host's launcher starts its copies (`run`): each with its task's TF_CONFIG, in its own
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import posixpath
 import queue
 import shutil
 import signal
@@ -40,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dtf import follow, gpus, remote_files
+from dtf import follow, gpus, remote_files, sync
 from dtf.cluster import ClusterOps, LeaseKeeper
-from dtf.errors import DtfError, HostFailure
+from dtf.errors import DtfError, HostFailure, UsageError
 from dtf.netutil import CONNECT_TIMEOUT
 from dtf.plan import HostPlan, Plan, TaskPlan
 from dtf.state import Record
@@ -96,13 +97,17 @@ def tf_configs(plan: Plan) -> dict[str, dict[str, Any]]:
     return {t.name: {"cluster": cluster, "task": {"type": "worker", "index": t.index}} for t in workers(plan)}
 
 
-def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt: int) -> list[str]:
+def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt: int,
+              synced: dict[str, str] | None = None) -> list[str]:
     """What a copy's supervisor runs: `env` sets the task's own variables (the launcher's `run`
-    sets the host's), then dtf's runner runs the program as `python PROGRAM ARGS` would."""
+    sets the host's), then dtf's runner runs the program as `python PROGRAM ARGS` would.
+    `synced`: name -> a tree's path relative to a task's directory (dtf.sync), for dtf.synced()."""
     hp = plan.host_of(task)
     env = {"TF_CONFIG": json.dumps(tf_configs(plan)[task.name], separators=(",", ":")),
            "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", "DTF_COLLECTIVE": "1",
-           "DTF_CLUSTER": plan.cluster, "DTF_ATTEMPT": str(attempt)}
+           "DTF_CLUSTER": plan.cluster, "DTF_ATTEMPT": str(attempt),
+           # A copy works in its task's output directory, one below the task's directory.
+           "DTF_SYNCED": json.dumps({name: posixpath.join("..", path) for name, path in (synced or {}).items()})}
     position = hp.spec.worker_ports.index(task.port)
     env.update(gpus.task_env(hp.spec.gpus, task.job, position, len(hp.spec.worker_ports)))
     return [*gpus.env_prefix(env), hp.python, "-m", "dtf.runner", program, *args]
@@ -199,18 +204,18 @@ class CollectiveRun:
 
     # -- steps on the hosts ----------------------------------------------------------------------
     def ship(self) -> None:
-        """The program's directory to every worker host, once per content hash."""
-        data = remote_files.pack(self.program.parent)
-
-        def one(hp: HostPlan) -> str:
-            with self.ops.transport(hp) as t:
-                return remote_files.ship_program_dir(t, hp, self.program.parent, data)
-
-        outcomes = self.ops.each_host(one, self.hosts)
+        """The program's directory to every worker host as `dtf sync` sends it: once per content
+        hash (its .gitignore files apply), to WORKDIR/.cache/sync/HASH."""
+        try:
+            p = sync.pack(self.program.parent, "program")
+        except sync.SyncError as e:
+            raise UsageError(f"--collective: {e}")
+        outcomes = sync.send(self.ops, [p], self.hosts)
         failed = {h: o.reason for h, o in outcomes.items() if not o.ok}
         if failed:
             raise HostFailure("sending the program", failed)
-        self.remote_program = {h: f"{o.value}/{self.program.name}" for h, o in outcomes.items()}
+        self.remote_program = {hp.name: posixpath.join(p.synced.host_path(hp), self.program.name)
+                               for hp in self.hosts}
 
     def stop(self, what: str) -> dict[str, str]:
         """Stop every worker task (servers or copies): TERM, KILL after the grace. Failures by host."""
@@ -220,7 +225,8 @@ class CollectiveRun:
     def start_copies(self, attempt: int) -> None:
         def one(hp: HostPlan) -> StartReply:
             specs = [TaskSpec(job=t.job, index=t.index, port=t.port,
-                              argv=copy_argv(self.plan, t, self.remote_program[hp.name], self.args, attempt))
+                              argv=copy_argv(self.plan, t, self.remote_program[hp.name], self.args, attempt,
+                                             {n: x.task_path for n, x in self.record.synced.items()}))
                      for t in hp.tasks if t.job == "worker"]
             with self.ops.transport(hp) as t:
                 return self.ops._ask(t, hp, StartReply, run_argv(hp, specs, fresh=attempt == 1),

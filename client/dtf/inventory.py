@@ -50,6 +50,16 @@ class HostSpec:
     gpus: tuple[int, ...] | None = None  # the host's GPU ids, shared among its workers (dtf.gpus); None: not set
 
 
+@dataclass(frozen=True)
+class SyncSpec:
+    """One entry of `sync:`: a local path sent to every host at `up` (dtf.sync)."""
+
+    path: str  # as written (`~/` is this machine's home; relative: to the inventory's directory)
+    name: str  # what dtf.synced(NAME) finds it by: `as`, else the path's last part
+    line: int  # where the entry is (1-based), for "no such file" at `up`
+    column: int
+
+
 # How the laptop reaches the tasks' TF ports: directly, through SSH, or whichever works (auto).
 NETWORKS = ("auto", "direct", "ssh")
 # Who may connect to the tasks' TF ports: anyone who can reach them, or only the cluster's hosts.
@@ -64,6 +74,7 @@ class Inventory:
     ssh_config: str | None  # an ssh_config file to read instead of ~/.ssh/config
     network: str = "auto"  # one of NETWORKS
     firewall: str = "none"  # one of FIREWALLS
+    sync: tuple[SyncSpec, ...] = ()  # sent to every host at `up`
 
     @property
     def num_ps(self) -> int:
@@ -374,7 +385,8 @@ _BUILTIN: dict[str, object] = dict.fromkeys(_SETTINGS) | {
     "connection": "ssh", "python": DEFAULT_PYTHON, "workdir": DEFAULT_WORKDIR, "tf_port": DEFAULT_TF_PORT,
     "restart_limit": DEFAULT_RESTART_LIMIT, "restart_backoff": DEFAULT_RESTART_BACKOFF,
 }
-_TOP_KEYS = ("cluster", "ssh_config", "network", "firewall", "defaults", "hosts")
+_TOP_KEYS = ("cluster", "ssh_config", "network", "firewall", "defaults", "hosts", "sync")
+_SYNC_KEYS = ("path", "as")
 _HOST_KEYS = ("host", *_SETTINGS, "ps", "workers")
 _PER_HOST_ONLY = {k: "not allowed in defaults: set it in each hosts entry" for k in ("host", "ps", "workers")}
 
@@ -477,10 +489,61 @@ class _Checker:
             elif not (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
                 self.report(key, "defaults", f"expected a mapping of host settings, got {_describe(node)}")
         hosts = self.hosts(found["hosts"], defaults) if "hosts" in found else []
+        sync = self.sync(found["sync"]) if "sync" in found else []
         if self.problems or not isinstance(cluster, str):  # an invalid cluster is one of the problems
             return None
         return Inventory(path=self.filename, cluster=cluster, hosts=tuple(hosts), ssh_config=ssh_config,
-                         **choices)
+                         sync=tuple(sync), **choices)
+
+    def sync(self, entry: tuple[yaml.Node, yaml.Node]) -> list[SyncSpec]:
+        """`sync:`: a list of paths, or of mappings {path, as}; names unique and plain."""
+        from dtf.sync import default_name, name_flaw
+
+        key, node = entry
+        if isinstance(node, yaml.ScalarNode) and node.tag == _NULL:
+            return []
+        if not _is_seq(node):
+            self.report(key, "sync", f"expected a list of paths (or of mappings with path and as), "
+                                     f"got {_describe(node)}")
+            return []
+        specs: list[SyncSpec] = []
+        named: dict[str, tuple[str, int]] = {}
+        for i, item in enumerate(node.value):
+            path = f"sync[{i}]"
+            name_node: yaml.Node | None = None
+            if _is_map(item):
+                found = self.entries(item, path, _SYNC_KEYS, {})
+                if "path" not in found:
+                    self.report(item, path, "missing required key 'path'")
+                    continue
+                where = item
+                value = self.value(found["path"], f"{path}.path", _read_path)
+                if "as" in found:
+                    name_node = found["as"][0]
+                    name = self.value(found["as"], f"{path}.as",
+                                      lambda n: _read_string(n, "a name for dtf.synced(NAME)"))
+                else:
+                    name = default_name(value) if isinstance(value, str) else _INVALID
+            else:
+                where = item
+                value = self.value((item, item), path, _read_path)
+                name = default_name(value) if isinstance(value, str) else _INVALID
+            if not isinstance(value, str) or not isinstance(name, str):
+                continue
+            flaw = name_flaw(name)
+            if flaw:
+                hint = "" if name_node is not None else " (name it with `as:`)"
+                self.report(name_node or where, f"{path}.as" if name_node else path, flaw + hint)
+                continue
+            if name in named:
+                other, line = named[name]
+                self.report(name_node or where, path, f"the name {name!r} is already used by {other} "
+                                                      f"(line {line}): give one of them another with `as:`")
+                continue
+            named[name] = (path, where.start_mark.line + 1)
+            specs.append(SyncSpec(path=value, name=name, line=where.start_mark.line + 1,
+                                  column=where.start_mark.column + 1))
+        return specs
 
     def hosts(self, entry: tuple[yaml.Node, yaml.Node], defaults: dict[str, Any]) -> list[HostSpec]:
         key, node = entry

@@ -19,16 +19,16 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from dtf import state
+from dtf import state, sync
 from dtf.cluster import STOP_GRACE, ClusterOps, HostStarted, HostStopped, Outcome, Progress
-from dtf.errors import ClusterChanged, HostFailure, UsageError
+from dtf.errors import ClusterChanged, HostFailure, InventoryError, NoCluster, Problem, UsageError
 from dtf.plan import DEFAULT_TTL, Plan, differences, make_plan
 from dtf.state import Record
 
@@ -52,10 +52,16 @@ def load_plan(inventory_path: Path, ttl: float | None = None, server: str = "ten
     if inv.ssh_config:
         check_ssh_config(inventory_path, inv.ssh_config)
     try:
-        return make_plan(inv, resolve=resolver(inv.ssh_config), local_python=sys.executable,
+        plan = make_plan(inv, resolve=resolver(inv.ssh_config), local_python=sys.executable,
                          ttl=DEFAULT_TTL if ttl is None else ttl, server=server, network=network)
     except ValueError as e:  # only `server` can be wrong: the inventory was checked
         raise UsageError(f"{SERVER_ENV}: {e}")
+    missing = [Problem(str(inventory_path), item.line, item.column, f"sync[{i}]",
+                       f"{item.path}: no such file or directory")
+               for i, item in enumerate(plan.sync) if not Path(item.path).exists()]
+    if missing:
+        raise InventoryError(missing)
+    return plan
 
 
 # -- up ---------------------------------------------------------------------------------------
@@ -70,13 +76,15 @@ class UpResult:
     restarted: list[tuple[str, str]] = field(default_factory=list)  # (task, its state before)
     serving: int = 0  # tasks that were serving and were left alone
     new_ttl: float | None = None  # the lease's new idle timeout, when `up` changed it
+    synced: list[sync.Report] = field(default_factory=list)  # the inventory's `sync:`, sent or found
 
 
 def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: bool = False,
-       connect_timeout: float, view: ProgressView = no_view) -> UpResult:
-    """Start the plan's cluster. If it is up already: from the same inventory, restart only its
-    tasks that are not serving; from a changed one, refuse (ClusterChanged), or with `replace`
-    take the old cluster down first."""
+       connect_timeout: float, view: ProgressView = no_view, packs: Sequence[sync.Pack] = ()) -> UpResult:
+    """Start the plan's cluster, and send it `packs` (the inventory's `sync:`, packed). If it is
+    up already: from the same inventory, restart only its tasks that are not serving (and send
+    what a host lacks); from a changed one, refuse (ClusterChanged), or with `replace` take the
+    old cluster down first."""
     with state.locked():
         if plan.cluster in state.names():
             record = state.load(plan.cluster)
@@ -84,10 +92,16 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
             if changes and not replace:
                 raise ClusterChanged(plan.cluster, record.inventory, str(inventory_path), changes)
             if not changes:
-                return repair(record, inventory_path, ttl, connect_timeout, view)
+                result = repair(record, inventory_path, ttl, connect_timeout, view)
+                if packs:
+                    result.synced = send_packs(result.record.plan, packs, connect_timeout, view)
+                    result.record = record_synced(result.record.replace(
+                        plan=dataclasses.replace(result.record.plan, sync=plan.sync)), result.synced)
+                    state.save(result.record)
+                return result
             teardown(record, keep_logs=False, grace=STOP_GRACE, connect_timeout=connect_timeout, view=view)
         t0 = time.monotonic()
-        outcomes = start(plan, None, connect_timeout, view)
+        outcomes, sent = start(plan, None, connect_timeout, view, packs)
         client = next((o.value.client_address for o in outcomes.values() if o.value.client_address), None)
         remote = [outcomes[hp.name].value for hp in plan.remote_hosts]
         record = Record(plan=plan, inventory=str(inventory_path.resolve()), created=time.time(),
@@ -95,8 +109,10 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
                         pids={name: pid for o in outcomes.values() for name, pid in o.value.pids.items()},
                         network=resolve_network(plan, outcomes),
                         tf_ports_open=any(h.direct for h in remote) if remote else True)
+        reports = sync.reports(packs, sent)
+        record = record_synced(record, reports)
         state.save(record)
-    return UpResult(record, started=True, outcomes=outcomes, seconds=time.monotonic() - t0)
+    return UpResult(record, started=True, outcomes=outcomes, seconds=time.monotonic() - t0, synced=reports)
 
 
 def resolve_network(plan: Plan, outcomes: dict[str, Outcome[HostStarted]]) -> str:
@@ -128,18 +144,24 @@ def ctrl_c_sets(event: threading.Event) -> Iterator[None]:
 
 
 def start(plan: Plan, only: dict[str, set[str]] | None, connect_timeout: float,
-          view: ProgressView = no_view) -> dict[str, Outcome[HostStarted]]:
-    """Start the plan's tasks (or only some, per host). Unless every host succeeded, stop what
-    was started and raise: HostFailure, or KeyboardInterrupt after Ctrl-C."""
+          view: ProgressView = no_view, packs: Sequence[sync.Pack] = ()
+          ) -> tuple[dict[str, Outcome[HostStarted]], dict[str, Outcome[sync.HostSynced]]]:
+    """Start the plan's tasks (or only some, per host), and send every host the packs. Unless
+    every host succeeded, stop what was started and raise: HostFailure, or KeyboardInterrupt
+    after Ctrl-C."""
     hosts = [h.name for h in plan.hosts if only is None or only.get(h.name)]
     with view(hosts, f"dtf up {plan.cluster}") as progress:
         ops = ClusterOps(plan, progress, connect_timeout=connect_timeout)
         failures: dict[str, str] = {}
         succeeded = False
+        sent: dict[str, Outcome[sync.HostSynced]] = {}
         with ctrl_c_sets(ops.cancel):
             try:
                 outcomes = ops.up(only)
                 failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
+                if packs and not failures and not ops.cancel.is_set():
+                    sent = sync.send(ops, packs, sync.hosts_of(plan))
+                    failures = {h: f"sync: {o.reason}" for h, o in sent.items() if not o.ok}
                 if not failures and not ops.cancel.is_set():
                     failures = {h: o.reason for h, o in ops.check_mesh().items() if not o.ok}
                 succeeded = not failures and not ops.cancel.is_set()
@@ -151,7 +173,49 @@ def start(plan: Plan, only: dict[str, set[str]] | None, connect_timeout: float,
         raise KeyboardInterrupt
     if failures:
         raise HostFailure("dtf up", failures)
-    return outcomes
+    return outcomes, sent
+
+
+def send_packs(plan: Plan, packs: Sequence[sync.Pack], connect_timeout: float,
+               view: ProgressView = no_view) -> list[sync.Report]:
+    """Make sure every host of a running cluster holds the packs (HostFailure: the hosts that
+    do not). Nothing is stopped when a host fails: the cluster was up before."""
+    hosts = sync.hosts_of(plan)
+    with view([hp.name for hp in hosts], f"dtf sync {plan.cluster}") as progress:
+        ops = ClusterOps(plan, progress, connect_timeout=connect_timeout)
+        with ctrl_c_sets(ops.cancel):
+            sent = sync.send(ops, packs, hosts)
+    if ops.cancel.is_set():
+        raise KeyboardInterrupt
+    failures = {h: o.reason for h, o in sent.items() if not o.ok}
+    if failures:
+        raise HostFailure("dtf sync", failures)
+    return sync.reports(packs, sent)
+
+
+def record_synced(record: Record, reports: Sequence[sync.Report]) -> Record:
+    """The record with what every host now holds, by name (a name synced again is replaced)."""
+    return record.replace(synced={**record.synced, **{r.synced.name: r.synced for r in reports}})
+
+
+def sync_to(name: str | None, packs: Sequence[sync.Pack], *, connect_timeout: float,
+            view: ProgressView = no_view) -> tuple[Record, list[sync.Report]]:
+    """`dtf sync`: send the packs to every host of a running cluster and record them. The state
+    lock is held only to read and to write the record, not while the bytes travel."""
+    with state.locked():
+        record = state.load(state.resolve_name(name))
+    reports = send_packs(record.plan, packs, connect_timeout, view)
+    with state.locked():
+        try:
+            now = state.load(record.cluster)
+        except NoCluster:
+            now = None
+        if now is None or now.created != record.created:
+            raise NoCluster(f"cluster {record.cluster!r} was taken down (or replaced) while the data "
+                            f"was being sent: run `dtf sync` again on the running cluster")
+        record = record_synced(now, reports)
+        state.save(record)
+    return record, reports
 
 
 def rollback(plan: Plan, ops: ClusterOps, only: dict[str, set[str]] | None, progress: Progress,
@@ -204,7 +268,7 @@ def repair(record: Record, inventory_path: Path, ttl: float | None, connect_time
     t0 = time.monotonic()
     only = _by_host([(s.task.host, s.task.name) for s in dead])
     ops.stop_tasks(only)  # supervisors that gave up
-    outcomes = start(plan, only, connect_timeout, view)
+    outcomes, _ = start(plan, only, connect_timeout, view)
     pids = dict(record.pids)
     for started in outcomes.values():
         pids.update(started.value.pids)

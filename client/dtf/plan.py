@@ -9,6 +9,7 @@ tunnel mode can remap all of them in one place. A plan is plain data: it round-t
 from __future__ import annotations
 
 import dataclasses
+import os
 import posixpath
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -161,9 +162,24 @@ class HostPlan:
         ports = [a for t in self.tasks for a in ("--port", str(t.port))]
         return self.launcher_argv("fence", "--dir", self.root, *ports, *[a for m in allow for a in ("--allow", m)])
 
+    def sync_argv(self, digest: str, receive: bool = False) -> list[str]:
+        """Whether the host holds the synced tree DIGEST; `receive`: make it from stdin (dtf.sync)."""
+        return self.launcher_argv("sync", "--dir", layout.cache_dir(self.spec.workdir, "sync"),
+                                  "--hash", digest, *(["--receive"] if receive else []))
+
     def clean_argv(self, keep_logs: bool, if_unused: bool = False) -> list[str]:
         return self.launcher_argv("clean", "--dir", self.root, *(["--keep-logs"] if keep_logs else []),
                                   *(["--if-unused"] if if_unused else []))
+
+
+@dataclass(frozen=True)
+class SyncItem:
+    """A local path `up` sends to every host (the inventory's `sync:`), named for dtf.synced()."""
+
+    name: str
+    path: str  # absolute, on this machine
+    line: int = 0  # of its entry in the inventory (for "no such file"), 0: unknown
+    column: int = 0
 
 
 @dataclass(frozen=True)
@@ -174,6 +190,7 @@ class Plan:
     hosts: tuple[HostPlan, ...]
     network: str = "auto"  # how the laptop reaches the tasks: inventory.NETWORKS (`up` decides auto)
     firewall: str = "none"  # inventory.FIREWALLS: "members" closes the TF ports to non-members
+    sync: tuple[SyncItem, ...] = ()  # sent to every host at `up`: not a change of the cluster
 
     @property
     def remote_hosts(self) -> tuple[HostPlan, ...]:
@@ -238,7 +255,8 @@ class Plan:
             ))
         return cls(cluster=data["cluster"], inventory=data["inventory"],
                    ssh_config=data["ssh_config"], hosts=tuple(hosts),
-                   network=data.get("network", "direct"), firewall=data.get("firewall", "none"))
+                   network=data.get("network", "direct"), firewall=data.get("firewall", "none"),
+                   sync=tuple(SyncItem(**item) for item in data.get("sync", ())))
 
 
 def default_address(spec: HostSpec) -> str:
@@ -286,9 +304,13 @@ def make_plan(
                 ))
         hosts.append(HostPlan(spec=spec, python=python, root=root, tasks=tuple(tasks),
                               env=TASK_ENV, start_timeout=start_timeout, ttl=ttl, server=server))
+    # A relative sync path is relative to the inventory's directory, as the user reads the file.
+    base = os.path.dirname(os.path.abspath(inventory.path))
+    sync = tuple(SyncItem(s.name, os.path.normpath(os.path.join(base, os.path.expanduser(s.path))), s.line,
+                          s.column) for s in inventory.sync)
     return Plan(cluster=inventory.cluster, inventory=inventory.path,
                 ssh_config=inventory.ssh_config, hosts=tuple(hosts),
-                network=network or inventory.network, firewall=inventory.firewall)
+                network=network or inventory.network, firewall=inventory.firewall, sync=sync)
 
 
 _HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdir", "address",

@@ -1,14 +1,13 @@
 """Directory trees between this machine and a host, over a Transport: send one (a deterministic
 tar, unpacked there by the host's python), or bring one back (SFTP; a copy for local hosts).
 
-Collective mode ships the program's directory with `ship_program_dir` (once per content hash, to
-WORKDIR/.cache/sync/HASH as `dtf sync` lays it out), brings the chief's output directory back
-with `fetch_tree`, and copies the chief's backup to the other workers with `send_tree`.
+Collective mode brings the chief's output directory back with `fetch_tree`, and copies the
+chief's backup to the other workers with `send_tree` (the program itself goes as `dtf sync` sends
+it: dtf.sync).
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import posixpath
@@ -19,7 +18,6 @@ from pathlib import Path
 
 from dtf.plan import HostPlan
 from dtf.transport import HostError, LocalTransport, SSHTransport, Transport
-from dtf_server import layout
 
 EXTRACT_TIMEOUT = 120.0
 # Run by the host's python: unpack TAR into DEST (replacing it atomically when `--once` finds it
@@ -81,16 +79,6 @@ def send_tree(t: Transport, hp: HostPlan, data: bytes, remote: str, once: bool =
               timeout=EXTRACT_TIMEOUT)
     if not r.ok:
         raise HostError(f"unpacking into {remote} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-
-
-def ship_program_dir(t: Transport, hp: HostPlan, directory: Path, data: bytes | None = None) -> str:
-    """Make sure the host holds `directory` (packed) below WORKDIR/.cache/sync/HASH, sending it
-    only when that hash is not there yet; return that path on the host."""
-    data = pack(directory) if data is None else data
-    remote = posixpath.join(layout.cache_dir(hp.spec.workdir, "sync"), hashlib.sha256(data).hexdigest())
-    if not t.run(["test", "-d", remote], timeout=30).ok:
-        send_tree(t, hp, data, remote, once=True)
-    return remote
 
 
 def fetch_tree(t: Transport, remote: str, local: Path) -> int:

@@ -23,6 +23,7 @@ from dtf.errors import NoCluster, StateBusy
 
 if TYPE_CHECKING:  # the plan imports the inventory parser (yaml): `dtf --help` needs neither
     from dtf.plan import Plan
+    from dtf.sync import Synced
 
 LOCK_WAIT = 5.0
 # The format of a record. Records before this field existed are version 1; a record of another
@@ -42,6 +43,7 @@ class Record:
     taking_down: bool = False  # `dtf down` has begun: a running `dtf train` stops its program
     network: str = "direct"  # how this machine reaches the tasks: "direct", or "ssh" (dtf.tunnel)
     tf_ports_open: bool = True  # the TF ports accepted connections from this machine directly
+    synced: dict[str, Synced] = field(default_factory=dict)  # name -> what every host holds (dtf sync)
 
     @property
     def cluster(self) -> str:
@@ -51,18 +53,21 @@ class Record:
         return {"version": RECORD_VERSION, "cluster": self.cluster, "inventory": self.inventory,
                 "created": self.created, "chief_host": self.chief_host, "pids": dict(self.pids),
                 "taking_down": self.taking_down, "network": self.network,
-                "tf_ports_open": self.tf_ports_open, "plan": self.plan.to_dict()}
+                "tf_ports_open": self.tf_ports_open, "plan": self.plan.to_dict(),
+                "synced": {name: s.to_dict() for name, s in self.synced.items()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
         from dtf.plan import Plan
+        from dtf.sync import Synced
 
         return cls(plan=Plan.from_dict(data["plan"]), inventory=data["inventory"],
                    created=data["created"], chief_host=data["chief_host"],
                    pids={str(k): int(v) for k, v in data["pids"].items()},
                    taking_down=bool(data.get("taking_down", False)),
                    network=str(data.get("network", "direct")),
-                   tf_ports_open=bool(data.get("tf_ports_open", True)))
+                   tf_ports_open=bool(data.get("tf_ports_open", True)),
+                   synced={str(k): Synced.from_dict(v) for k, v in data.get("synced", {}).items()})
 
     def replace(self, **changes: Any) -> Record:
         return dataclasses.replace(self, **changes)

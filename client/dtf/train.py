@@ -63,7 +63,8 @@ def tf_config(plan: Plan, chief_address: str) -> dict[str, Any]:
 
 
 def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 1,
-                tunnel: Tunnel | None = None) -> dict[str, str]:
+                tunnel: Tunnel | None = None, synced: dict[str, str] | None = None) -> dict[str, str]:
+    """The program's environment; `synced`: name -> path on the workers, for dtf.synced()."""
     env = dict(os.environ)
     if tunnel is None:
         chief = f"{chief_host}:{free_ports(1)[0]}"
@@ -77,6 +78,7 @@ def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 
     env.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_KEEPALIVE)  # the user's own gRPC options win
     env["DTF_CLUSTER"] = plan.cluster
     env["DTF_ATTEMPT"] = str(attempt)
+    env["DTF_SYNCED"] = json.dumps(synced or {})
     if output:
         env["DTF_OUTPUT_DIR"] = str(Path(output).resolve())
     return env
@@ -200,7 +202,8 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
     `dtf down` on the cluster stops it too (its workers are going away: it would wait for them).
     """
     plan = record.plan
-    env = program_env(plan, record.chief_host, output, attempt, tunnel)
+    env = program_env(plan, record.chief_host, output, attempt, tunnel,
+                      synced={name: s.task_path for name, s in record.synced.items()})
     interrupted_at: float | None = None
     proc: subprocess.Popen[bytes] | None = None
     down = False

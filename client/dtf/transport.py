@@ -12,17 +12,26 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dtf.inventory import HostSpec
 from dtf.netutil import CONNECT_TIMEOUT, port_open
 from dtf.shell import expand_local, render
 
 COMMAND_TIMEOUT = 60.0
+FEED_CHUNK = 1 << 20  # bytes per write of `feed`
+
+
+class Readable(Protocol):
+    """What `feed` reads its input from: a binary file, or a pack made while it is read."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
 class HostError(Exception):
@@ -69,6 +78,12 @@ class Transport:
         """Run `argv` with its output going to our stdout and stderr; return its exit code."""
         raise NotImplementedError
 
+    def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
+             sent: Callable[[int], None] = lambda n: None) -> Result:
+        """Run `argv` with everything `source` holds as its stdin; `sent(n)` after each chunk.
+        HostError when no byte moves (or the command does not finish) for `stall` seconds."""
+        raise NotImplementedError
+
     def reaches(self, target: str, timeout: float) -> bool:
         """Whether a TCP connection to `target` ("addr:port") opens from this machine through this
         transport: for SSH, opened by the host (what `ssh -W` does)."""
@@ -112,6 +127,10 @@ class LocalTransport(Transport):
 
     def stream(self, argv: Sequence[str]) -> int:
         return subprocess.call(expand_local(argv), stdin=subprocess.DEVNULL)
+
+    def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
+             sent: Callable[[int], None] = lambda n: None) -> Result:
+        return feed_process(expand_local(argv), source, stall, sent)
 
     def reaches(self, target: str, timeout: float) -> bool:
         host, _, port = target.rpartition(":")
@@ -228,6 +247,43 @@ class SSHTransport(Transport):
                                   out_stream=sys.stdout)
         return int(r.exited)
 
+    def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
+             sent: Callable[[int], None] = lambda n: None) -> Result:
+        from dtf.tunnel import ssh_argv, ssh_binary  # tunnel imports this module
+
+        ssh = ssh_binary()
+        if ssh is not None:  # OpenSSH carries the bytes in C, several times faster than paramiko
+            return feed_process(ssh_argv(ssh, self.spec, self.ssh_config_path, self.connect_timeout, "-T", "--")
+                                + [render(argv)], source, stall, sent)
+        # A channel of our own, not Fabric's run(): its stdin pump writes 1000 bytes at a time.
+        import paramiko
+
+        conn = self.connection()
+        if not conn.is_connected:
+            self.open()
+        try:
+            channel = conn.client.get_transport().open_session(timeout=stall)
+            with channel:
+                channel.settimeout(stall)  # every send and receive: no progress for `stall` fails
+                channel.exec_command(render(argv))
+                try:
+                    while data := source.read(FEED_CHUNK):
+                        channel.sendall(data)
+                        sent(len(data))
+                    channel.shutdown_write()
+                except OSError:
+                    if channel.exit_status_ready():  # the command ended early: its stderr says why
+                        pass
+                    else:
+                        raise
+                out = channel.makefile("rb").read()
+                err = channel.makefile_stderr("rb").read()
+                code = channel.recv_exit_status()
+        except TimeoutError:
+            raise HostError(f"no progress for {stall:g}s: {argv[0]} {' '.join(argv[2:3])}")
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise HostError(f"connection lost: {e}")
+        return Result(code, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def active(self) -> bool:
         """Whether the SSH connection is open and usable."""
@@ -248,6 +304,53 @@ class SSHTransport(Transport):
             return True
         except (paramiko.SSHException, OSError, EOFError):
             return False
+
+
+def feed_process(argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
+                 sent: Callable[[int], None] = lambda n: None) -> Result:
+    """Run a local process with everything `source` holds as its stdin (see Transport.feed)."""
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except FileNotFoundError as e:
+        return Result(127, "", str(e))
+    moved = [time.monotonic()]
+    done = threading.Event()
+
+    def watchdog() -> None:  # a write to a pipe nobody reads has no timeout of its own
+        while not done.wait(0.5):
+            if time.monotonic() - moved[0] > stall:
+                proc.kill()
+                return
+
+    threading.Thread(target=watchdog, daemon=True, name="dtf-feed-watchdog").start()
+    stdin, proc.stdin = proc.stdin, None  # ours to close: communicate() must not flush it
+    assert stdin is not None
+    try:
+        try:
+            with stdin:
+                while data := source.read(FEED_CHUNK):
+                    stdin.write(data)
+                    moved[0] = time.monotonic()
+                    sent(len(data))
+        except BrokenPipeError:
+            pass  # the command ended early: its exit code and stderr say why
+        out, err = proc.communicate(timeout=stall)
+    except subprocess.TimeoutExpired:
+        raise HostError(f"command timed out after {stall:g}s: {what(argv)}")
+    finally:  # also when `sent` raised (Cancelled): no process is left behind
+        done.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    if proc.returncode < 0 and time.monotonic() - moved[0] > stall:
+        raise HostError(f"no progress for {stall:g}s: {what(argv)}")
+    return Result(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def what(argv: Sequence[str]) -> str:
+    """A command, shortly, for a message: the program and its first argument after one."""
+    return f"{argv[0]} {' '.join(argv[2:3])}"
 
 
 def temporary_name(filename: str) -> str:

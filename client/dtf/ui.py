@@ -21,6 +21,7 @@ from dtf.shell import render
 if TYPE_CHECKING:
     from dtf.lifecycle import UpResult
     from dtf.state import Record
+    from dtf.sync import Pack
 
 # The version of `dtf status --json`'s document (README): fields may be added; a change that would
 # break a reader bumps it.
@@ -84,6 +85,9 @@ def show_plan(plan: Plan) -> None:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in hp.env)
             out.print(f"  {t.name:<10} {t.address:<24} {env} {render(t.serve_argv)}", markup=False)
             out.print(f"  {'':<10} log {t.log}", markup=False)
+    for item in plan.sync:
+        out.print(f"\nsync     {item.path} to every host as {item.name!r} (WORKDIR/.cache/sync/HASH; "
+                  f"skipped where a host has it)", markup=False)
     out.print("\nTF_CONFIG cluster (the chief is added by `dtf train`): "
               + json.dumps(plan.cluster_spec()), markup=False)
     out.print(network_plan(plan), markup=False)
@@ -132,6 +136,18 @@ def show_up(plan: Plan, outcomes: dict[str, Outcome[HostStarted]], seconds: floa
     out.print(tab)
 
 
+def show_packs(packs: list[Pack]) -> None:
+    """Before a sync: a warning for a large one (naming its largest files), and what is left out."""
+    from dtf.sync import large_warning
+
+    for p in packs:
+        warning = large_warning(p)
+        if warning:
+            err.print(f"[yellow]dtf: warning:[/] {escape(warning)}", markup=True)
+        for skipped in p.skipped:
+            err.print(f"dtf: {p.name}: not sent: {skipped}", markup=False)
+
+
 def show_up_result(result: UpResult) -> None:
     """What `dtf up` did: the started cluster's table, the tasks it restarted, or nothing."""
     cluster = result.record.cluster
@@ -145,6 +161,8 @@ def show_up_result(result: UpResult) -> None:
     else:
         lease = f"; idle timeout now {result.new_ttl:g}s" if result.new_ttl is not None else ""
         out.print(f"cluster {cluster} is already up: {result.serving} tasks serving{lease}", markup=False)
+    for report in result.synced:
+        out.print(report.line(), markup=False)
 
 
 def status_rows(states: list[TaskState]) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ it did what was asked:
     clean     --dir D [--keep-logs] [--if-unused]  remove what dtf put in D (firewall rules too)
     reach     [--dir D] --to ADDR:PORT ... [--timeout S]  which targets this host cannot connect to; renews D's lease
     fence     --dir D --port P ... --allow A ... [--remove]  TF ports open only to A and loopback
+    sync      --dir C --hash H [--receive]         whether C/H exists; --receive: make it from the pack on stdin
     run       --dir D --task SPEC ... [--env K=V] [--clear-output]  collective mode: start program copies
     supervise-program --dir D --task SPEC          (internal) run one program copy once (dtf_server.program)
     follow    --dir D --task JOB:INDEX [--beat S]  stream a program copy's output and events until it ends
@@ -32,7 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
-from dtf_server import fence, layout, program
+from dtf_server import fence, layout, program, receive
 from dtf_server.procs import (
     exit_reason,
     ours,
@@ -58,6 +59,7 @@ from dtf_server.protocol import (
     StartReply,
     StatusReply,
     StopReply,
+    SyncReply,
     TaskSpec,
     TaskStarted,
     TaskStatus,
@@ -364,6 +366,17 @@ def cmd_clean(args: argparse.Namespace) -> CleanReply:
     return CleanReply(removed=removed)
 
 
+def cmd_sync(args: argparse.Namespace) -> SyncReply:
+    """A synced tree: is WORKDIR/.cache/sync/HASH there; with --receive, make it from stdin."""
+    if receive.present(args.dir, args.hash) or not args.receive:
+        return SyncReply(present=receive.present(args.dir, args.hash))
+    try:
+        received = receive.receive(args.dir, args.hash, sys.stdin.buffer)
+    except receive.ReceiveError as e:
+        raise SystemExit(f"sync: {e}")
+    return SyncReply(present=True, received=received)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
@@ -430,6 +443,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--port", type=int, action="append", default=[])
     c.add_argument("--allow", action="append", default=[])
     c.add_argument("--remove", action="store_true")
+    c = sub.add_parser("sync")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--hash", required=True)
+    c.add_argument("--receive", action="store_true")
     c = sub.add_parser("clean")
     c.add_argument("--dir", required=True)
     c.add_argument("--keep-logs", action="store_true")
@@ -440,8 +457,8 @@ def parser() -> argparse.ArgumentParser:
 COMMANDS: dict[str, Any] = {
     "check": cmd_check, "start": cmd_start, "supervise": cmd_supervise, "serve": cmd_serve,
     "fake": cmd_fake, "status": cmd_status, "renew": cmd_renew, "stop": cmd_stop, "clean": cmd_clean,
-    "reach": cmd_reach, "fence": cmd_fence, "run": cmd_run, "supervise-program": cmd_supervise_program,
-    "follow": cmd_follow,
+    "reach": cmd_reach, "fence": cmd_fence, "sync": cmd_sync, "run": cmd_run,
+    "supervise-program": cmd_supervise_program, "follow": cmd_follow,
 }
 
 

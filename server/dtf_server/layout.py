@@ -47,6 +47,13 @@ def cache_dir(workdir: str, kind: str = "") -> str:
     return posixpath.join(workdir, CACHE, kind) if kind else posixpath.join(workdir, CACHE)
 
 
+def synced_from_task(digest: str, subpath: str = "") -> str:
+    """A synced tree (or the file in it) as a path relative to a task's directory: every server
+    runs there (WORKDIR/CLUSTER/JOB-INDEX), so this one path is right on every host, whatever
+    its WORKDIR or home directory."""
+    return posixpath.join("..", "..", CACHE, "sync", digest, *filter(None, [subpath]))
+
+
 def launcher_name(digest: str) -> str:
     return f"{LAUNCHER_PREFIX}{digest}{LAUNCHER_SUFFIX}"
 

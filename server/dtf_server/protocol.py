@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields.
-PROTOCOL = 3  # 3: run, supervise-program, follow (collective mode)
+PROTOCOL = 4  # 3: `sync` (dtf sync); 4: run, supervise-program, follow (collective mode)
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
@@ -186,9 +186,19 @@ class FenceReply:
     error: str | None = None  # why rules could not be set (no root, no nft or iptables)
 
 
-Reply = CheckReply | StartReply | StatusReply | RenewReply | StopReply | CleanReply | ReachReply | FenceReply
+@dataclass(frozen=True)
+class SyncReply:
+    """`sync`: whether the host holds a synced tree (WORKDIR/.cache/sync/HASH), and how many bytes
+    it just received to make it (0: it had it, or `--receive` was not asked)."""
+
+    present: bool
+    received: int = 0
+
+
+Reply = (CheckReply | StartReply | StatusReply | RenewReply | StopReply | CleanReply | ReachReply | FenceReply
+         | SyncReply)
 R = TypeVar("R", CheckReply, StartReply, StatusReply, RenewReply, StopReply, CleanReply, ReachReply,
-            FenceReply)
+            FenceReply, SyncReply)
 
 
 def encode(reply: Reply) -> str:
