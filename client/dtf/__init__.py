@@ -13,6 +13,11 @@ This package is both the `dtf` command (dtf.cli) and a small helper API for trai
     dtf.save_options()                 # pass to model.save / tf.saved_model.save
     dtf.synced("data")                 # where `dtf sync data` put it, as the workers see it
     dtf.packing()                      # custom loops: how many steps each scheduled closure runs
+    dtf.collective_mode()              # True in a copy of a `dtf train --collective` program
+
+Under `dtf train --collective` the program runs on the hosts, one copy per worker:
+`dtf.strategy()` is then a MultiWorkerMirroredStrategy, `dtf.output_dir()` the copy's output
+directory (the chief's comes back to the laptop) and the options above are plain ones.
 
 Why the options: under ParameterServerStrategy the variables live on the ps, and TensorFlow places
 a checkpoint's save ops next to them, so without these options each ps writes its shard to ITS OWN
@@ -57,6 +62,7 @@ __all__ = [
     "attempt",
     "checkpoint_dir",
     "checkpoint_options",
+    "collective_mode",
     "coordinator",
     "local_cluster_spec",
     "num_workers",
@@ -81,6 +87,7 @@ _local_servers: list[Any] = []  # keeps the in-process servers alive for the pro
 LOCAL_WORKERS_ENV = "DTF_LOCAL_WORKERS"
 LOCAL_PS_ENV = "DTF_LOCAL_PS"
 OUTPUT_DIR_ENV = "DTF_OUTPUT_DIR"
+COLLECTIVE_ENV = "DTF_COLLECTIVE"  # "1": a copy of a `dtf train --collective` program, on a host
 SYNCED_ENV = "DTF_SYNCED"  # JSON {name: path on the workers}, set by `dtf train` (dtf.sync)
 # The coordinator's device: ParameterServerStrategy names the program's own job "chief", both
 # under `dtf train` (TF_CONFIG) and on the in-process cluster.
@@ -92,15 +99,29 @@ def under_dtf() -> bool:
     return bool(os.environ.get("TF_CONFIG")) and bool(os.environ.get("DTF_CLUSTER"))
 
 
-def strategy(**kwargs: Any) -> Any:
-    """The ParameterServerStrategy of this run, made once and cached.
+def collective_mode() -> bool:
+    """True when this program is one copy of a `dtf train --collective` run (on a host)."""
+    return os.environ.get(COLLECTIVE_ENV) == "1"
 
-    Keyword arguments (e.g. `variable_partitioner`) go to ParameterServerStrategy.
+
+def strategy(**kwargs: Any) -> Any:
+    """The ParameterServerStrategy of this run, made once and cached; under `dtf train
+    --collective`, the MultiWorkerMirroredStrategy of this copy (ring all-reduce, for CPUs).
+
+    Keyword arguments (e.g. `variable_partitioner`) go to the strategy.
     """
     global _strategy, _resolver
     if _strategy is None:
         import tensorflow as tf
 
+        if collective_mode():
+            _resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+            ring = tf.distribute.experimental.CommunicationOptions(
+                implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+            _strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=_resolver, communication_options=kwargs.pop("communication_options", ring),
+                **kwargs)
+            return _strategy
         if os.environ.get("TF_CONFIG"):
             _resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         else:
@@ -112,6 +133,9 @@ def strategy(**kwargs: Any) -> Any:
 def coordinator() -> Any:
     """The ClusterCoordinator of `strategy()`, made once and cached."""
     global _coordinator
+    if collective_mode():
+        raise RuntimeError("dtf.coordinator(): there is no coordinator under `dtf train --collective` "
+                           "(MultiWorkerMirroredStrategy: every worker runs the program)")
     if _coordinator is None:
         import tensorflow as tf
 
@@ -215,6 +239,8 @@ def BackupAndRestore(backup_dir: str | os.PathLike[str] | None = None, **kwargs:
     from tf_keras.src.distribute import worker_training_state
 
     base = tf.keras.callbacks.BackupAndRestore
+    if collective_mode():  # every worker does its own I/O; dtf copies the chief's backup for a restart
+        return base(str(backup_dir or checkpoint_dir("backup")), **kwargs)
     options = checkpoint_options()
 
     class CoordinatorState(worker_training_state.WorkerTrainingState):  # type: ignore[misc]
@@ -266,6 +292,8 @@ def checkpoint_options() -> Any:
     """
     import tensorflow as tf
 
+    if collective_mode():  # no coordinator: each worker writes where it runs
+        return tf.train.CheckpointOptions()
     return tf.train.CheckpointOptions(experimental_io_device=COORDINATOR_DEVICE)
 
 
@@ -277,6 +305,8 @@ def save_options() -> Any:
     """
     import tensorflow as tf
 
+    if collective_mode():
+        return tf.saved_model.SaveOptions()
     return tf.saved_model.SaveOptions(experimental_io_device=COORDINATOR_DEVICE)
 
 

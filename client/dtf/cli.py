@@ -163,6 +163,11 @@ def train(
                                       "it to serve again and runs the program again (it resumes "
                                       "from its last checkpoint)."),
     ps_wait: float = typer.Option(120.0, "--ps-wait", help="Seconds to wait for a lost ps to serve again."),
+    collective: bool = typer.Option(False, "--collective",
+                                    help="Run PROGRAM on the hosts, one copy per worker task, under "
+                                         "MultiWorkerMirroredStrategy (see README: collective mode)."),
+    join_timeout: float = typer.Option(300.0, "--join-timeout",
+                                       help="--collective: seconds every copy gets to join the others."),
     connect_timeout: float = ConnectTimeoutOpt,
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="Show TensorFlow's own INFO and WARNING lines (hidden by default)."),
@@ -174,7 +179,8 @@ def train(
                                  help="Pack steps into each closure where the program sets no "
                                       "steps_per_execution (measured at the start of fit)."),
 ) -> None:
-    """Run PROGRAM here as the chief of the cluster; its exit code is dtf's."""
+    """Run PROGRAM here as the chief of the cluster (or, --collective, on the hosts); its exit
+    code (the chief's) is dtf's."""
     from dtf.hooks import packing as packing_hook
     from dtf.hooks import wrap as wrap_hook
     from dtf.train import run_program
@@ -185,6 +191,14 @@ def train(
 
     if not program.is_file():
         raise UsageError(f"program not found: {program}")
+    if collective:
+        from dtf.collective import run_collective
+        from dtf.train import taken_down
+
+        record = _recorded(cluster)
+        raise typer.Exit(run_collective(record, str(program), list(args or []), str(output) if output else None,
+                                        attempts=attempts, join_timeout=join_timeout,
+                                        connect_timeout=connect_timeout, taken_down=lambda: taken_down(record)))
     code = run_program(_recorded(cluster), str(program), list(args or []),
                        str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
                        connect_timeout=connect_timeout, verbose=verbose, hook_env=hook_env)

@@ -58,6 +58,7 @@ class HostSpec:
     @property
     def managed(self) -> bool:
         return self.python == MANAGED
+    gpus: tuple[int, ...] | None = None  # the host's GPU ids, shared among its workers (dtf.gpus); None: not set
 
 
 @dataclass(frozen=True)
@@ -315,11 +316,26 @@ def _read_port(node: yaml.Node) -> int:
     return value
 
 
+_MAX_GPUS = 1024
+
+
 def _read_restart_limit(node: yaml.Node) -> int:
     value = _plain(node)
     if not _is_int(value) or not 0 <= value <= _MAX_RESTART_LIMIT:  # a 60-digit number is _TOO_BIG
         raise _Invalid(f"expected a whole number 0..{_MAX_RESTART_LIMIT}, got {_describe(node)}")
     return value
+
+
+def _read_gpus(node: yaml.Node) -> tuple[int, ...]:
+    """`gpus`: a count (ids 0..N-1) or a list of distinct device ids."""
+    value = _plain(node)
+    if _is_int(value) and 0 <= value <= _MAX_GPUS:
+        return tuple(range(value))
+    if isinstance(value, yaml.SequenceNode):
+        ids = [_plain(item) for item in value.value]
+        if all(_is_int(i) and 0 <= i <= _MAX_GPUS for i in ids) and len(set(ids)) == len(ids):
+            return tuple(ids)  # type: ignore[arg-type]
+    raise _Invalid(f"expected a number of GPUs 0..{_MAX_GPUS} or a list of distinct GPU ids, got {_describe(node)}")
 
 
 def _read_seconds(node: yaml.Node) -> float:
@@ -396,6 +412,7 @@ _SETTINGS: dict[str, Callable[[yaml.Node], object]] = {
     "base_python": _read_path,
     "packages": _read_packages,
     "accelerator": _choice(ACCELERATORS),
+    "gpus": _optional(_read_gpus),
 }
 _BUILTIN: dict[str, object] = dict.fromkeys(_SETTINGS) | {
     "connection": "ssh", "python": DEFAULT_PYTHON, "workdir": DEFAULT_WORKDIR, "tf_port": DEFAULT_TF_PORT,
@@ -569,8 +586,8 @@ class _Checker:
             self.report(key, "hosts", f"expected a non-empty list of hosts, got {_describe(node)}")
             return []
         specs = [self.host(f"hosts[{i}]", item, defaults) for i, item in enumerate(node.value)]
-        if self.roles_known and self.num_ps == 0:
-            self.report(key, "hosts", "no ps task: at least one host needs ps: 1 (or a list of ports)")
+        # No ps is a cluster for `dtf train --collective` only (MultiWorkerMirroredStrategy); a
+        # ParameterServerStrategy run on it is refused by `dtf train`.
         if self.roles_known and self.num_workers == 0:
             self.report(key, "hosts", "no worker task: at least one host needs workers: 1 or more")
         return [spec for spec in specs if spec is not None]
@@ -634,6 +651,7 @@ class _Checker:
             base_python=s["base_python"],
             packages=s["packages"],
             accelerator=s["accelerator"],
+            gpus=s["gpus"],
         )
 
     def role(self, entry: tuple[yaml.Node, yaml.Node], path: str) -> _Role | None:

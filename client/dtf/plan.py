@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from dtf import environment, shipping
+from dtf import environment, gpus, shipping
 from dtf.inventory import DEFAULT_PYTHON, HostSpec, Inventory
 from dtf_server import layout
 from dtf_server.protocol import Defaults, TaskSpec
@@ -34,6 +34,12 @@ DEFAULT_TTL = Defaults.TTL  # seconds an unused cluster lives: see `dtf up --ttl
 # What serves a task: TensorFlow's server, or (for tests) a fake one with options, e.g.
 # "fake:ready_delay=1.5,ignore_term" (dtf_server/fake.py).
 SERVERS = ("tensorflow", "fake")
+
+
+def task_argv(spec: HostSpec, argv: tuple[str, ...], job: str, port: int) -> tuple[str, ...]:
+    """A task's command with the GPUs it may see set before it (dtf.gpus; nothing without `gpus`)."""
+    position = spec.worker_ports.index(port) if job == "worker" else 0
+    return (*gpus.env_prefix(gpus.task_env(spec.gpus, job, position, len(spec.worker_ports))), *argv)
 
 
 def launcher_path(root: str) -> str:
@@ -262,15 +268,18 @@ class Plan:
             spec = dict(h["spec"])
             spec["ps_ports"] = tuple(spec["ps_ports"])
             spec["worker_ports"] = tuple(spec["worker_ports"])
+            if spec.get("gpus") is not None:
+                spec["gpus"] = tuple(spec["gpus"])
+            spec["packages"] = tuple(spec.get("packages", ()))
+            host_spec = HostSpec(**spec)
             server = h.get("server", "tensorflow")
             launcher = launcher_path(h["root"])
             # The serve command is derived again, never read back: it names this dtf's launcher.
-            tasks = tuple(TaskPlan(**{**t, "serve_argv": server_argv(
+            tasks = tuple(TaskPlan(**{**t, "serve_argv": task_argv(host_spec, server_argv(
                 server, h["python"], launcher, t["job"], t["index"], t["port"],
-                posixpath.join(t["dir"], layout.READY))}) for t in h["tasks"])
-            spec["packages"] = tuple(spec.get("packages", ()))
+                posixpath.join(t["dir"], layout.READY)), t["job"], t["port"])}) for t in h["tasks"])
             hosts.append(HostPlan(
-                spec=HostSpec(**spec), python=h["python"], root=h["root"], tasks=tasks,
+                spec=host_spec, python=h["python"], root=h["root"], tasks=tasks,
                 env=tuple((k, v) for k, v in h["env"]), start_timeout=h["start_timeout"],
                 ttl=h.get("ttl", DEFAULT_TTL), server=server, env_dir=h.get("env_dir"),
                 requirements=tuple(h.get("requirements", ())), base_python=h.get("base_python", ""),
@@ -327,8 +336,8 @@ def make_plan(
                 tdir = layout.task_dir(root, job, index)
                 tasks.append(TaskPlan(
                     job=job, index=index, host=spec.host, port=port, address=f"{address}:{port}",
-                    dir=tdir, serve_argv=server_argv(server, python, launcher, job, index, port,
-                                                     posixpath.join(tdir, layout.READY)),
+                    dir=tdir, serve_argv=task_argv(spec, server_argv(server, python, launcher, job, index, port,
+                                                                     posixpath.join(tdir, layout.READY)), job, port),
                 ))
         hosts.append(HostPlan(spec=spec, python=python, root=root, tasks=tuple(tasks),
                               env=TASK_ENV, start_timeout=start_timeout, ttl=ttl, server=server,
@@ -344,7 +353,7 @@ def make_plan(
 
 
 _HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdir", "address",
-                "restart_limit", "restart_backoff", "base_python", "packages", "accelerator")
+                "restart_limit", "restart_backoff", "base_python", "packages", "accelerator", "gpus")
 
 
 def differences(old: Plan, new: Plan) -> list[str]:

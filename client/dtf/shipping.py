@@ -15,21 +15,42 @@ import hashlib
 import io
 import zipfile
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from dtf_server import layout
 
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
 PACKAGE = "dtf_server"
+CLIENT_PACKAGE = "dtf"
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # zip's earliest date: the same bytes on every build
+
+
+def _sources(package: str) -> list[tuple[str, bytes]]:
+    """(path in the zip, content) of every .py file of `package`, its subpackages included."""
+    found: list[tuple[str, bytes]] = []
+
+    def walk(node: Traversable, prefix: str) -> None:
+        for entry in node.iterdir():
+            if entry.is_dir() and entry.name != "__pycache__":
+                walk(entry, f"{prefix}/{entry.name}")
+            elif entry.is_file() and entry.name.endswith(".py"):
+                found.append((f"{prefix}/{entry.name}", entry.read_bytes()))
+
+    walk(resources.files(package), package)
+    return found
 
 
 @functools.cache
 def launcher_bytes() -> bytes:
-    files = sorted((entry.name, entry.read_bytes()) for entry in resources.files(PACKAGE).iterdir()
-                   if entry.is_file() and entry.name.endswith(".py"))
+    # The `dtf` package rides along, never imported by the launcher: collective mode runs the
+    # user's program on the hosts, with this zipapp on its PYTHONPATH (`import dtf`, dtf.runner).
+    files = sorted(_sources(PACKAGE) + _sources(CLIENT_PACKAGE))
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, data in files:
-            info = zipfile.ZipInfo(f"{PACKAGE}/{name}", date_time=_EPOCH)
+            info = zipfile.ZipInfo(name, date_time=_EPOCH)
             info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, data)

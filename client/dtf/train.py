@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtf import noise, state
 from dtf.cluster import ClusterOps, LeaseKeeper, TaskState
-from dtf.errors import ClusterDown, DtfError
+from dtf.errors import ClusterDown, DtfError, UsageError
 from dtf.netutil import CONNECT_TIMEOUT, free_ports
 from dtf.plan import GRPC_KEEPALIVE, Plan
 from dtf.state import Record
@@ -107,6 +107,9 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     Unless `verbose`, TensorFlow's own chatter is filtered out of the program's stderr (dtf.noise).
     """
     plan = record.plan
+    if not any(t.job == "ps" for t in plan.tasks()):
+        raise UsageError(f"cluster {plan.cluster!r} has no ps task: ParameterServerStrategy needs one "
+                         f"(`dtf train --collective` runs without)")
     ops = ClusterOps(plan, connect_timeout=connect_timeout)
     dead = dead_tasks(ops, record.network)
     if dead:

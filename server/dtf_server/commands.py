@@ -18,6 +18,9 @@ it did what was asked:
     reach     [--dir D] --to ADDR:PORT ... [--timeout S]  which targets this host cannot connect to; renews D's lease
     fence     --dir D --port P ... --allow A ... [--remove]  TF ports open only to A and loopback
     sync      --dir C --hash H [--receive]         whether C/H exists; --receive: make it from the pack on stdin
+    run       --dir D --task SPEC ... [--env K=V] [--clear-output]  collective mode: start program copies
+    supervise-program --dir D --task SPEC          (internal) run one program copy once (dtf_server.program)
+    follow    --dir D --task JOB:INDEX [--beat S]  stream a program copy's output and events until it ends
 
 SPEC is a protocol.TaskSpec as JSON: the task and the exact command its supervisor runs (the plan's).
 """
@@ -35,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
-from dtf_server import envs, fence, layout, receive
+from dtf_server import envs, fence, layout, program, receive
 from dtf_server.procs import (
     exit_reason,
     ours,
@@ -127,6 +130,74 @@ def supervise_argv(root: str, task: TaskSpec, limit: int, backoff: float) -> lis
             "--restart-limit", str(limit), "--restart-backoff", f"{backoff:g}"]
 
 
+def spawn_supervisor(root: str, task: TaskSpec, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start a task's supervisor detached, logging to the task's log, and record it in pid.json."""
+    tdir = layout.task_dir(root, task.job, task.index)
+    os.makedirs(tdir, exist_ok=True)
+    for stale in (layout.READY, layout.SUPERVISOR):  # left by an earlier run
+        if os.path.exists(os.path.join(tdir, stale)):
+            os.unlink(os.path.join(tdir, stale))
+    with open(os.path.join(tdir, layout.LOG), "ab") as log:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tdir,
+            start_new_session=True,  # its own session: survives the SSH session, one group to kill
+            close_fds=True,
+        )
+    write_json(os.path.join(tdir, layout.PID),
+               {"pid": proc.pid, "start_ticks": proc_start_ticks(proc.pid), "job": task.job,
+                "index": task.index, "port": task.port, "started": time.time()})
+    return proc
+
+
+def cmd_run(args: argparse.Namespace) -> StartReply:
+    """Collective mode: start one supervised program copy per task (see dtf_server.program); a
+    task whose server or program still runs is refused. Waits only until each copy has started."""
+    env = dict(os.environ)
+    env.update(kv.split("=", 1) for kv in args.env)
+    os.makedirs(args.dir, exist_ok=True)
+    renew(args.dir, None)
+    tasks = [TaskSpec.from_arg(a) for a in args.task]
+    results: dict[str, TaskStarted] = {}
+    pending: dict[str, subprocess.Popen[bytes]] = {}
+    if args.clear_output:
+        program.clear_outputs(args.dir, tasks)
+    for task in tasks:
+        record = read_json(layout.in_task(args.dir, task.job, task.index, layout.PID))
+        if ours(record):
+            assert record is not None
+            results[task.name] = TaskStarted(ok=False, pid=record["pid"],
+                                             reason="its server or program still runs")
+            continue
+        argv = [sys.executable, launcher(), "supervise-program", "--dir", args.dir, "--task", task.to_arg()]
+        pending[task.name] = spawn_supervisor(args.dir, task, argv, env)
+    deadline = time.monotonic() + 10
+    while pending and time.monotonic() < deadline:
+        for name, proc in list(pending.items()):
+            job, index = parse_name(name)
+            state = (read_json(layout.in_task(args.dir, job, index, layout.SUPERVISOR)) or {}).get("state")
+            if proc.poll() is not None and state is None:
+                results[name] = TaskStarted(ok=False, pid=proc.pid, reason=f"supervisor {exit_reason(proc.returncode)}",
+                                            log_tail=tail(layout.in_task(args.dir, job, index, layout.LOG)))
+                del pending[name]
+            elif state is not None:
+                results[name] = TaskStarted(ok=True, pid=proc.pid)
+                del pending[name]
+        if pending:
+            time.sleep(READY_POLL)
+    for name, proc in pending.items():
+        results[name] = TaskStarted(ok=False, pid=proc.pid, reason="its supervisor did not start within 10s")
+    return StartReply(tasks=results)
+
+
+def cmd_supervise_program(args: argparse.Namespace) -> None:
+    program.ProgramSupervisor(args.dir, TaskSpec.from_arg(args.task), launcher()).run()
+
+
+def cmd_follow(args: argparse.Namespace) -> None:
+    job, index = parse_name(args.task)
+    program.follow(args.dir, job, index, args.beat)
+
+
 def cmd_start(args: argparse.Namespace) -> StartReply:
     env = dict(os.environ)
     env.update(kv.split("=", 1) for kv in args.env)
@@ -141,19 +212,8 @@ def cmd_start(args: argparse.Namespace) -> StartReply:
         if record is not None and ours(record) and record.get("port") == task.port:
             results[task.name] = TaskStarted(ok=True, pid=record["pid"], already=True)
             continue
-        for stale in (layout.READY, layout.SUPERVISOR):  # left by an earlier run
-            if os.path.exists(os.path.join(tdir, stale)):
-                os.unlink(os.path.join(tdir, stale))
-        with open(os.path.join(tdir, layout.LOG), "ab") as log:
-            proc = subprocess.Popen(
-                supervise_argv(args.dir, task, args.restart_limit, args.restart_backoff),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tdir,
-                start_new_session=True,  # its own session: survives the SSH session, one group to kill
-                close_fds=True,
-            )
-        write_json(os.path.join(tdir, layout.PID),
-                   {"pid": proc.pid, "start_ticks": proc_start_ticks(proc.pid), "job": task.job,
-                    "index": task.index, "port": task.port, "started": time.time()})
+        proc = spawn_supervisor(args.dir, task, supervise_argv(args.dir, task, args.restart_limit,
+                                                                 args.restart_backoff), env)
         pending[task.name] = (task, proc, tdir)
 
     # Ready means: the server wrote ready.json once it serves, AND its port accepts a connection.
@@ -406,6 +466,18 @@ def parser() -> argparse.ArgumentParser:
         if name == "fake":
             c.add_argument("--ready-delay", type=float, default=0.0)
             c.add_argument("--ignore-term", action="store_true")
+    c = sub.add_parser("run")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--task", action="append", default=[])
+    c.add_argument("--env", action="append", default=[])
+    c.add_argument("--clear-output", action="store_true")
+    c = sub.add_parser("supervise-program")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--task", required=True)
+    c = sub.add_parser("follow")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--task", required=True)
+    c.add_argument("--beat", type=float, default=2.0)
     c = sub.add_parser("renew")
     c.add_argument("--dir", required=True)
     c.add_argument("--ttl", type=float, default=None)
@@ -441,7 +513,8 @@ COMMANDS: dict[str, Any] = {
     "check": cmd_check, "start": cmd_start, "supervise": cmd_supervise, "serve": cmd_serve,
     "fake": cmd_fake, "status": cmd_status, "renew": cmd_renew, "stop": cmd_stop, "clean": cmd_clean,
     "reach": cmd_reach, "fence": cmd_fence, "sync": cmd_sync, "env": cmd_env, "purge": cmd_purge,
-    "serve-wheels": cmd_serve_wheels, "fetch-wheels": cmd_fetch_wheels,
+    "serve-wheels": cmd_serve_wheels, "fetch-wheels": cmd_fetch_wheels, "run": cmd_run,
+    "supervise-program": cmd_supervise_program, "follow": cmd_follow,
 }
 
 
@@ -451,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(getattr(args, attr, None), str):  # (start's --env is a list of variables)
             setattr(args, attr, os.path.expanduser(getattr(args, attr)))
     reply: Reply | None = COMMANDS[args.command](args)
-    if reply is None:  # supervise, serve, fake: they run until stopped
+    if reply is None:  # supervise, serve, fake, supervise-program, follow: they run until done
         return 0
     print(encode(reply), flush=True)
     if isinstance(reply, StartReply) and not reply.ok:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields.
-PROTOCOL = 4  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge
+PROTOCOL = 5  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
+# 5: run, supervise-program, follow (collective mode)
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The

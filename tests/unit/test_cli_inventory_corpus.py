@@ -94,8 +94,6 @@ CORPUS: list[tuple[str, str | bytes, str]] = [
     ("missing-host", host("{ps: 1}"), "4:5: hosts[1]: missing required key 'host'"),
     ("no-worker", "cluster: demo\nhosts:\n  - {host: gpu-01, ps: 1}\n",
      "2:1: hosts: no worker task: at least one host needs workers: 1 or more"),
-    ("no-ps", "cluster: demo\nhosts:\n  - {host: gpu-01, workers: 2}\n",
-     "2:1: hosts: no ps task: at least one host needs ps: 1 (or a list of ports)"),
     # -- unknown, misplaced and duplicate keys
     ("unknown-top-key", "cluster: demo\n" + OK_HOSTS + "extra: 1\n", "4:1: extra: unknown key"),
     ("typo-defaults", "cluster: demo\ndefault: {}\n" + OK_HOSTS, "2:1: default: unknown key (did you mean 'defaults'?)"),

@@ -473,14 +473,10 @@ def test_top_level_errors(text: str, expected: str) -> None:
         ("hosts: []\n", ["2:1: hosts: expected a non-empty list of hosts, got an empty list"]),
         ("hosts:\n", ["2:1: hosts: expected a non-empty list of hosts, got nothing"]),
         ("hosts: {host: a}\n", ["2:1: hosts: expected a non-empty list of hosts, got a mapping"]),
-        ("hosts: [{host: a, workers: 1}]\n", ["2:1: hosts: no ps task: at least one host needs ps: 1 (or a list of ports)"]),
         ("hosts: [{host: a, ps: [2300]}]\n", ["2:1: hosts: no worker task: at least one host needs workers: 1 or more"]),
         (
             "hosts: [{host: a}]\n",
-            [
-                "2:1: hosts: no ps task: at least one host needs ps: 1 (or a list of ports)",
-                "2:1: hosts: no worker task: at least one host needs workers: 1 or more",
-            ],
+            ["2:1: hosts: no worker task: at least one host needs workers: 1 or more"],
         ),
         # An invalid ps value is reported as itself, not also as "no ps task".
         ("hosts: [{host: a, ps: x, workers: 1}]\n", ["2:19: hosts[0].ps: expected a whole number >= 0 or a list of ports, got 'x'"]),
@@ -488,8 +484,13 @@ def test_top_level_errors(text: str, expected: str) -> None:
         ("hosts: [{host: a, ps: 1, workers: 1, port: 0}]\n", ["2:38: hosts[0].port: expected a port number 1..65535, got 0"]),
     ],
 )
-def test_cluster_needs_a_ps_and_a_worker(hosts: str, expected: list[str]) -> None:
+def test_cluster_needs_a_worker(hosts: str, expected: list[str]) -> None:
     assert errors("cluster: demo\n" + hosts) == [f"inventory.yaml:{e}" for e in expected]
+
+
+def test_a_cluster_without_ps_is_one_for_collective_mode() -> None:
+    inv = loads("cluster: demo\nhosts: [{host: a, workers: 2}]\n", "inventory.yaml")
+    assert [h.worker_ports for h in inv.hosts] == [(2222, 2223)]
 
 
 def test_duplicate_ports() -> None:

@@ -1,0 +1,455 @@
+"""`dtf train --collective`: the program runs on the hosts, one copy per worker task, under
+MultiWorkerMirroredStrategy (worker 0 is the chief; gradients are all-reduced among the copies).
+
+What happens, in order:
+1. The program's directory is sent to every host as `dtf sync` sends it (dtf.sync: once per
+   content hash, to WORKDIR/.cache/sync/HASH); ps tasks are not used (the strategy has none) and say so.
+2. The worker servers of `dtf up` give their ports to the copies: they are stopped, and started
+   again when the run ends (the cluster is left as it was found).
+3. Each host's launcher starts its copies (`run`): each with its task's TF_CONFIG, in its own
+   process group, supervised like a server, logging to its task's log, working in its output
+   directory (dtf_server.program). One follower per copy streams its output here, prefixed
+   `[worker:1 h2] `.
+4. A start deadline: every copy must have joined (dtf.hooks.collective) within `join_timeout`,
+   else dtf stops them all and names the tasks that never joined, and why when it can tell.
+5. The first copy that fails (or whose host is lost) stops all of them (TERM, then KILL), and
+   dtf names it with its host and its last lines. With attempts left and a failure that was not
+   the program's own (a copy killed, a host lost), all copies start again; tf-keras
+   BackupAndRestore resumes them from `<backup_dir>/chief`, which dtf copies from the chief to
+   every other worker first (the hosts need not share a filesystem).
+6. The chief's output directory comes back to `--output` (else ./dtf-output) after every
+   attempt, failed ones too; the other workers' directories are removed at the end.
+Ctrl-C sends TERM to every copy (TensorFlow's PreemptionCheckpointHandler saves then), KILL
+after the grace, brings the chief's output back, and leaves nothing running on any host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import posixpath
+import queue
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dtf import follow, gpus, remote_files, sync
+from dtf.cluster import ClusterOps, LeaseKeeper
+from dtf.errors import DtfError, HostFailure, UsageError
+from dtf.netutil import CONNECT_TIMEOUT
+from dtf.plan import HostPlan, Plan, TaskPlan
+from dtf.state import Record
+from dtf.transport import HostError
+from dtf_server import program as host_program
+from dtf_server.protocol import ReachReply, StartReply, TaskSpec
+
+JOIN_TIMEOUT = 300.0  # seconds every copy gets to import TensorFlow and join the others
+STOP_GRACE = 10.0  # seconds between TERM and KILL when the copies are stopped
+FINISH_GRACE = 60.0  # seconds the other copies get to end once the chief ended well
+LAST_LINES = 5
+REACH_TIMEOUT = 3.0
+
+
+class StartDeadline(DtfError):
+    """Not every copy joined within the start deadline."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    task: str
+    host: str
+    reason: str  # "exited with code 1", "killed by SIGKILL", "host lost: ..."
+    last_lines: tuple[str, ...]
+    lost: bool  # a copy killed or a host lost, not the program's own error: worth an attempt again
+
+    def describe(self) -> str:
+        tail = " | ".join(line.strip() for line in self.last_lines if line.strip())
+        return f"{self.task} ({self.host}) failed first: {self.reason}" + (f"; last lines: {tail}" if tail else "")
+
+
+@dataclass
+class Attempt:
+    """How one run of every copy ended."""
+
+    chief_code: int | None = None
+    failure: Failure | None = None
+    interrupted: bool = False
+    taken_down: bool = False
+    ended: dict[str, follow.Ended | follow.Lost] = field(default_factory=dict)
+
+
+# -- the plan of a collective run (pure) --------------------------------------------------------
+def workers(plan: Plan) -> list[TaskPlan]:
+    return [t for t in plan.tasks() if t.job == "worker"]
+
+
+def tf_configs(plan: Plan) -> dict[str, dict[str, Any]]:
+    """Each worker task's TF_CONFIG: the workers only (worker 0 is the chief)."""
+    cluster = {"worker": [t.address for t in workers(plan)]}
+    return {t.name: {"cluster": cluster, "task": {"type": "worker", "index": t.index}} for t in workers(plan)}
+
+
+def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt: int,
+              synced: dict[str, str] | None = None) -> list[str]:
+    """What a copy's supervisor runs: `env` sets the task's own variables (the launcher's `run`
+    sets the host's), then dtf's runner runs the program as `python PROGRAM ARGS` would.
+    `synced`: name -> a tree's path relative to a task's directory (dtf.sync), for dtf.synced()."""
+    hp = plan.host_of(task)
+    env = {"TF_CONFIG": json.dumps(tf_configs(plan)[task.name], separators=(",", ":")),
+           "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", "DTF_COLLECTIVE": "1",
+           "DTF_CLUSTER": plan.cluster, "DTF_ATTEMPT": str(attempt),
+           # A copy works in its task's output directory, one below the task's directory.
+           "DTF_SYNCED": json.dumps({name: posixpath.join("..", path) for name, path in (synced or {}).items()})}
+    position = hp.spec.worker_ports.index(task.port)
+    env.update(gpus.task_env(hp.spec.gpus, task.job, position, len(hp.spec.worker_ports)))
+    return [*gpus.env_prefix(env), hp.python, "-m", "dtf.runner", program, *args]
+
+
+def run_argv(hp: HostPlan, specs: list[TaskSpec], fresh: bool) -> list[str]:
+    return hp.launcher_argv("run", "--dir", hp.root, *[a for k, v in hp.env for a in ("--env", f"{k}={v}")],
+                            *(["--clear-output"] if fresh else []),
+                            *[a for s in specs for a in ("--task", s.to_arg())])
+
+
+def out_dir(hp: HostPlan, task: TaskPlan) -> str:
+    return f"{task.dir}/{host_program.OUT}"
+
+
+def prefix(task: TaskPlan) -> str:
+    return f"[{task.name} {task.host}] "
+
+
+def check_plan(plan: Plan) -> list[str]:
+    """The notes to print: ps tasks are not used (an inventory always has a worker)."""
+    ps = [f"{t.name} ({t.host})" for t in plan.tasks() if t.job == "ps"]
+    if ps:
+        return [f"--collective: {', '.join(ps)} not used (MultiWorkerMirroredStrategy has no parameter "
+                f"servers; they keep running)"]
+    return []
+
+
+def lost_or_killed(event: follow.Ended | follow.Lost) -> bool:
+    """A copy that did not end by itself: killed by a signal, or its host lost."""
+    return isinstance(event, follow.Lost) or event.code is None or event.code < 0
+
+
+def exit_code(code: int | None) -> int:
+    """A copy's exit status as a shell reports it (a signal N: 128 + N)."""
+    if code is None:
+        return 137
+    return 128 - code if code < 0 else code
+
+
+def never_joined(plan: Plan, pending: list[TaskPlan], serving: dict[str, bool],
+                 unreachable: dict[str, list[str]]) -> str:
+    """The start deadline's message: which tasks never joined, and why when it can tell.
+    `serving`: task -> its port accepts connections on its own host; `unreachable`: task -> the
+    hosts that cannot connect to it."""
+    whys = []
+    for t in pending:
+        if not serving.get(t.name, False):
+            whys.append(f"{t.name} ({t.host}) never listened on port {t.port} (see `dtf logs {t.name}`)")
+        elif unreachable.get(t.name):
+            whys.append(f"{t.name} ({t.host}) is not reachable at {t.address} from "
+                        f"{', '.join(unreachable[t.name])} (a firewall?)")
+        else:
+            whys.append(f"{t.name} ({t.host}) waited for the others")
+    return "; ".join(whys)
+
+
+# -- running -------------------------------------------------------------------------------
+def say(message: str) -> None:
+    print(f"dtf: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def interrupt_flag() -> Iterator[threading.Event]:
+    """While inside, Ctrl-C and SIGTERM set the event instead of raising: dtf then stops the copies."""
+    flag = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        flag.set()
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+class CollectiveRun:
+    def __init__(self, record: Record, program: Path, args: list[str], output: Path,
+                 join_timeout: float = JOIN_TIMEOUT, grace: float = STOP_GRACE,
+                 connect_timeout: float = CONNECT_TIMEOUT, host_lost: float = follow.HOST_LOST,
+                 taken_down: Callable[[], bool] = lambda: False) -> None:
+        self.record, self.plan = record, record.plan
+        self.program, self.args, self.output = program, args, output
+        self.join_timeout, self.grace, self.host_lost = join_timeout, grace, host_lost
+        self.connect_timeout = connect_timeout
+        self.ops = ClusterOps(self.plan, connect_timeout=connect_timeout)
+        self.workers = workers(self.plan)
+        self.hosts = [hp for hp in self.plan.hosts if any(t.job == "worker" for t in hp.tasks)]
+        self.only = {hp.name: {t.name for t in hp.tasks if t.job == "worker"} for hp in self.hosts}
+        self.taken_down = taken_down
+        self.remote_program: dict[str, str] = {}
+
+    # -- steps on the hosts ----------------------------------------------------------------------
+    def ship(self) -> None:
+        """The program's directory to every worker host as `dtf sync` sends it: once per content
+        hash (its .gitignore files apply), to WORKDIR/.cache/sync/HASH."""
+        try:
+            p = sync.pack(self.program.parent, "program")
+        except sync.SyncError as e:
+            raise UsageError(f"--collective: {e}")
+        outcomes = sync.send(self.ops, [p], self.hosts)
+        failed = {h: o.reason for h, o in outcomes.items() if not o.ok}
+        if failed:
+            raise HostFailure("sending the program", failed)
+        self.remote_program = {hp.name: posixpath.join(p.synced.host_path(hp), self.program.name)
+                               for hp in self.hosts}
+
+    def stop(self, what: str) -> dict[str, str]:
+        """Stop every worker task (servers or copies): TERM, KILL after the grace. Failures by host."""
+        outcomes = self.ops.stop_tasks(self.only, grace=self.grace)
+        return {h: o.reason for h, o in outcomes.items() if not o.ok}
+
+    def start_copies(self, attempt: int) -> None:
+        def one(hp: HostPlan) -> StartReply:
+            specs = [TaskSpec(job=t.job, index=t.index, port=t.port,
+                              argv=copy_argv(self.plan, t, self.remote_program[hp.name], self.args, attempt,
+                                             {n: x.task_path for n, x in self.record.synced.items()}))
+                     for t in hp.tasks if t.job == "worker"]
+            with self.ops.transport(hp) as t:
+                return self.ops._ask(t, hp, StartReply, run_argv(hp, specs, fresh=attempt == 1),
+                                     "starting the program", 60)
+
+        outcomes = self.ops.each_host(one, self.hosts)
+        failed = {h: o.reason for h, o in outcomes.items() if not o.ok}
+        for h, o in outcomes.items():
+            if o.ok:
+                for name, s in o.value.tasks.items():
+                    if not s.ok:
+                        failed[h] = f"{name}: {s.reason}"
+        if failed:
+            self.stop("rollback")
+            raise HostFailure("starting the program", failed)
+
+    def restore_servers(self) -> None:
+        """Start the worker servers of `dtf up` again: the cluster as the run found it."""
+        outcomes = self.ops.up(self.only)
+        failed = {h: o.reason for h, o in outcomes.items() if not o.ok}
+        if failed:
+            say("could not start the worker servers again (`dtf up` restarts them): "
+                + "; ".join(f"{h}: {r}" for h, r in failed.items()))
+
+    def fetch_chief(self, into: Path) -> int:
+        chief = self.workers[0]
+        hp = self.plan.host_of(chief)
+        with self.ops.transport(hp) as t:
+            return remote_files.fetch_tree(t, out_dir(hp, chief), into)
+
+    def copy_backup(self, chief_out: Path) -> None:
+        """Before a restart: the chief's output directory (its BackupAndRestore backup in it) to
+        every other worker's, so that each restores from `<backup_dir>/chief`."""
+        data = remote_files.pack(chief_out) if any(chief_out.iterdir()) else b""
+        if not data:
+            return
+
+        def one(hp: HostPlan) -> None:
+            with self.ops.transport(hp) as t:
+                for task in hp.tasks:
+                    if task.job == "worker" and task.index != 0:
+                        remote_files.send_tree(t, hp, data, out_dir(hp, task))
+
+        outcomes = self.ops.each_host(one, self.hosts)
+        failed = {h: o.reason for h, o in outcomes.items() if not o.ok}
+        if failed:
+            raise HostFailure("copying the chief's backup to the workers", failed)
+
+    def remove_worker_outputs(self) -> None:
+        def one(hp: HostPlan) -> None:
+            with self.ops.transport(hp) as t:
+                dirs = [out_dir(hp, task) for task in hp.tasks if task.job == "worker"]
+                t.run(["rm", "-rf", "--", *dirs], timeout=60)
+
+        self.ops.each_host(one, self.hosts)
+
+    def diagnose(self, pending: list[TaskPlan]) -> tuple[str, bool]:
+        """Why the pending tasks never joined: is each one's port open on its host, and which
+        hosts cannot reach it; and whether some host could not reach one."""
+        serving = {s.task.name: bool(s.status and s.status.serving) for s in self.ops.task_states()}
+        targets = {t.address: t for t in pending}
+        unreachable: dict[str, list[str]] = {}
+
+        def one(hp: HostPlan) -> ReachReply:
+            others = [a for a, t in targets.items() if t.host != hp.name]
+            with self.ops.transport(hp) as t:
+                return self.ops._ask(t, hp, ReachReply, hp.reach_argv(others, REACH_TIMEOUT),
+                                     "checking the workers' ports", REACH_TIMEOUT + 30)
+
+        for host, o in self.ops.each_host(one, self.hosts).items():
+            if o.ok:
+                for address in o.value.unreachable:
+                    unreachable.setdefault(targets[address].name, []).append(host)
+        return never_joined(self.plan, pending, serving, unreachable), bool(unreachable)
+
+    # -- one attempt -----------------------------------------------------------------------------
+    def watch(self, interrupted: threading.Event) -> Attempt:
+        """Follow every copy until all have ended; stop them all at the first failure, at the
+        start deadline, on Ctrl-C, or when the cluster is taken down."""
+        events: queue.Queue[follow.Event] = queue.Queue()
+        stop_following = threading.Event()
+        by_name = {t.name: t for t in self.workers}
+        threads = [threading.Thread(target=follow.follow_task, name=f"dtf-follow-{t.name}", daemon=True,
+                                    args=(self.plan, t, events, stop_following, self.connect_timeout,
+                                          self.host_lost)) for t in self.workers]
+        for th in threads:
+            th.start()
+        result = Attempt()
+        last: dict[str, deque[str]] = {t.name: deque(maxlen=LAST_LINES) for t in self.workers}
+        joined: set[str] = set()
+        deadline = time.monotonic() + self.join_timeout
+        chief_done: float | None = None
+        stopping: threading.Thread | None = None
+        stopped_at = 0.0
+        checked = time.monotonic()
+        start_error: str | None = None
+
+        def stop_all(why: str) -> None:
+            nonlocal stopping, stopped_at
+            if stopping is None:
+                say(f"stopping every copy: {why}")
+                stopping = threading.Thread(target=self.stop, args=("stop",), daemon=True)
+                stopping.start()
+                stopped_at = time.monotonic()
+
+        try:
+            while len(result.ended) < len(self.workers):
+                try:
+                    ev: follow.Event | None = events.get(timeout=0.2)
+                except queue.Empty:
+                    ev = None
+                now = time.monotonic()
+                if isinstance(ev, follow.Line):
+                    last[ev.task].append(ev.text)
+                    print(prefix(by_name[ev.task]) + ev.text, flush=True)
+                elif isinstance(ev, follow.Joined):
+                    joined.add(ev.task)
+                elif isinstance(ev, (follow.Ended, follow.Lost)) and ev.task not in result.ended:
+                    result.ended[ev.task] = ev
+                    task = by_name[ev.task]
+                    ok = isinstance(ev, follow.Ended) and ev.code == 0
+                    if task.index == 0 and isinstance(ev, follow.Ended):
+                        result.chief_code = exit_code(ev.code)
+                        chief_done = now if ok else chief_done
+                    if not ok and stopping is None and not result.interrupted and not result.taken_down:
+                        reason = ev.reason if isinstance(ev, follow.Ended) else f"host lost: {ev.reason}"
+                        result.failure = Failure(task.name, task.host, reason, tuple(last[task.name]),
+                                                 lost_or_killed(ev))
+                        pending = [t for t in self.workers if t.name not in joined and t.name not in result.ended]
+                        if pending and not result.failure.lost:
+                            # Before all joined: did TensorFlow give up on a peer it cannot reach?
+                            why, blocked = self.diagnose(pending)
+                            if blocked:
+                                start_error = f"the copies could not join: {why}"
+                        stop_all(f"{task.name} ({task.host}) {reason}")
+                if interrupted.is_set() and not result.interrupted:
+                    result.interrupted = True
+                    stop_all("interrupted")
+                if now - checked >= 1.0:
+                    checked = now
+                    if stopping is None and self.taken_down():
+                        result.taken_down = True
+                        stopping = threading.Thread(target=lambda: None)  # `dtf down` stops them
+                        stopped_at = now
+                        say(f"cluster {self.plan.cluster!r} is being taken down (`dtf down`)")
+                if stopping is None and len(joined) < len(self.workers) and now > deadline and not chief_done:
+                    pending = [t for t in self.workers if t.name not in joined and t.name not in result.ended]
+                    if pending:
+                        why, _ = self.diagnose(pending)
+                        start_error = f"start deadline ({self.join_timeout:g}s, --join-timeout) passed: {why}"
+                        stop_all(f"start deadline ({self.join_timeout:g}s) passed")
+                if chief_done is not None and stopping is None and now - chief_done > FINISH_GRACE:
+                    stop_all(f"the chief ended {FINISH_GRACE:g}s ago")
+                if stopping is not None and now - stopped_at > self.grace + self.host_lost + 30:
+                    for t in self.workers:  # a lost host's follower may never say more
+                        result.ended.setdefault(t.name, follow.Lost(t.name, "no word after the stop"))
+        finally:
+            stop_following.set()
+            if stopping is not None:
+                stopping.join(timeout=self.grace + 60)
+        if start_error is not None and not result.interrupted:
+            raise StartDeadline(start_error)
+        return result
+
+
+def run_collective(record: Record, program: str, args: list[str], output: str | None, attempts: int = 1,
+                   join_timeout: float = JOIN_TIMEOUT, grace: float = STOP_GRACE,
+                   connect_timeout: float = CONNECT_TIMEOUT,
+                   taken_down: Callable[[], bool] = lambda: False) -> int:
+    """Run PROGRAM as one copy per worker task on the hosts; the chief's exit code."""
+    out = Path(output or "dtf-output").resolve()
+    run = CollectiveRun(record, Path(program).resolve(), args, out, join_timeout=join_timeout, grace=grace,
+                        connect_timeout=connect_timeout, taken_down=taken_down)
+    for note in check_plan(record.plan):
+        say(note)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
+                                        connect_timeout=connect_timeout))
+        interrupted = stack.enter_context(interrupt_flag())
+        t0 = time.monotonic()
+        run.ship()
+        failed = run.stop("the worker servers give their ports to the program")
+        if failed:
+            raise HostFailure("stopping the worker servers", failed)
+        result = Attempt()
+        again = False
+        try:
+            attempt = 1
+            while True:
+                run.start_copies(attempt)
+                say(f"started {len(run.workers)} copies of {Path(program).name} (attempt {attempt} of "
+                    f"{attempts}), {time.monotonic() - t0:.1f}s after the command")
+                try:
+                    result = run.watch(interrupted)
+                finally:
+                    with tempfile.TemporaryDirectory(prefix="dtf-chief-") as tmp:
+                        try:
+                            count = run.fetch_chief(Path(tmp))
+                            shutil.copytree(tmp, out, dirs_exist_ok=True)
+                            say(f"the chief's output ({count} files) is in {out}")
+                        except HostError as e:
+                            say(f"the chief's output could not be brought back: {e}")
+                            count = 0
+                        again = (result.failure is not None and result.failure.lost and attempt < attempts
+                                 and not result.interrupted and not result.taken_down)
+                        if again:
+                            run.copy_backup(Path(tmp))
+                if result.failure is not None:
+                    say(result.failure.describe())
+                if not again:
+                    break
+                attempt += 1
+                say(f"starting every copy again (attempt {attempt} of {attempts}): they resume from "
+                    f"the last BackupAndRestore backup")
+        finally:
+            if not result.taken_down and not taken_down():
+                if run.stop("end"):
+                    say("some copies could not be stopped: `dtf down` retries")
+                run.remove_worker_outputs()
+                run.restore_servers()
+    if result.interrupted:
+        say("interrupted: every copy was stopped")
+        return 130
+    if result.failure is not None and not result.chief_code:
+        return 1
+    return result.chief_code if result.chief_code is not None else 1

@@ -1,0 +1,171 @@
+"""Following one program copy of `dtf train --collective` from here: one SSH session per task
+running the launcher's `follow` (dtf_server.program), turned into events on a queue.
+
+Events: `Line(task, text)` for each line of the copy's output, `Joined(task)`, and last exactly
+one of `Ended(task, code, reason)` (the copy ended; `code` None when it was killed before its
+supervisor could say) or `Lost(task, reason)` (the host stopped answering: no beat for
+HOST_LOST seconds, or the session broke).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dtf.plan import HostPlan, Plan, TaskPlan
+from dtf.shell import expand_local, render
+from dtf.transport import HostError, LocalTransport, SSHTransport, Transport, transport_for
+from dtf_server import program as host_program
+
+BEAT = 2.0  # seconds between the host's beats
+HOST_LOST = 20.0  # seconds without a word from a host (beats included): it is lost
+POLL = 0.05
+
+
+@dataclass(frozen=True)
+class Line:
+    task: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Joined:
+    task: str
+
+
+@dataclass(frozen=True)
+class Ended:
+    task: str
+    code: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Lost:
+    task: str
+    reason: str
+
+
+Event = Line | Joined | Ended | Lost
+
+
+def follow_argv(hp: HostPlan, task: TaskPlan, beat: float = BEAT) -> list[str]:
+    return hp.launcher_argv("follow", "--dir", hp.root, "--task", task.name, "--beat", f"{beat:g}")
+
+
+class _Stream:
+    """A command's stdout and stderr as chunks, read with a timeout: a local process, or an SSH
+    channel of its own."""
+
+    def __init__(self, t: Transport, argv: Sequence[str]) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.chan: Any = None
+        self.chunks: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        if isinstance(t, LocalTransport):
+            self.proc = subprocess.Popen(expand_local(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True)  # Ctrl-C is dtf's
+            for kind, pipe in (("out", self.proc.stdout), ("err", self.proc.stderr)):
+                threading.Thread(target=self._pump, args=(kind, pipe), daemon=True).start()
+        else:
+            assert isinstance(t, SSHTransport)
+            self.chan = t.connection().transport.open_session(timeout=30)
+            self.chan.exec_command(render(argv))
+        self.open_pipes = 2
+
+    def _pump(self, kind: str, pipe: Any) -> None:
+        for data in iter(lambda: pipe.read1(65536), b""):
+            self.chunks.put((kind, data))
+        self.chunks.put((kind, b""))
+
+    def read(self, timeout: float) -> list[tuple[str, bytes]] | None:
+        """What arrived within `timeout` ([] if nothing); None once both streams have ended."""
+        if self.proc is not None:
+            out = []
+            try:
+                out.append(self.chunks.get(timeout=timeout))
+                while True:
+                    out.append(self.chunks.get_nowait())
+            except queue.Empty:
+                pass
+            self.open_pipes -= sum(1 for _, data in out if not data)
+            got = [(k, d) for k, d in out if d]
+            return None if not got and self.open_pipes <= 0 else got
+        end = time.monotonic() + timeout
+        while True:
+            got = []
+            if self.chan.recv_ready():
+                got.append(("out", self.chan.recv(65536)))
+            if self.chan.recv_stderr_ready():
+                got.append(("err", self.chan.recv_stderr(65536)))
+            got = [(k, d) for k, d in got if d]
+            if got:
+                return got
+            if ((self.chan.exit_status_ready() or self.chan.closed)
+                    and not self.chan.recv_ready() and not self.chan.recv_stderr_ready()):
+                return None
+            if time.monotonic() >= end:
+                return []
+            time.sleep(POLL)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.chan is not None:
+            self.chan.close()
+
+
+def follow_task(plan: Plan, task: TaskPlan, events: queue.Queue[Event], stop: threading.Event,
+                connect_timeout: float, host_lost: float = HOST_LOST) -> None:
+    """Follow one copy until it ends, its host is lost, or `stop` is set; put its events."""
+    hp = plan.host_of(task)
+    buffers = {"out": b"", "err": b""}
+    last_word = time.monotonic()
+    ended = False
+
+    def lines(kind: str, data: bytes) -> list[str]:
+        buffers[kind] += data
+        *complete, buffers[kind] = buffers[kind].replace(b"\r\n", b"\n").split(b"\n")
+        return [c.decode(errors="replace") for c in complete]
+
+    try:
+        with transport_for(hp.spec, plan.ssh_config, connect_timeout) as t:
+            stream = _Stream(t, follow_argv(hp, task))
+            try:
+                while not stop.is_set():
+                    chunks = stream.read(0.25)
+                    if chunks is None:
+                        break
+                    if chunks:
+                        last_word = time.monotonic()
+                    elif time.monotonic() - last_word > host_lost:
+                        events.put(Lost(task.name, f"no word from {hp.name} for {host_lost:g}s"))
+                        return
+                    for kind, data in chunks:
+                        for text in lines(kind, data):
+                            if kind == "out":
+                                events.put(Line(task.name, text.rstrip("\r")))
+                            elif text == host_program.JOINED_EVENT:
+                                events.put(Joined(task.name))
+                            elif text.startswith(host_program.EXIT_EVENT):
+                                end = json.loads(text[len(host_program.EXIT_EVENT):])
+                                if buffers["out"]:
+                                    events.put(Line(task.name, buffers["out"].decode(errors="replace")))
+                                events.put(Ended(task.name, end.get("code"), str(end.get("reason"))))
+                                ended = True
+            finally:
+                stream.close()
+    except HostError as e:
+        events.put(Lost(task.name, str(e)))
+        return
+    except Exception as e:  # paramiko's session errors: the host is gone as far as we can tell
+        events.put(Lost(task.name, f"{type(e).__name__}: {e}"))
+        return
+    if not ended and not stop.is_set():
+        events.put(Lost(task.name, f"the session to {hp.name} ended before the program did"))

@@ -1,0 +1,122 @@
+"""Directory trees between this machine and a host, over a Transport: send one (a deterministic
+tar, unpacked there by the host's python), or bring one back (SFTP; a copy for local hosts).
+
+Collective mode brings the chief's output directory back with `fetch_tree`, and copies the
+chief's backup to the other workers with `send_tree` (the program itself goes as `dtf sync` sends
+it: dtf.sync).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import shutil
+import stat
+import tarfile
+from pathlib import Path
+
+from dtf.plan import HostPlan
+from dtf.transport import HostError, LocalTransport, SSHTransport, Transport
+
+EXTRACT_TIMEOUT = 120.0
+# Run by the host's python: unpack TAR into DEST (replacing it atomically when `--once` finds it
+# missing; merging into it otherwise), then remove TAR.
+_UNPACK = """\
+import os, shutil, sys, tarfile, uuid
+tar, dest, once = sys.argv[1], sys.argv[2], sys.argv[3] == "once"
+try:
+    if once and os.path.isdir(dest):
+        sys.exit(0)
+    target = dest + ".tmp-" + uuid.uuid4().hex[:8] if once else dest
+    os.makedirs(target, exist_ok=True)
+    with tarfile.open(tar) as t:
+        t.extractall(target, filter="data") if hasattr(tarfile, "data_filter") else t.extractall(target)
+    if once:
+        try:
+            os.rename(target, dest)
+        except OSError:
+            shutil.rmtree(target, ignore_errors=True)  # another dtf put it there first
+finally:
+    os.unlink(tar)
+"""
+
+
+def _files(root: Path) -> list[tuple[str, Path]]:
+    """Every regular file below `root` (links to files followed), sorted; no __pycache__, no .git."""
+    found = []
+    for directory, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", ".git"))
+        for name in names:
+            path = Path(directory, name)
+            if path.is_file():
+                found.append((path.relative_to(root).as_posix(), path))
+    return sorted(found)
+
+
+def pack(root: Path) -> bytes:
+    """A deterministic tar of `root`'s files: the same files always make the same bytes."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, path in _files(root):
+            data = path.read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o755 if path.stat().st_mode & stat.S_IXUSR else 0o644
+            info.mtime = 0
+            info.uid = info.gid = 0
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def send_tree(t: Transport, hp: HostPlan, data: bytes, remote: str, once: bool = False) -> None:
+    """Unpack the tar `data` into `remote` on the host (merged into it; with `once`, only if
+    `remote` does not exist yet, and atomically)."""
+    parent, base = posixpath.split(remote.rstrip("/"))
+    name = f".{base}.tar"
+    t.put_bytes(data, parent, name)
+    r = t.run([hp.python, "-c", _UNPACK, posixpath.join(parent, name), remote, "once" if once else "merge"],
+              timeout=EXTRACT_TIMEOUT)
+    if not r.ok:
+        raise HostError(f"unpacking into {remote} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+def fetch_tree(t: Transport, remote: str, local: Path) -> int:
+    """Copy the host's directory `remote` into `local` (merged; files replaced); the number of
+    files copied (0 when `remote` does not exist)."""
+    local.mkdir(parents=True, exist_ok=True)
+    if isinstance(t, LocalTransport):
+        source = Path(os.path.expanduser(remote))
+        if not source.is_dir():
+            return 0
+        shutil.copytree(source, local, dirs_exist_ok=True)
+        return len(_files(source))
+    assert isinstance(t, SSHTransport)
+    import paramiko
+
+    try:
+        sftp = t.connection().sftp()
+        sftp.get_channel().settimeout(60.0)
+        path = remote
+        if path == "~" or path.startswith("~/"):
+            path = sftp.normalize(".") + path[1:]
+        try:
+            sftp.stat(path)
+        except FileNotFoundError:
+            return 0
+
+        def walk(directory: str, into: Path) -> int:
+            into.mkdir(parents=True, exist_ok=True)
+            count = 0
+            for entry in sftp.listdir_attr(directory):
+                source = f"{directory}/{entry.filename}"
+                if stat.S_ISDIR(entry.st_mode or 0):
+                    count += walk(source, into / entry.filename)
+                elif stat.S_ISREG(entry.st_mode or 0):
+                    sftp.get(source, str(into / entry.filename))
+                    count += 1
+            return count
+
+        return walk(path, local)
+    except (OSError, paramiko.SSHException) as e:
+        raise HostError(f"copying {remote} back failed: {e}")

@@ -1,0 +1,154 @@
+"""Collective mode (`dtf train --collective`): one copy of the user's program per worker task,
+run on the hosts, supervised like the servers are.
+
+A program copy takes its task's place: the same task directory (`log`, `pid.json`,
+`supervisor.json`), so `dtf status`, `dtf logs worker:1`, `dtf down` and the lease see and stop it
+as they do a server. Its supervisor runs it ONCE (a restart is the laptop's decision: every copy
+of a MultiWorkerMirroredStrategy program must restart together), records how it ended in
+`supervisor.json` (`state: exited`, `exit_code`), and exits. The program's working directory is
+the task's output directory (`JOB-INDEX/out`, also $DTF_OUTPUT_DIR): relative paths land there,
+and the chief's comes back to the laptop.
+
+`follow` is how the laptop watches one copy over one SSH session: the program's output on stdout
+as it is written (from where this run began in the log), and on stderr one line per event:
+`dtf-beat` every few seconds (a silent session is a lost host), `dtf-joined` once the program's
+strategy has joined the cluster (the file `joined` appears: see dtf.hooks.collective), and last
+`dtf-exit {"code": N, "reason": "..."}` when the copy has ended and its output is all sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+from dtf_server import layout
+from dtf_server.procs import die_with_parent, exit_reason, expand_home, log_line, ours, proc_start_ticks, read_json
+from dtf_server.protocol import Defaults, TaskSpec
+from dtf_server.supervisor import Supervisor
+
+OUT = "out"  # a program copy's working and output directory, below its task directory
+JOINED = "joined"  # written by the program (dtf.hooks.collective) once its strategy has joined
+EXITED = "exited"  # supervisor.json's state once the program has ended
+BEAT = "dtf-beat"
+JOINED_EVENT = "dtf-joined"
+EXIT_EVENT = "dtf-exit "
+FOLLOW_POLL = 0.1
+WAIT_START = 30.0  # seconds `follow` waits for the copy's supervisor to have written its state
+
+
+def out_dir(root: str, job: str, index: int) -> str:
+    return os.path.join(layout.task_dir(root, job, index), OUT)
+
+
+class ProgramSupervisor(Supervisor):
+    """Runs one program copy once; TERM is passed on to it and it gets until the stopper's KILL
+    to end (TensorFlow's PreemptionCheckpointHandler saves a last checkpoint on TERM)."""
+
+    def __init__(self, root: str, task: TaskSpec, launcher: str) -> None:
+        super().__init__(root, task, limit=0, backoff=0.0)
+        self.launcher = launcher
+        self.out = out_dir(root, task.job, task.index)
+
+    def spawn(self) -> None:
+        for stale in (JOINED, layout.READY):
+            path = os.path.join(self.dir, stale)
+            if os.path.exists(path):
+                os.unlink(path)
+        os.makedirs(self.out, exist_ok=True)
+        env = dict(os.environ)
+        # The launcher zipapp holds dtf's helper package too: `import dtf`, `python -m dtf.runner`.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.launcher, env.get("PYTHONPATH")]))
+        env["DTF_OUTPUT_DIR"] = os.path.abspath(self.out)
+        env["DTF_JOINED"] = os.path.abspath(os.path.join(self.dir, JOINED))
+        self.server = subprocess.Popen(  # same process group as this supervisor: `stop` signals both
+            expand_home(self.task.argv), stdin=subprocess.DEVNULL, cwd=self.out, close_fds=True, env=env,
+            preexec_fn=die_with_parent)
+        self.save(state="running", server_pid=self.server.pid,
+                  server_ticks=proc_start_ticks(self.server.pid), server_started=time.time())
+
+    def run(self) -> int:
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        # Where this run's output begins in the task's log (it keeps earlier runs'): `follow` starts there.
+        self.save(log_offset=os.path.getsize(os.path.join(self.dir, layout.LOG)))
+        log_line(f"{self.name}: running the program on port {self.task.port}")
+        self.spawn()
+        assert self.server is not None
+        code = self.wait_server()
+        if code is None:  # stopped (TERM was passed on), or the lease lapsed
+            lapsed = not self.stopping
+            try:
+                # Stopped: the stopper KILLs the whole group after its grace; the lease: ours.
+                code = self.server.wait(timeout=Defaults.SERVER_STOP_GRACE if lapsed else None)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                code = self.server.wait()
+            if lapsed:
+                self.save(state=EXITED, exit_code=code, last_exit=exit_reason(code), server_pid=None)
+                self.expire()
+                return 0
+        self.save(state=EXITED, exit_code=code, last_exit=exit_reason(code), server_pid=None, server_ticks=None)
+        log_line(f"{self.name}: the program {exit_reason(code)}")
+        return 0
+
+
+def follow(root: str, job: str, index: int, beat: float) -> int:
+    """Stream one program copy's output and events until it has ended (see the module's doc)."""
+    tdir = layout.task_dir(root, job, index)
+    log_path = os.path.join(tdir, layout.LOG)
+    deadline = time.monotonic() + WAIT_START
+    sup: dict[str, Any] = {}
+    while "log_offset" not in sup and time.monotonic() < deadline:
+        sup = read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}
+        time.sleep(FOLLOW_POLL)
+    if "log_offset" not in sup:
+        event(EXIT_EVENT + json.dumps({"code": None, "reason": "its supervisor never started"}))
+        return 0
+    record = read_json(os.path.join(tdir, layout.PID))
+    joined = False
+    last_beat = 0.0
+    with open(log_path, "rb") as log:
+        log.seek(int(sup["log_offset"]))
+        while True:
+            alive = ours(record)  # asked before reading: all output written before its end is read
+            data = log.read(65536)
+            if data:
+                sys.stdout.buffer.write(data)
+                sys.stdout.flush()
+                continue
+            if not joined and os.path.exists(os.path.join(tdir, JOINED)):
+                joined = True
+                event(JOINED_EVENT)
+            if not alive:
+                break
+            now = time.monotonic()
+            if now - last_beat >= beat:
+                last_beat = now
+                event(BEAT)
+            time.sleep(FOLLOW_POLL)
+    sup = read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}
+    if sup.get("state") == EXITED:
+        code, reason = sup.get("exit_code"), sup.get("last_exit")
+    else:  # its supervisor was killed before it could say (a KILL to the group: `stop`, the OOM killer)
+        code, reason = None, "stopped (its supervisor was killed)"
+    event(EXIT_EVENT + json.dumps({"code": code, "reason": reason}))
+    return 0
+
+
+def event(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def clear_outputs(root: str, tasks: list[TaskSpec]) -> None:
+    """A fresh run: remove what earlier runs of these tasks left in their output directories."""
+    for task in tasks:
+        shutil.rmtree(out_dir(root, task.job, task.index), ignore_errors=True)

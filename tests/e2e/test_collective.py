@@ -1,0 +1,115 @@
+"""`dtf train --collective` on the SSH lab: the program runs on the hosts, one copy per worker,
+from a directory no host sees (lab.laptop_dir), and its chief's output comes back here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from helpers import EXAMPLES, REPO, dtf, status_json
+
+pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
+
+
+def program_on_laptop(lab, name):
+    where = lab.laptop_dir(name)
+    shutil.copy(EXAMPLES / "simple_worker_mnist.py", where / "simple_worker_mnist.py")
+    return where / "simple_worker_mnist.py"
+
+
+def runner_processes(lab, host):
+    """The program copies on a host (not their supervisors, whose command line holds the copy's)."""
+    return [(pid, cmd) for pid, cmd in lab.processes(host) if "dtf.runner" in cmd and "supervise-program" not in cmd]
+
+
+def test_collective_learns_on_three_hosts_and_brings_the_chief_output_back(lab, write_inventory, home, tmp_path):
+    ports = lab.ports(3)
+    inv = write_inventory([{"host": f"h{i}", "workers": [p]} for i, p in enumerate(ports)])
+    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    prog = program_on_laptop(lab, "collective-learn")
+    out = tmp_path / "out"
+    r = dtf("train", "--collective", "--output", str(out), str(prog), "--epochs", "3", "--steps", "30",
+            home=home, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # Output streamed here, prefixed per task.
+    assert "[worker:0 h0] epoch 2 done" in r.stdout, r.stdout[-3000:]
+    assert any(line.startswith("[worker:2 h2] ") for line in r.stdout.splitlines())
+    s = json.loads((out / "summary.json").read_text())
+    assert s["workers"] == 3 and s["loss"][-1] < 0.7 * s["loss"][0], s
+    assert (out / "keras-model" / "saved_model.pb").exists()
+    assert not (out / "workertemp_1").exists()
+    # Each task's log stays on its host; the worker servers serve again; nothing else runs.
+    log = dtf("logs", "worker:2", "-n", "400", home=home, timeout=60)
+    assert "the program exited with code 0" in log.stdout, log.stdout[-2000:]
+    assert [t["state"] for t in status_json(home)["tasks"]] == ["alive"] * 3
+    assert all(runner_processes(lab, h) == [] for h in lab.hosts)
+    for i, h in enumerate(lab.hosts):  # the workers' output directories are gone
+        assert not lab.exists(h, f"{h.workdir}/lab/worker-{i}/out")
+
+
+def test_a_killed_worker_restarts_all_and_they_resume(lab, write_inventory, home, tmp_path):
+    ports = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "workers": [ports[0]]}, {"host": "h1", "workers": [ports[1]]}])
+    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    prog = program_on_laptop(lab, "collective-resume")
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "dtf.cli", "train", "--collective", "--attempts", "2", "--output", str(out),
+            str(prog), "--epochs", "5", "--steps", "10", "--epoch-sleep", "2"]
+    env = {**__import__("os").environ, "DTF_HOME": str(home)}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    lines: list[str] = []
+    killed_at = None
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if killed_at is None and any("[worker:0 h0] epoch 1 done" in x for x in lines):
+            victims = runner_processes(lab, "h1")
+            assert victims
+            for pid, _ in victims:
+                subprocess.run(["kill", "-9", str(pid)])
+            killed_at = time.monotonic()
+        time.sleep(0.2)
+    proc.wait(timeout=60)
+    reader.join(timeout=10)
+    text = "".join(lines)
+    dtf_lines = "\n".join(x for x in lines if x.startswith("dtf:"))
+    assert proc.returncode == 0, text[-4000:]
+    assert killed_at is not None
+    assert "worker:1 (h1) failed first: killed by SIGKILL" in text, dtf_lines
+    assert "attempt 2 of 2" in text
+    epochs = [line.split() for line in (out / "epochs.txt").read_text().splitlines()]
+    first = [int(e[3]) for e in epochs if e[1] == "1"]
+    second = [int(e[3]) for e in epochs if e[1] == "2"]
+    assert first and second and second[0] == first[-1] + 1, epochs  # resumed, not from the start
+    assert sorted(set(first + second)) == list(range(5)) and second[-1] == 4, epochs
+    assert all(runner_processes(lab, h) == [] for h in lab.hosts)
+
+
+def test_a_blocked_port_ends_in_the_start_deadline_naming_the_task(lab, write_inventory, home, tmp_path):
+    if lab.mode != "netns":
+        pytest.skip("needs network namespaces (nft on a host)")
+    ports = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "workers": [ports[0]]}, {"host": "h2", "workers": [ports[1]]}])
+    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    prog = program_on_laptop(lab, "collective-blocked")
+    lab.nft("h2", f"table inet dtftest {{\n chain input {{\n  type filter hook input priority 0;\n"
+                  f"  iifname != \"lo\" tcp dport {ports[1]} drop\n }}\n}}\n")
+    try:
+        r = dtf("train", "--collective", "--join-timeout", "60", "--output", str(tmp_path / "out"), str(prog),
+                home=home, timeout=400)
+    finally:
+        lab.nft("h2", "delete table inet dtftest")
+    # TensorFlow may give up on the peer before the deadline: either way, dtf names the blocked task.
+    assert r.returncode == 1, r.stderr
+    error = r.stderr.strip().splitlines()[-1]
+    assert error.startswith("dtf: error: ") and "worker:1 (h2) is not reachable at" in error and "from h0" in error, error
+    # The program's own traceback streams like the rest of its output (prefixed); dtf shows none.
+    assert not [x for x in (r.stdout + r.stderr).splitlines() if "Traceback" in x and not x.startswith("[worker:")]
+    assert all(runner_processes(lab, h) == [] for h in lab.hosts)

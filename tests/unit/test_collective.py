@@ -1,0 +1,182 @@
+"""Collective mode's pure parts and its watch loop with fake followers (no TensorFlow, no hosts)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from dtf import collective, follow, gpus
+from dtf.inventory import loads
+from dtf.plan import make_plan
+from dtf.state import Record
+
+
+def plan_of(hosts: str) -> Any:
+    return make_plan(loads(f"cluster: c\nhosts: {hosts}\n", "inventory.yaml"))
+
+
+PLAN = "[{host: h0, ps: 1, workers: 1}, {host: h1, workers: 2}, {host: h2, workers: [2400]}]"
+
+
+def test_tf_config_per_task_holds_the_workers_only() -> None:
+    configs = collective.tf_configs(plan_of(PLAN))
+    cluster = {"worker": ["h0:2223", "h1:2222", "h1:2223", "h2:2400"]}
+    assert configs == {f"worker:{i}": {"cluster": cluster, "task": {"type": "worker", "index": i}} for i in range(4)}
+
+
+def test_a_copy_runs_the_program_through_dtf_runner_with_its_own_tf_config() -> None:
+    plan = plan_of(PLAN)
+    argv = collective.copy_argv(plan, plan.task("worker:2"), "~/.dtf/.cache/sync/abc/prog.py", ["--epochs", "2"], 3)
+    assert argv[0] == "env" and argv[-5:] == ["-m", "dtf.runner", "~/.dtf/.cache/sync/abc/prog.py", "--epochs", "2"]
+    env = dict(a.split("=", 1) for a in argv[1:argv.index("python3")])
+    assert json.loads(env.pop("TF_CONFIG"))["task"] == {"type": "worker", "index": 2}
+    assert env == {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", "DTF_COLLECTIVE": "1", "DTF_CLUSTER": "c",
+                   "DTF_ATTEMPT": "3", "DTF_SYNCED": "{}"}
+    synced = collective.copy_argv(plan, plan.task("worker:2"), "p.py", [], 1, {"data": "../../.cache/sync/ab"})
+    assert 'DTF_SYNCED={"data": "../../../.cache/sync/ab"}' in synced  # a copy works one level down
+
+
+def test_output_is_prefixed_with_task_and_host() -> None:
+    assert collective.prefix(plan_of(PLAN).task("worker:1")) == "[worker:1 h1] "
+
+
+def test_ps_tasks_are_not_used_and_said_so() -> None:
+    assert collective.check_plan(plan_of(PLAN)) == [
+        "--collective: ps:0 (h0) not used (MultiWorkerMirroredStrategy has no parameter servers; they keep running)"]
+    assert collective.check_plan(plan_of("[{host: a, workers: 2}]")) == []
+
+
+def test_which_ends_are_worth_another_attempt_and_exit_codes() -> None:
+    assert collective.lost_or_killed(follow.Ended("worker:1", -9, "killed by SIGKILL"))
+    assert collective.lost_or_killed(follow.Ended("worker:1", None, "stopped"))
+    assert collective.lost_or_killed(follow.Lost("worker:1", "no word"))
+    assert not collective.lost_or_killed(follow.Ended("worker:1", 1, "exited with code 1"))
+    assert [collective.exit_code(c) for c in (0, 3, -15, None)] == [0, 3, 143, 137]
+
+
+def test_never_joined_names_each_task_and_why() -> None:
+    plan = plan_of("[{host: h0, workers: 1}, {host: h1, workers: 1}, {host: h2, workers: 1}]")
+    w = collective.workers(plan)
+    assert collective.never_joined(plan, w, {"worker:0": True, "worker:2": True}, {"worker:2": ["h0", "h1"]}) == (
+        "worker:0 (h0) waited for the others; "
+        "worker:1 (h1) never listened on port 2222 (see `dtf logs worker:1`); "
+        "worker:2 (h2) is not reachable at h2:2222 from h0, h1 (a firewall?)")
+
+
+# -- GPUs -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("ids", "workers", "expected"), [
+    ([0, 1, 2, 3], 2, [[0, 1], [2, 3]]),
+    ([0, 1, 2], 2, [[0, 1], [2]]),
+    ([4, 5], 1, [[4, 5]]),
+    ([0], 3, [[0], [0], [0]]),  # fewer GPUs than workers: shared (memory growth)
+    ([0, 1], 3, [[0], [1], [0]]),
+    ([], 2, [[], []]),
+])
+def test_gpu_shares(ids: list[int], workers: int, expected: list[list[int]]) -> None:
+    assert gpus.shares(ids, workers) == expected
+
+
+def test_gpu_env_of_tasks_from_the_inventory() -> None:
+    plan = plan_of("[{host: a, ps: 1, workers: 2, gpus: 4}, {host: b, workers: 1, gpus: [3, 5]}, {host: c, workers: 1}]")
+    argv = {t.name: t.serve_argv for t in plan.tasks()}
+    assert argv["ps:0"][:3] == ("env", "CUDA_VISIBLE_DEVICES=", "TF_FORCE_GPU_ALLOW_GROWTH=true")
+    assert argv["worker:0"][:3] == ("env", "CUDA_VISIBLE_DEVICES=0,1", "TF_FORCE_GPU_ALLOW_GROWTH=true")
+    assert argv["worker:1"][1] == "CUDA_VISIBLE_DEVICES=2,3"
+    assert argv["worker:2"][1] == "CUDA_VISIBLE_DEVICES=3,5"
+    assert argv["worker:3"][0] != "env"  # no gpus key: TensorFlow's defaults
+    copy = collective.copy_argv(plan, plan.task("worker:1"), "p.py", [], 1)
+    assert "CUDA_VISIBLE_DEVICES=2,3" in copy and "TF_FORCE_GPU_ALLOW_GROWTH=true" in copy
+    assert type(plan).from_dict(json.loads(json.dumps(plan.to_dict()))) == plan  # the record keeps it
+
+
+def test_gpus_key_errors() -> None:
+    from dtf.errors import InventoryError
+
+    with pytest.raises(InventoryError, match=r"hosts\[0\]\.gpus: expected a number of GPUs"):
+        loads("cluster: c\nhosts: [{host: a, workers: 1, gpus: [0, 0]}]\n", "inventory.yaml")
+
+
+# -- the watch loop, with fake followers --------------------------------------------------------
+def fake_run(monkeypatch: pytest.MonkeyPatch, script: dict[str, list[tuple[float, Any]]],
+             join_timeout: float = 30.0) -> tuple[collective.CollectiveRun, list[str]]:
+    """A CollectiveRun on 3 workers whose followers put `script`'s events at their times; stop()
+    ends every copy that has not ended (as TERM would) and is recorded."""
+    plan = plan_of("[{host: h0, workers: 1}, {host: h1, workers: 1}, {host: h2, workers: 1}]")
+    record = Record(plan=plan, inventory="i.yaml", created=0.0, chief_host="127.0.0.1")
+    run = collective.CollectiveRun(record, __import__("pathlib").Path("p.py"), [], __import__("pathlib").Path("o"),
+                                   join_timeout=join_timeout, grace=1.0)
+    calls: list[str] = []
+    stopped = threading.Event()
+
+    def follow_task(plan: Any, task: Any, events: queue.Queue[Any], stop: threading.Event, *rest: Any) -> None:
+        t0 = time.monotonic()
+        for at, ev in script.get(task.name, []):
+            while time.monotonic() - t0 < at and not stopped.is_set():
+                time.sleep(0.01)
+            if stopped.is_set():
+                break
+            events.put(ev)
+            if isinstance(ev, follow.Ended):
+                return
+        stopped.wait(10)
+        events.put(follow.Ended(task.name, -15, "killed by SIGTERM"))  # the copy's end after the stop
+
+    def stop(what: str) -> dict[str, str]:
+        calls.append("stop")
+        stopped.set()
+        return {}
+
+    def diagnose(pending: list[Any]) -> tuple[str, bool]:
+        calls.append("diagnose " + ",".join(t.name for t in pending))
+        return "worker:2 (h2) is not reachable at h2:2222 from h0, h1 (a firewall?)", True
+
+    monkeypatch.setattr(follow, "follow_task", follow_task)
+    monkeypatch.setattr(run, "stop", stop)
+    monkeypatch.setattr(run, "diagnose", diagnose)
+    return run, calls
+
+
+def test_the_first_failure_stops_every_copy_and_is_named(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    joined = [(0.0, follow.Joined(f"worker:{i}")) for i in range(3)]
+    run, calls = fake_run(monkeypatch, {
+        "worker:0": [joined[0], (0.05, follow.Line("worker:0", "epoch 0 done"))],
+        "worker:1": [joined[1], (0.1, follow.Line("worker:1", "about to die")),
+                     (0.2, follow.Ended("worker:1", -9, "killed by SIGKILL"))],
+        "worker:2": [joined[2]],
+    })
+    result = run.watch(threading.Event())
+    assert calls == ["stop"]
+    assert result.failure == collective.Failure("worker:1", "h1", "killed by SIGKILL", ("about to die",), True)
+    assert result.failure.describe() == "worker:1 (h1) failed first: killed by SIGKILL; last lines: about to die"
+    assert result.chief_code == 143  # stopped with TERM
+    out = capsys.readouterr()
+    assert "[worker:0 h0] epoch 0 done\n" in out.out and "[worker:1 h1] about to die\n" in out.out
+
+
+def test_the_start_deadline_stops_all_and_names_who_never_joined(monkeypatch: pytest.MonkeyPatch) -> None:
+    run, calls = fake_run(monkeypatch, {"worker:0": [(0.0, follow.Joined("worker:0"))],
+                                        "worker:1": [(0.0, follow.Joined("worker:1"))]}, join_timeout=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(collective.StartDeadline, match=r"start deadline \(0.5s, --join-timeout\) passed: "
+                                                        r"worker:2 \(h2\) is not reachable"):
+        run.watch(threading.Event())
+    assert calls == ["diagnose worker:2", "stop"] and time.monotonic() - t0 < 10
+
+
+def test_ctrl_c_stops_every_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    run, calls = fake_run(monkeypatch, {f"worker:{i}": [(0.0, follow.Joined(f"worker:{i}"))] for i in range(3)})
+    flag = threading.Event()
+    threading.Timer(0.3, flag.set).start()
+    result = run.watch(flag)
+    assert result.interrupted and calls == ["stop"] and result.failure is None
+
+
+def test_collective_imports_no_tensorflow() -> None:
+    assert "tensorflow" not in sys.modules
