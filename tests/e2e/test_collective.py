@@ -4,7 +4,9 @@ from a directory no host sees (lab.laptop_dir), and its chief's output comes bac
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -14,6 +16,8 @@ import pytest
 
 from helpers import EXAMPLES, REPO, dtf, status_json
 
+PROGRAMS = REPO / "tests" / "e2e" / "programs"
+
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 
 
@@ -21,6 +25,13 @@ def program_on_laptop(lab, name):
     where = lab.laptop_dir(name)
     shutil.copy(EXAMPLES / "simple_worker_mnist.py", where / "simple_worker_mnist.py")
     return where / "simple_worker_mnist.py"
+
+
+def program_from_tests(lab, name, program):
+    """One of tests/e2e/programs, in a laptop directory no host sees."""
+    where = lab.laptop_dir(name)
+    shutil.copy(PROGRAMS / program, where / program)
+    return where / program
 
 
 def runner_processes(lab, host):
@@ -61,7 +72,7 @@ def test_a_killed_worker_restarts_all_and_they_resume(lab, write_inventory, home
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "dtf.cli", "train", "--collective", "--attempts", "2", "--output", str(out),
             str(prog), "--epochs", "5", "--steps", "10", "--epoch-sleep", "2"]
-    env = {**__import__("os").environ, "DTF_HOME": str(home)}
+    env = {**os.environ, "DTF_HOME": str(home)}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
     lines: list[str] = []
     killed_at = None
@@ -113,3 +124,65 @@ def test_a_blocked_port_ends_in_the_start_deadline_naming_the_task(lab, write_in
     # The program's own traceback streams like the rest of its output (prefixed); dtf shows none.
     assert not [x for x in (r.stdout + r.stderr).splitlines() if "Traceback" in x and not x.startswith("[worker:")]
     assert all(runner_processes(lab, h) == [] for h in lab.hosts)
+
+
+def test_sync_batch_normalization_trains_with_statistics_of_the_global_batch(lab, write_inventory, home, tmp_path):
+    ports = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "workers": [ports[0]]}, {"host": "h1", "workers": [ports[1]]}])
+    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    prog = program_from_tests(lab, "collective-syncbn", "sync_bn.py")
+    r = dtf("train", "--collective", "--output", str(tmp_path / "out"), str(prog), home=home, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    seen: dict[tuple[str, str], list[str]] = {}
+    for line in r.stdout.splitlines():  # "[worker:1 h1] synced SyncBatchNormalization moving_variance ... loss a -> b"
+        if line.startswith("[worker:") and " moving_variance " in line:
+            task, words = line.split("]")[0][1:].split()[0], line.split("] ", 1)[1].split()
+            seen[(task, words[0])] = words
+    assert set(seen) == {(t, m) for t in ("worker:0", "worker:1") for m in ("synced", "plain")}, r.stdout[-3000:]
+    synced0, synced1 = seen[("worker:0", "synced")], seen[("worker:1", "synced")]
+    assert "Sync" in synced0[1] or synced0[1] == "BatchNormalization", synced0
+    variance = slice(3, synced0.index("loss"))
+    assert synced0[variance] == synced1[variance], (synced0, synced1)  # one global estimate everywhere
+    # The global batch spans both workers' data (N(0, 1) and N(3, 1)): variance 3.25; each
+    # worker's own batch has variance 1, which plain BatchNormalization sees.
+    assert all(2.5 < float(v) < 4.0 for v in synced0[variance]), synced0
+    assert all(0.6 < float(v) < 1.5 for v in seen[("worker:0", "plain")][variance]), seen[("worker:0", "plain")]
+    loss = synced0[synced0.index("loss") + 1:]
+    assert float(loss[2]) < float(loss[0]), synced0  # it learns
+
+
+def test_ctrl_c_stops_every_copy_and_preemption_checkpoint_handler_saves(lab, write_inventory, home, tmp_path):
+    ports = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "workers": [ports[0]]}, {"host": "h2", "workers": [ports[1]]}])
+    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    prog = program_from_tests(lab, "collective-ctrl-c", "preempted.py")
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "dtf.cli", "train", "--collective", "--output", str(out), str(prog)]
+    env = {**os.environ, "DTF_HOME": str(home)}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and proc.poll() is None and not any("[worker:1 h2] step 30 " in x for x in lines):
+        time.sleep(0.2)
+    assert proc.poll() is None, "".join(lines)[-4000:]
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    try:
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    reader.join(timeout=10)
+    text = "".join(lines)
+    assert proc.returncode == 130, text[-4000:]
+    assert "dtf: stopping every copy: interrupted" in text and "dtf: interrupted: every copy was stopped" in text
+    # TERM reached the copies: TensorFlow's handler saved a checkpoint (the program saves nothing
+    # else), and the chief's came back.
+    assert (out / "ckpt" / "checkpoint").exists(), text[-4000:]
+    assert any(p.name.endswith(".index") for p in (out / "ckpt").iterdir()), sorted((out / "ckpt").iterdir())
+    assert "Traceback" not in text, text[-4000:]
+    # Nothing is left on any host: no copy, no output directory; the worker servers serve again.
+    assert all(runner_processes(lab, h) == [] for h in lab.hosts)
+    for h, i in [(lab.hosts[0], 0), (lab.hosts[2], 1)]:
+        assert not lab.exists(h, f"{h.workdir}/lab/worker-{i}/out")
+    assert [t["state"] for t in status_json(home)["tasks"]] == ["alive"] * 2
