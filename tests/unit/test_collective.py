@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import subprocess
 import sys
 import threading
 import time
@@ -179,4 +180,6 @@ def test_ctrl_c_stops_every_copy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_collective_imports_no_tensorflow() -> None:
-    assert "tensorflow" not in sys.modules
+    code = "import sys, dtf.collective, dtf.follow; print('tensorflow' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
