@@ -4,17 +4,14 @@ from a directory no host sees (lab.laptop_dir), and its chief's output comes bac
 from __future__ import annotations
 
 import json
-import os
+import re
 import shutil
 import signal
 import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
-from helpers import EXAMPLES, REPO, dtf, status_json
+from helpers import EXAMPLES, REPO, Train, dtf, status_json
 
 PROGRAMS = REPO / "tests" / "e2e" / "programs"
 
@@ -70,29 +67,16 @@ def test_a_killed_worker_restarts_all_and_they_resume(lab, write_inventory, home
     assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
     prog = program_on_laptop(lab, "collective-resume")
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "dtf.cli", "train", "--collective", "--attempts", "2", "--output", str(out),
-            str(prog), "--epochs", "5", "--steps", "10", "--epoch-sleep", "2"]
-    env = {**os.environ, "DTF_HOME": str(home)}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
-    lines: list[str] = []
-    killed_at = None
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        if killed_at is None and any("[worker:0 h0] epoch 1 done" in x for x in lines):
-            victims = runner_processes(lab, "h1")
-            assert victims
-            for pid, _ in victims:
-                subprocess.run(["kill", "-9", str(pid)])
-            killed_at = time.monotonic()
-        time.sleep(0.2)
-    proc.wait(timeout=60)
-    reader.join(timeout=10)
-    text = "".join(lines)
-    dtf_lines = "\n".join(x for x in lines if x.startswith("dtf:"))
-    assert proc.returncode == 0, text[-4000:]
-    assert killed_at is not None
+    run = Train(home, tmp_path / "train.out", "--collective", "--attempts", "2", "--output", str(out),
+                str(prog), "--epochs", "5", "--steps", "10", "--epoch-sleep", "2", cwd=REPO)
+    run.wait_for(re.escape("[worker:0 h0] epoch 1 done"), timeout=600)
+    victims = runner_processes(lab, "h1")
+    assert victims
+    for pid, _ in victims:
+        subprocess.run(["kill", "-9", str(pid)])
+    code, text = run.finish(timeout=600)
+    dtf_lines = "\n".join(x for x in text.splitlines() if x.startswith("dtf:"))
+    assert code == 0, text[-4000:]
     assert "worker:1 (h1) failed first: killed by SIGKILL" in text, dtf_lines
     assert "attempt 2 of 2" in text
     epochs = [line.split() for line in (out / "epochs.txt").read_text().splitlines()]
@@ -157,24 +141,11 @@ def test_ctrl_c_stops_every_copy_and_preemption_checkpoint_handler_saves(lab, wr
     assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
     prog = program_from_tests(lab, "collective-ctrl-c", "preempted.py")
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "dtf.cli", "train", "--collective", "--output", str(out), str(prog)]
-    env = {**os.environ, "DTF_HOME": str(home)}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline and proc.poll() is None and not any("[worker:1 h2] step 30 " in x for x in lines):
-        time.sleep(0.2)
-    assert proc.poll() is None, "".join(lines)[-4000:]
-    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
-    try:
-        proc.wait(timeout=120)
-    finally:
-        proc.kill()
-    reader.join(timeout=10)
-    text = "".join(lines)
-    assert proc.returncode == 130, text[-4000:]
+    run = Train(home, tmp_path / "train.out", "--collective", "--output", str(out), str(prog), cwd=REPO)
+    run.wait_for(re.escape("[worker:1 h2] step 30 "), timeout=400)
+    run.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    code, text = run.finish(timeout=120)
+    assert code == 130, text[-4000:]
     assert "dtf: stopping every copy: interrupted" in text and "dtf: interrupted: every copy was stopped" in text
     # TERM reached the copies: TensorFlow's handler saved a checkpoint (the program saves nothing
     # else), and the chief's came back.
