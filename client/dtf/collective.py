@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from typing import Any
 from dtf import follow, gpus, remote_files, sync
 from dtf.cluster import ClusterOps, LeaseKeeper
 from dtf.errors import DtfError, HostFailure, UsageError
+from dtf.lifecycle import ctrl_c_sets
 from dtf.netutil import CONNECT_TIMEOUT
 from dtf.plan import HostPlan, Plan, TaskPlan
 from dtf.state import Record
@@ -168,22 +169,6 @@ def never_joined(plan: Plan, pending: list[TaskPlan], serving: dict[str, bool],
 # -- running -------------------------------------------------------------------------------
 def say(message: str) -> None:
     print(f"dtf: {message}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def interrupt_flag() -> Iterator[threading.Event]:
-    """While inside, Ctrl-C and SIGTERM set the event instead of raising: dtf then stops the copies."""
-    flag = threading.Event()
-
-    def handler(signum: int, frame: object) -> None:
-        flag.set()
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield flag
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
 
 
 class CollectiveRun:
@@ -405,7 +390,8 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
     with contextlib.ExitStack() as stack:
         stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
                                         connect_timeout=connect_timeout))
-        interrupted = stack.enter_context(interrupt_flag())
+        interrupted = threading.Event()  # Ctrl-C and SIGTERM set it: dtf then stops the copies
+        stack.enter_context(ctrl_c_sets(interrupted, signals=(signal.SIGINT, signal.SIGTERM)))
         t0 = time.monotonic()
         run.ship()
         failed = run.stop("the worker servers give their ports to the program")

@@ -125,10 +125,10 @@ def resolve_network(plan: Plan, outcomes: dict[str, Outcome[HostStarted]]) -> st
 
 
 @contextlib.contextmanager
-def ctrl_c_sets(event: threading.Event) -> Iterator[None]:
-    """While inside: Ctrl-C sets `event` instead of raising KeyboardInterrupt (in the main
-    thread; elsewhere signals cannot be handled and nothing changes). A second Ctrl-C sets it
-    again and nothing more: work that must finish (a rollback) is not cut short."""
+def ctrl_c_sets(event: threading.Event, signals: tuple[signal.Signals, ...] = (signal.SIGINT,)) -> Iterator[None]:
+    """While inside: Ctrl-C (or any of `signals`) sets `event` instead of raising KeyboardInterrupt
+    (in the main thread; elsewhere signals cannot be handled and nothing changes). A second Ctrl-C
+    sets it again and nothing more: work that must finish (a rollback) is not cut short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -136,11 +136,12 @@ def ctrl_c_sets(event: threading.Event) -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         event.set()
 
-    old = signal.signal(signal.SIGINT, handler)
+    old = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 def start(plan: Plan, only: dict[str, set[str]] | None, connect_timeout: float,
