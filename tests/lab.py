@@ -449,6 +449,36 @@ class Lab:
                 out.append((pid, cmd))
         return out
 
+    def sshd_nodelay(self, host: Host | str) -> list[bool]:
+        """TCP_NODELAY of each SSH connection that host's sshd serves now, read from sshd's own
+        sockets (pidfd_getfd: Linux 5.6 and root, which the lab has)."""
+        import ctypes
+
+        h = self.host(host)
+        assert h.proc is not None
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+        found = []
+        for pid in _tree(h.proc.pid)[1:]:  # the listener's children: one per connection
+            try:
+                pidfd = os.pidfd_open(pid)
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    if not os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"):
+                        continue
+                mine = syscall(438, pidfd, int(fd), 0)  # pidfd_getfd: a copy of sshd's descriptor
+                if mine < 0:
+                    continue
+                with socket.socket(fileno=mine) as sock, contextlib.suppress(OSError):
+                    if sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6) \
+                            and sock.getsockname()[1] == h.port:
+                        sock.getpeername()  # connected: not the listener
+                        found.append(bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)))
+            os.close(pidfd)
+        return found
+
     # ---- tearing down ---------------------------------------------------------------------
 
     def close(self) -> None:

@@ -221,6 +221,9 @@ class SSHTransport(Transport):
         except OSError as e:
             reason = getattr(e, "strerror", None) or str(e)
             raise HostError(f"unreachable: {target}: {reason}")
+        sock = conn.transport.sock  # a socket, or a channel of the ProxyJump hop's connection
+        if isinstance(sock, socket.socket):  # paramiko leaves Nagle on: small writes wait for ACKs
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def close(self) -> None:
         if self._conn is not None:

@@ -1,7 +1,7 @@
 """How the laptop reaches the tasks, and who else may: fake servers (they echo what they get) on
 the SSH lab, in seconds. `network: ssh` (chosen by `auto` when only port 22 passes), the proxy that
 carries only planned targets, the host-to-host check of `up`, and `firewall: members`.
-Real TensorFlow trains through SSH in tests/e2e/test_network.py.
+Real TensorFlow trains through SSH in tests/e2e/test_through_ssh.py.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from dtf.inventory import HostSpec
+from dtf.tunnel import Master, PythonRoute, control_path, ssh_binary
 from helpers import ssh_processes, status_json
 from lab import Lab
 from sites import LabSite
@@ -103,22 +105,41 @@ def test_auto_picks_ssh_when_only_port_22_passes_and_the_proxy_carries_only_task
     assert site.processes() == [] and site.files() == [] and ssh_processes() == []
 
 
+def h0_master(site: LabSite) -> Master:
+    """The master a `dtf train` in ssh mode opens to h0 (not started)."""
+    ssh = ssh_binary()
+    assert ssh
+    return Master(ssh, h0_spec(site), str(site.lab.ssh_config), control_path(site.home, "fk", "h0"))
+
+
+def h0_spec(site: LabSite) -> HostSpec:
+    return HostSpec(host="h0", line=1, connection="ssh", user=None, port=None,
+                    identity_file=str(site.lab.key), python=sys.executable, workdir="~", address=None,
+                    ps_ports=(), worker_ports=())
+
+
 def test_down_closes_a_master_a_killed_train_left(site: LabSite, tmp_path: Path):
     inv = site.inventory({"a": {"ps": 1, "workers": 1}})
     assert site.dtf("up", str(inv), "--network", "ssh").returncode == 0
-    from dtf.inventory import HostSpec
-    from dtf.tunnel import Master, control_path, ssh_binary
-
-    spec = HostSpec(host="h0", line=1, connection="ssh", user=None, port=None,
-                    identity_file=str(site.lab.key), python=sys.executable, workdir="~", address=None,
-                    ps_ports=(), worker_ports=())
-    ssh = ssh_binary()
-    assert ssh
-    master = Master(ssh, spec, str(site.lab.ssh_config), control_path(site.home, "fk", "h0"))
+    master = h0_master(site)
     master.start()  # as a `dtf train` would have, before it was killed
     assert master.alive() and ssh_processes()
     assert site.dtf("down").returncode == 0
     assert not master.alive() and ssh_processes() == []
+
+
+@pytest.mark.parametrize("carrier", ["openssh", "python"])
+def test_the_hosts_sshd_sends_replies_without_delay(site: LabSite, carrier: str):
+    """An sshd before OpenSSH 10.1 (this lab's is 9.2) turns Nagle's algorithm off only when a
+    session starts: without it, a task's reply in two writes waited for the laptop's delayed ACK,
+    40 ms per round trip. dtf's connections for the TF ports start one."""
+    route = h0_master(site) if carrier == "openssh" else PythonRoute(h0_spec(site), str(site.lab.ssh_config), 10)
+    try:
+        route.ensure()
+        assert site.lab.sshd_nodelay("h0") == [True]
+    finally:
+        route.stop()
+    assert ssh_processes() == []
 
 
 def test_up_refuses_hosts_that_cannot_reach_each_other_naming_the_pair(site: LabSite):
