@@ -258,7 +258,7 @@ class CollectiveRun:
         outcomes = self.ops.each_host(one, self.hosts)
         failed = {h: o.reason for h, o in outcomes.items() if not o.ok}
         if failed:
-            raise HostFailure("copying the chief's backup to the workers", failed)
+            raise HostFailure("starting every copy again (copying the chief's backup to every worker)", failed)
 
     def remove_worker_outputs(self) -> None:
         def one(hp: HostPlan) -> None:
@@ -302,6 +302,7 @@ class CollectiveRun:
         result = Attempt()
         last: dict[str, deque[str]] = {t.name: deque(maxlen=LAST_LINES) for t in self.workers}
         joined: set[str] = set()
+        silent_since: dict[str, float] = {}  # tasks whose host has said nothing for follow.SILENT
         deadline = time.monotonic() + self.join_timeout
         chief_done: float | None = None
         stopping: threading.Thread | None = None
@@ -329,6 +330,10 @@ class CollectiveRun:
                     print(prefix(by_name[ev.task]) + ev.text, flush=True)
                 elif isinstance(ev, follow.Joined):
                     joined.add(ev.task)
+                elif isinstance(ev, follow.Silent):
+                    silent_since[ev.task] = now - ev.seconds
+                elif isinstance(ev, follow.Heard):
+                    silent_since.pop(ev.task, None)
                 elif isinstance(ev, (follow.Ended, follow.Lost)) and ev.task not in result.ended:
                     result.ended[ev.task] = ev
                     task = by_name[ev.task]
@@ -340,6 +345,16 @@ class CollectiveRun:
                         reason = ev.reason if isinstance(ev, follow.Ended) else f"host lost: {ev.reason}"
                         result.failure = Failure(task.name, task.host, reason, tuple(last[task.name]),
                                                  lost_or_killed(ev))
+                        quiet = [t for t in self.workers if t.name in silent_since and t.name != task.name
+                                 and t.name not in result.ended]
+                        if quiet and not result.failure.lost:
+                            # A copy failed while another host has been silent: TensorFlow saw that
+                            # host go (its heartbeats stopped) before dtf's HOST_LOST; name the host.
+                            gone = min(quiet, key=lambda t: silent_since[t.name])
+                            result.failure = Failure(
+                                gone.name, gone.host,
+                                f"host lost: no word from {gone.host} for {now - silent_since[gone.name]:.0f}s; "
+                                f"then {task.name} ({task.host}) {reason}", tuple(last[task.name]), True)
                         pending = [t for t in self.workers if t.name not in joined and t.name not in result.ended]
                         if pending and not result.failure.lost:
                             # Before all joined: did TensorFlow give up on a peer it cannot reach?
@@ -399,6 +414,7 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
             raise HostFailure("stopping the worker servers", failed)
         result = Attempt()
         again = False
+        cannot_restart: HostFailure | None = None
         try:
             attempt = 1
             while True:
@@ -419,9 +435,14 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
                         again = (result.failure is not None and result.failure.lost and attempt < attempts
                                  and not result.interrupted and not result.taken_down)
                         if again:
-                            run.copy_backup(Path(tmp))
+                            try:
+                                run.copy_backup(Path(tmp))
+                            except HostFailure as e:  # a host still lost: no attempt can join
+                                again, cannot_restart = False, e
                 if result.failure is not None:
                     say(result.failure.describe())
+                if cannot_restart is not None:
+                    raise cannot_restart
                 if not again:
                     break
                 attempt += 1

@@ -1,10 +1,11 @@
 """Following one program copy of `dtf train --collective` from here: one SSH session per task
 running the launcher's `follow` (dtf_server.program), turned into events on a queue.
 
-Events: `Line(task, text)` for each line of the copy's output, `Joined(task)`, and last exactly
-one of `Ended(task, code, reason)` (the copy ended; `code` None when it was killed before its
-supervisor could say) or `Lost(task, reason)` (the host stopped answering: no beat for
-HOST_LOST seconds, or the session broke).
+Events: `Line(task, text)` for each line of the copy's output, `Joined(task)`, `Silent(task,
+seconds)` when the host has said nothing (beats included) for SILENT seconds and `Heard(task)`
+when it speaks again, and last exactly one of `Ended(task, code, reason)` (the copy ended; `code`
+None when it was killed before its supervisor could say) or `Lost(task, reason)` (the host stopped
+answering: no beat for HOST_LOST seconds, or the session broke).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dtf.transport import HostError, LocalTransport, SSHTransport, Transport, tr
 from dtf_server import program as host_program
 
 BEAT = 2.0  # seconds between the host's beats
+SILENT = 2.5 * BEAT  # seconds without a word: the host may be lost (TensorFlow often knows first)
 HOST_LOST = 20.0  # seconds without a word from a host (beats included): it is lost
 POLL = 0.05
 
@@ -40,6 +42,17 @@ class Joined:
 
 
 @dataclass(frozen=True)
+class Silent:
+    task: str
+    seconds: float  # since the host's last word
+
+
+@dataclass(frozen=True)
+class Heard:
+    task: str
+
+
+@dataclass(frozen=True)
 class Ended:
     task: str
     code: int | None
@@ -52,7 +65,7 @@ class Lost:
     reason: str
 
 
-Event = Line | Joined | Ended | Lost
+Event = Line | Joined | Silent | Heard | Ended | Lost
 
 
 def follow_argv(hp: HostPlan, task: TaskPlan, beat: float = BEAT) -> list[str]:
@@ -127,6 +140,7 @@ def follow_task(plan: Plan, task: TaskPlan, events: queue.Queue[Event], stop: th
     hp = plan.host_of(task)
     buffers = {"out": b"", "err": b""}
     last_word = time.monotonic()
+    silent = False
     ended = False
 
     def lines(kind: str, data: bytes) -> list[str]:
@@ -142,11 +156,18 @@ def follow_task(plan: Plan, task: TaskPlan, events: queue.Queue[Event], stop: th
                     chunks = stream.read(0.25)
                     if chunks is None:
                         break
+                    quiet = time.monotonic() - last_word
                     if chunks:
                         last_word = time.monotonic()
-                    elif time.monotonic() - last_word > host_lost:
+                        if silent:
+                            silent = False
+                            events.put(Heard(task.name))
+                    elif quiet > host_lost:
                         events.put(Lost(task.name, f"no word from {hp.name} for {host_lost:g}s"))
                         return
+                    elif quiet > SILENT and not silent:
+                        silent = True
+                        events.put(Silent(task.name, quiet))
                     for kind, data in chunks:
                         for text in lines(kind, data):
                             if kind == "out":

@@ -157,3 +157,32 @@ def test_ctrl_c_stops_every_copy_and_preemption_checkpoint_handler_saves(lab, wr
     for h, i in [(lab.hosts[0], 0), (lab.hosts[2], 1)]:
         assert not lab.exists(h, f"{h.workdir}/lab/worker-{i}/out")
     assert [t["state"] for t in status_json(home)["tasks"]] == ["alive"] * 2
+
+
+def test_a_host_lost_mid_run_ends_the_run_naming_it_and_down_cleans_it(lab, write_inventory, home, tmp_path):
+    if lab.mode != "netns":
+        pytest.skip("needs network namespaces (a host's link cut)")
+    ports = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "workers": [ports[0]]}, {"host": "h1", "workers": [ports[1]]}])
+    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    prog = program_on_laptop(lab, "collective-host-lost")
+    run = Train(home, tmp_path / "train.out", "--collective", "--output", str(tmp_path / "out"), str(prog),
+                "--epochs", "100", "--steps", "10", "--epoch-sleep", "1", cwd=REPO)
+    run.wait_for(re.escape("[worker:0 h0] epoch 1 done"), timeout=600)
+    lab.link_down("h1")  # the host is gone: no word from it, no TCP reset
+    try:
+        code, text = run.finish(timeout=300)
+    finally:
+        lab.link_up("h1")
+    # TensorFlow on h0 sees h1's heartbeats stop and its copy fails first; dtf names the host,
+    # and as h1 is still unreachable, no attempt again (--attempts is 3) could join: it ends.
+    dtf_lines = "\n".join(x for x in text.splitlines() if x.startswith("dtf:") or x.startswith("  h1:"))
+    print(dtf_lines)
+    assert code == 4, text[-4000:]
+    assert "dtf: worker:1 (h1) failed first: host lost: no word from h1 for" in text, dtf_lines
+    assert "dtf: error: starting every copy again (copying the chief's backup to every worker) failed on 1 host(s):\n  h1: unreachable" \
+        in text, dtf_lines
+    assert runner_processes(lab, "h0") == []  # the copy that was left stopped
+    # h1's copy ran on alone while its host was cut off; `dtf down` leaves nothing there either.
+    assert dtf("down", home=home, timeout=300).returncode == 0
+    assert all(runner_processes(lab, h) == [] for h in lab.hosts)

@@ -161,6 +161,31 @@ def test_the_first_failure_stops_every_copy_and_is_named(monkeypatch: pytest.Mon
     assert "[worker:0 h0] epoch 0 done\n" in out.out and "[worker:1 h1] about to die\n" in out.out
 
 
+@pytest.mark.parametrize("heard_again", [False, True])
+def test_a_failure_while_another_host_is_silent_names_that_host(monkeypatch: pytest.MonkeyPatch,
+                                                                 heard_again: bool) -> None:
+    """TensorFlow sees a host go (its heartbeats stop) before dtf's HOST_LOST does: the copy that
+    fails then is not the culprit, the silent host is, unless it spoke again."""
+    joined = [(0.0, follow.Joined(f"worker:{i}")) for i in range(3)]
+    again = [(0.15, follow.Heard("worker:1"))] if heard_again else []
+    run, calls = fake_run(monkeypatch, {
+        "worker:0": [joined[0], (0.3, follow.Line("worker:0", "task:1 stopped sending heartbeats")),
+                     (0.35, follow.Ended("worker:0", 1, "exited with code 1"))],
+        "worker:1": [joined[1], (0.1, follow.Silent("worker:1", 6.0)), *again],
+        "worker:2": [joined[2]],
+    })
+    failure = run.watch(threading.Event()).failure
+    assert calls == ["stop"]
+    if heard_again:
+        assert failure == collective.Failure("worker:0", "h0", "exited with code 1",
+                                             ("task:1 stopped sending heartbeats",), False)
+    else:
+        assert failure is not None and failure.describe() == (
+            "worker:1 (h1) failed first: host lost: no word from h1 for 6s; then worker:0 (h0) exited with "
+            "code 1; last lines: task:1 stopped sending heartbeats")
+        assert failure.lost  # worth another attempt (--attempts)
+
+
 def test_the_start_deadline_stops_all_and_names_who_never_joined(monkeypatch: pytest.MonkeyPatch) -> None:
     run, calls = fake_run(monkeypatch, {"worker:0": [(0.0, follow.Joined("worker:0"))],
                                         "worker:1": [(0.0, follow.Joined("worker:1"))]}, join_timeout=0.5)
