@@ -186,3 +186,21 @@ def test_a_host_lost_mid_run_ends_the_run_naming_it_and_down_cleans_it(lab, writ
     # h1's copy ran on alone while its host was cut off; `dtf down` leaves nothing there either.
     assert dtf("down", home=home, timeout=300).returncode == 0
     assert all(runner_processes(lab, h) == [] for h in lab.hosts)
+
+
+def test_a_copy_that_never_joins_ends_at_the_start_deadline_naming_it(lab, write_inventory, home, tmp_path):
+    ports = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "workers": [ports[0]]}, {"host": "h1", "workers": [ports[1]]}])
+    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    prog = program_from_tests(lab, "collective-late", "late_joiner.py")
+    r = dtf("train", "--collective", "--join-timeout", "30", "--output", str(tmp_path / "out"), str(prog),
+            home=home, timeout=400)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    error = r.stderr.strip().splitlines()[-1]
+    assert error.startswith("dtf: error: start deadline (30s, --join-timeout) passed: "), error
+    assert f"worker:1 (h1) never listened on port {ports[1]} (see `dtf logs worker:1`)" in error, error
+    assert "worker:0 (h0) waited for the others" in error, error
+    assert "[worker:1 h1] stuck before the strategy" in r.stdout
+    # Every copy was stopped (the stuck one too) and the worker servers serve again.
+    assert all(runner_processes(lab, h) == [] for h in lab.hosts)
+    assert [t["state"] for t in status_json(home)["tasks"]] == ["alive"] * 2
