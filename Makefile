@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 INVENTORY ?= inventory/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-fast lint unit bench clean
+.PHONY: venv demo test test-fast test-fakes lint unit bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,14 +28,20 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
 
-# The fast tier: pure, CLI and fake-server tests (no TensorFlow is imported), under a minute.
-# The SSH-lab part runs beside the rest (one lab per machine: it cannot be split across workers).
+# The fast tier, under a minute: the pure and CLI tests, and one up/status/down of the real CLI,
+# launcher and supervisors against fake servers on local processes (no TensorFlow is imported).
 test-fast: venv
+	$(BIN)/python -m pytest -q -rs -m "not tf and not lab" -p no:cacheprovider \
+	    tests/unit "tests/fake/test_lifecycle.py::test_up_status_down[local]" $(PYTEST_ARGS)
+
+# Every fake-server test (no TensorFlow), on local processes and on the SSH lab: about 4 minutes.
+# The SSH-lab part runs beside the rest (one lab per machine: it cannot be split across workers).
+test-fakes: venv
 	@$(BIN)/python -m pytest -q -rs -m "lab and not tf" -p no:cacheprovider $(PYTEST_ARGS) \
-	    > $(VENV)/test-fast-lab.log 2>&1 & lab=$$!; \
-	$(BIN)/python -m pytest -q -rs -m "not tf and not lab" $(PYTEST_ARGS); rc=$$?; \
-	wait $$lab; lab_rc=$$?; echo "--- the SSH-lab part ($(VENV)/test-fast-lab.log):"; \
-	cat $(VENV)/test-fast-lab.log; [ $$rc -eq 0 ] && [ $$lab_rc -eq 0 ]
+	    > $(VENV)/test-fakes-lab.log 2>&1 & lab=$$!; \
+	$(BIN)/python -m pytest -q -rs -m "not tf and not lab" -p no:cacheprovider tests/fake $(PYTEST_ARGS); rc=$$?; \
+	wait $$lab; lab_rc=$$?; echo "--- the SSH-lab part ($(VENV)/test-fakes-lab.log):"; \
+	cat $(VENV)/test-fakes-lab.log; [ $$rc -eq 0 ] && [ $$lab_rc -eq 0 ]
 
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit
