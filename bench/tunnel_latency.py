@@ -1,9 +1,10 @@
 """Round trip of one small request through ssh mode's route, on the SSH lab: a server on a lab host
 answers each 64-byte request in two writes 1 ms apart, as a TF task often does, and the laptop
-times request to full reply. Three routes: direct; `ssh -W` over dtf's master (`tunnel.Master`,
-which runs one empty session first); `ssh -W` over a master without that session (dtf before the
-fix). An sshd before OpenSSH 10.1 turns Nagle's algorithm off only when a session starts; with it
-on, the second write waits for the laptop's delayed ACK.
+times request to full reply. The routes: direct; `ssh -W` over dtf's master (`tunnel.Master`,
+which runs one empty session first); over a master without that session (dtf before the fix);
+and through a jump host (ProxyJump) with dtf's masters, and with ssh's own jump connection. An
+sshd before OpenSSH 10.1 turns Nagle's algorithm off only when a session starts; with it on, the
+second write waits for the laptop's delayed ACK.
 
     .venv/bin/python bench/tunnel_latency.py [--requests 300]
 """
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from common import REPO  # noqa: F401  (puts tests/ on the path)
@@ -73,8 +75,12 @@ def main() -> None:
     args = parser.parse_args()
     ssh = ssh_binary()
     assert ssh, "needs the OpenSSH client"
-    with tempfile.TemporaryDirectory() as d, Lab(1, root=Path(d) / "lab", mode="netns") as lab:
-        host = lab.hosts[0]
+    with tempfile.TemporaryDirectory() as d, Lab(2, root=Path(d) / "lab", mode="netns") as lab:
+        jump, host = lab.hosts
+        config = Path(d) / "ssh_config"
+        config.write_text(f"Host behind\n  HostName {host.address}\n  User root\n  ProxyJump {jump.name}\n"
+                          f"  UserKnownHostsFile {lab.known_hosts}\n\nHost {jump.name}\n  IdentityFile {lab.key}\n\n"
+                          + lab.ssh_config.read_text())
         server = subprocess.Popen(["ip", "netns", "exec", str(host.netns), sys.executable, "-c", SERVER])
         try:
             target = f"{host.address}:{PORT}"
@@ -91,14 +97,21 @@ def main() -> None:
             spec = HostSpec(host=host.name, line=1, connection="ssh", user=None, port=None,
                             identity_file=str(lab.key), python=sys.executable, workdir="~", address=None,
                             ps_ports=(), worker_ports=())
-            for label, session in [("ssh, dtf's master", True), ("ssh, master without a session", False)]:
-                master = Master(ssh, spec, str(lab.ssh_config), str(Path(d) / f"m{int(session)}"))
+            behind = replace(spec, host="behind")
+            routes = [("ssh, dtf's master", spec, True, True), ("ssh, master without a session", spec, False, True),
+                      ("ssh via jump, dtf's masters", behind, True, True),
+                      ("ssh via jump, ssh's own jump", behind, True, False)]
+            for i, (label, to, session, hops) in enumerate(routes):
+                master = Master(ssh, to, str(config), str(Path(d) / f"m{i}"))
                 if not session:
-                    master._session = lambda: None  # type: ignore[method-assign]  # the old behaviour
+                    master._session = lambda: None  # type: ignore[method-assign]  # dtf before
+                if not hops:
+                    master.jumps = lambda: []  # type: ignore[method-assign]  # ssh's ProxyJump
                 master.start()
                 try:
                     results[label] = through(master, target, args.requests)
-                    print(f"sshd TCP_NODELAY with {label}: {lab.sshd_nodelay(host)}")
+                    print(f"{label}: TCP_NODELAY of the jump host's sshd {lab.sshd_nodelay(jump)}, "
+                          f"of the host's {lab.sshd_nodelay(host)}")
                 finally:
                     master.stop()
         finally:

@@ -18,7 +18,10 @@ Latency: an sshd before OpenSSH 10.1 turns Nagle's algorithm off (TCP_NODELAY) o
 only when a session starts, and a master started with `-N` has none. With Nagle on, a reply that
 the task writes in two parts waits for the laptop's delayed ACK: 40 ms per round trip instead of
 0.2. So each master runs one empty session (`true`) as soon as it is up (`Master.start`,
-`PythonRoute.ensure`); the option stays for the connection's life.
+`PythonRoute.ensure`); the option stays for the connection's life. A jump host's sshd (ProxyJump)
+has the same flaw and ssh's own jump connection never has a session: dtf opens a master of its
+own to each hop (in the order ssh would), runs the session there too, and reaches the next hop
+through it (ProxyCommand `ssh -S HOP -W`), so the bytes still never cross Python.
 
 Where there is no `ssh` binary, the same proxy carries connections over a paramiko channel
 (`direct-tcpip`), copying in Python: slower, but it works.
@@ -27,9 +30,11 @@ Where there is no `ssh` binary, the same proxy carries connections over a parami
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import os
 import select
+import shlex
 import shutil
 import socket
 import subprocess
@@ -38,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +93,35 @@ def ssh_argv(ssh: str, spec: HostSpec, ssh_config: str | None, connect_timeout: 
     return [*argv, *options, spec.host]
 
 
+MAX_HOPS = 8  # jump hosts followed (ssh_config can loop)
+
+
+def parse_jump(text: str, spec: HostSpec) -> HostSpec:
+    """One ProxyJump hop (`[ssh://][user@]host[:port]`, IPv6 in brackets) as a spec of its own:
+    ssh_config and the agent decide the rest, as for ssh's own jump connection."""
+    text = text.strip().removeprefix("ssh://")
+    user, _, host = text.rpartition("@")
+    port: int | None = None
+    if host.startswith("["):
+        host, _, rest = host[1:].partition("]")
+        port = int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    elif host.count(":") == 1 and host.split(":")[1].isdigit():
+        host, port = host.split(":")[0], int(host.split(":")[1])
+    return replace(spec, host=host, user=user or None, port=port, identity_file=None)
+
+
 class Master:
-    """One OpenSSH master connection to a host; `ssh -W` channels share it."""
+    """One OpenSSH master connection to a host; `ssh -W` channels share it. Where ssh_config
+    names jump hosts, each hop gets a master of its own (`hops`), the next reached through it."""
 
     def __init__(self, ssh: str, spec: HostSpec, ssh_config: str | None, path: str,
-                 connect_timeout: float = CONNECT_TIMEOUT, chief_port: int | None = None) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT, chief_port: int | None = None,
+                 through: Master | None = None, depth: int = 0) -> None:
         self.ssh, self.spec, self.ssh_config, self.path = ssh, spec, ssh_config, path
         self.connect_timeout = connect_timeout
         self.chief_port = chief_port  # forwarded from the host's loopback back to this machine
+        self.through = through  # the jump host's master this one connects through (None: ssh decides)
+        self.depth = depth
         self.lock = threading.Lock()
 
     def _control(self, command: str, timeout: float = 10.0) -> bool:
@@ -109,14 +135,44 @@ class Master:
     def alive(self) -> bool:
         return os.path.exists(self.path) and self._control("check")
 
+    def jumps(self) -> list[HostSpec]:
+        """The jump hosts ssh would go through to this host (`ssh -G`: ssh_config resolved), first
+        hop first; none where this master connects through one of dtf's or ssh_config has none."""
+        if self.through is not None or self.depth >= MAX_HOPS:
+            return []
+        try:
+            r = subprocess.run(ssh_argv(self.ssh, self.spec, self.ssh_config, self.connect_timeout, "-G"),
+                               capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        for line in r.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            if key.lower() == "proxyjump" and value.strip() and value.strip().lower() != "none":
+                return [parse_jump(hop, self.spec) for hop in value.split(",")]
+        return []
+
+    def hops(self) -> list[Master]:
+        """Masters to this host's jump hosts, each reached through the one before (the first as
+        ssh_config says, its own jumps included)."""
+        out: list[Master] = []
+        for i, hop in enumerate(self.jumps()):
+            out.append(Master(self.ssh, hop, self.ssh_config, f"{self.path}-j{i}", self.connect_timeout,
+                              through=out[-1] if out else None, depth=self.depth + 1))
+        return out
+
     def start(self) -> None:
         Path(self.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # a dead master's socket: ssh would not replace it, and run unshared
+        hops = self.hops()
+        for hop in hops:
+            hop.ensure()
+        through = hops[-1] if hops else self.through
+        via = ["-o", "ProxyCommand=" + shlex.join(through.channel_argv("[%h]:%p"))] if through else []
         log = Path(self.path + ".log")
         back = (["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{self.chief_port}:127.0.0.1:{self.chief_port}"]
                 if self.chief_port else [])
-        argv = ssh_argv(self.ssh, self.spec, self.ssh_config, self.connect_timeout,
+        argv = ssh_argv(self.ssh, self.spec, self.ssh_config, self.connect_timeout, *via,
                         "-o", "ControlMaster=yes", "-o", f"ControlPath={self.path}",
                         "-o", f"ControlPersist={PERSIST}", *back, "-N", "-f")
         # stderr to a file, not a pipe: the master that `-f` leaves behind keeps it open.
@@ -130,7 +186,8 @@ class Master:
         if code != 0:
             lines = [s for s in log.read_text(errors="replace").splitlines() if s.strip()]
             why = lines[-1] if lines else ("no answer" if code is None else f"ssh exited {code}")
-            raise HostError(f"SSH connection for the TF ports failed: {why}")
+            what = f"to jump host {self.spec.host} " if self.depth else ""
+            raise HostError(f"SSH connection {what}for the TF ports failed: {why}")
         self._session()
 
     def _session(self) -> None:
@@ -147,10 +204,14 @@ class Master:
                 self.start()
 
     def stop(self) -> None:
+        """Close this master, then the masters of its jump hosts (last hop first)."""
         if os.path.exists(self.path):
             self._control("exit")
         with contextlib.suppress(OSError):
             os.unlink(self.path + ".log")
+        hops = sorted((p for p in glob.glob(glob.escape(self.path) + "-j*") if not p.endswith(".log")), reverse=True)
+        for path in hops:
+            Master(self.ssh, self.spec, None, path).stop()
 
     def channel_argv(self, target: str) -> list[str]:
         """`ssh -W`: this process's stdin and stdout become a TCP connection to `target`, opened
@@ -178,6 +239,11 @@ class PythonRoute:
             self.transport.open()
             with contextlib.suppress(HostError):  # sshd sets TCP_NODELAY (see the module's doc)
                 self.transport.run(["true"], timeout=self.connect_timeout + 10)
+            hop = self.transport.connection().gateway
+            while hop is not None and not isinstance(hop, str):  # the jump hosts' sshd too
+                with contextlib.suppress(Exception):  # best effort: a refused session only costs speed
+                    hop.run("true", hide=True, warn=True, timeout=self.connect_timeout + 10, in_stream=False)
+                hop = hop.gateway
             if self.chief_port:
                 port = self.chief_port
 

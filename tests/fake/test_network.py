@@ -11,6 +11,7 @@ import socket
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,28 @@ def test_the_hosts_sshd_sends_replies_without_delay(site: LabSite, carrier: str)
     finally:
         route.stop()
     assert ssh_processes() == []
+
+
+@pytest.mark.parametrize("carrier", ["openssh", "python"])
+def test_through_a_jump_host_both_sshds_send_replies_without_delay(site: LabSite, tmp_path: Path, carrier: str):
+    """ssh's own ProxyJump connection never has a session, so the jump host's sshd kept Nagle on
+    (44 ms per round trip again): dtf opens its own master to the jump host and runs one there."""
+    lab = site.lab
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host behind-h0\n  HostName {lab.host('h2').address}\n  User root\n  ProxyJump h0\n"
+                      f"  UserKnownHostsFile {lab.known_hosts}\n  StrictHostKeyChecking yes\n\n"
+                      f"Host h0\n  IdentityFile {lab.key}\n\n" + lab.ssh_config.read_text())
+    spec = replace(h0_spec(site), host="behind-h0")
+    ssh = ssh_binary()
+    assert ssh
+    route = (Master(ssh, spec, str(config), control_path(site.home, "fk", "behind-h0")) if carrier == "openssh"
+             else PythonRoute(spec, str(config), 10))
+    try:
+        route.ensure()
+        assert (lab.sshd_nodelay("h0"), lab.sshd_nodelay("h2")) == ([True], [True])
+    finally:
+        route.stop()
+    assert ssh_processes() == []  # the jump host's master went with the host's
 
 
 def test_up_refuses_hosts_that_cannot_reach_each_other_naming_the_pair(site: LabSite):
