@@ -457,6 +457,6 @@ def close_masters(home: Path, cluster: str, hosts: Sequence[HostSpec]) -> int:
     if not ssh:
         return 0
     masters = [Master(ssh, spec, None, control_path(home, cluster, spec.host)) for spec in hosts]
-    open_ = [m for m in masters if os.path.exists(m.path)]
+    open_ = [m for m in masters if os.path.exists(m.path) or glob.glob(glob.escape(m.path) + "-j*")]  # hops too
     _parallel([m.stop for m in open_])
     return len(open_)
