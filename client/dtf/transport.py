@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -284,10 +285,42 @@ class SSHTransport(Transport):
             raise HostError(f"upload of {local.name} to {remote_dir} failed: {e}")
 
     def stream(self, argv: Sequence[str]) -> int:
-        # A pty, so that when we stop following (Ctrl-C) the remote command gets SIGHUP.
-        r = self.connection().run(render(argv), warn=True, pty=True, in_stream=False,
-                                  out_stream=sys.stdout)
-        return int(r.exited)
+        """Run argv with its output copied here as it comes, until it ends or Ctrl-C (130).
+
+        A paramiko channel of our own, not Fabric's run(): on Ctrl-C that one sends ETX to the
+        remote pty and waits for the command to end, and once in a CI run it never did. Closing
+        the channel ends the pty's session, so the remote command gets SIGHUP, without waiting."""
+        import codecs
+
+        import paramiko
+
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span reads
+        try:
+            chan = self.connection().transport.open_session(timeout=self.connect_timeout)
+            chan.get_pty()
+            chan.exec_command(render(argv))
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise HostError(f"connection lost: {e}")
+        try:
+            while True:
+                ready, _, _ = select.select([chan], [], [], 1.0)
+                if ready:
+                    data = chan.recv(65536)
+                    if not data:
+                        break
+                    sys.stdout.write(text.decode(data))
+                    sys.stdout.flush()
+                elif chan.exit_status_ready() and not chan.recv_ready():  # ended, or the channel closed
+                    break
+            deadline = time.monotonic() + 10  # the exit status follows the end of the output
+            while not chan.exit_status_ready() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            code = chan.recv_exit_status() if chan.exit_status_ready() else -1
+            return code if code >= 0 else 255  # -1: closed without a status (the connection went)
+        except KeyboardInterrupt:
+            return 130
+        finally:
+            chan.close()
 
     def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:
