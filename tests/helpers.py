@@ -16,6 +16,14 @@ EXAMPLES = REPO / "examples"
 NOISE = ("I0000 ", "W0000 ", "E0000 ", "WARNING: All log messages")
 
 
+def as_in_a_terminal() -> None:
+    """preexec_fn of a command the test will Ctrl-C: SIGINT and SIGQUIT back to their defaults,
+    as in a terminal's foreground job. A test run started in the background by a shell without
+    job control (`make test &` in a script) has them ignored, and its children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def dtf(*args: str, home: Path, timeout: float = 300, env: dict | None = None,
         cwd: Path | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
     """Run `dtf ARGS` with DTF_HOME=home; never hangs (timeout). `check`: a failure ends the
@@ -69,7 +77,7 @@ class Train:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dtf.cli", "train", *args],
             env={**os.environ, "DTF_HOME": str(home)}, stdout=self.file, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, cwd=cwd)
+            stdin=subprocess.DEVNULL, cwd=cwd, preexec_fn=as_in_a_terminal)
 
     def text(self) -> str:
         return self.path.read_text(errors="replace")
@@ -103,7 +111,8 @@ class Interruptible:
     def __init__(self, *args: str, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", *args], env=env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=as_in_a_terminal)
         self.seen = ""
         self.deadline = time.monotonic() + 120
 

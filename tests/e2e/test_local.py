@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dtf.netutil import free_ports
-from helpers import assert_one_line_error, dtf, pids_alive, status_json
+from helpers import as_in_a_terminal, assert_one_line_error, dtf, pids_alive, status_json
 
 pytestmark = pytest.mark.tf
 
@@ -155,7 +155,8 @@ def test_ctrl_c_stops_the_program_and_leaves_the_cluster_up(tmp_path: Path, loca
     # Its own session, like a terminal's foreground job: Ctrl-C is SIGINT to the whole group.
     proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "train", str(program)],
                             env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_in_a_terminal)
     try:
         assert proc.stdout.readline().strip() == "training"
         os.killpg(proc.pid, signal.SIGINT)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dtf.shipping import launcher_name
-from helpers import EXAMPLES, REPO, assert_one_line_error, dtf, leftovers, pids_alive, status_json
+from helpers import EXAMPLES, REPO, as_in_a_terminal, assert_one_line_error, dtf, leftovers, pids_alive, status_json
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
@@ -86,7 +86,8 @@ def follow_log_until_interrupted(home: Path, task: str, expect: str) -> None:
     """`dtf logs TASK -f` prints the log and keeps following until Ctrl-C (SIGINT)."""
     proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "logs", task, "-f"],
                             env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            preexec_fn=as_in_a_terminal)
     try:
         deadline = time.monotonic() + 30
         line = ""
