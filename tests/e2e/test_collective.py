@@ -31,15 +31,21 @@ def program_from_tests(lab, name, program):
     return where / program
 
 
+def up_workers(lab, write_inventory, home, *hosts):
+    """`dtf up` of one worker task on each of these hosts; the tasks' ports."""
+    ports = lab.ports(len(hosts))
+    inv = write_inventory([{"host": h, "workers": [p]} for h, p in zip(hosts, ports)])
+    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    return ports
+
+
 def runner_processes(lab, host):
     """The program copies on a host (not their supervisors, whose command line holds the copy's)."""
     return [(pid, cmd) for pid, cmd in lab.processes(host) if "dtf.runner" in cmd and "supervise-program" not in cmd]
 
 
 def test_collective_learns_on_three_hosts_and_brings_the_chief_output_back(lab, write_inventory, home, tmp_path):
-    ports = lab.ports(3)
-    inv = write_inventory([{"host": f"h{i}", "workers": [p]} for i, p in enumerate(ports)])
-    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    up_workers(lab, write_inventory, home, "h0", "h1", "h2")
     prog = program_on_laptop(lab, "collective-learn")
     out = tmp_path / "out"
     r = dtf("train", "--collective", "--output", str(out), str(prog), "--epochs", "3", "--steps", "30",
@@ -62,9 +68,7 @@ def test_collective_learns_on_three_hosts_and_brings_the_chief_output_back(lab, 
 
 
 def test_a_killed_worker_restarts_all_and_they_resume(lab, write_inventory, home, tmp_path):
-    ports = lab.ports(2)
-    inv = write_inventory([{"host": "h0", "workers": [ports[0]]}, {"host": "h1", "workers": [ports[1]]}])
-    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    up_workers(lab, write_inventory, home, "h0", "h1")
     prog = program_on_laptop(lab, "collective-resume")
     out = tmp_path / "out"
     run = Train(home, tmp_path / "train.out", "--collective", "--attempts", "2", "--output", str(out),
@@ -90,9 +94,7 @@ def test_a_killed_worker_restarts_all_and_they_resume(lab, write_inventory, home
 def test_a_blocked_port_ends_in_the_start_deadline_naming_the_task(lab, write_inventory, home, tmp_path):
     if lab.mode != "netns":
         pytest.skip("needs network namespaces (nft on a host)")
-    ports = lab.ports(2)
-    inv = write_inventory([{"host": "h0", "workers": [ports[0]]}, {"host": "h2", "workers": [ports[1]]}])
-    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    ports = up_workers(lab, write_inventory, home, "h0", "h2")
     prog = program_on_laptop(lab, "collective-blocked")
     lab.nft("h2", f"table inet dtftest {{\n chain input {{\n  type filter hook input priority 0;\n"
                   f"  iifname != \"lo\" tcp dport {ports[1]} drop\n }}\n}}\n")
@@ -111,9 +113,7 @@ def test_a_blocked_port_ends_in_the_start_deadline_naming_the_task(lab, write_in
 
 
 def test_sync_batch_normalization_trains_with_statistics_of_the_global_batch(lab, write_inventory, home, tmp_path):
-    ports = lab.ports(2)
-    inv = write_inventory([{"host": "h0", "workers": [ports[0]]}, {"host": "h1", "workers": [ports[1]]}])
-    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    up_workers(lab, write_inventory, home, "h0", "h1")
     prog = program_from_tests(lab, "collective-syncbn", "sync_bn.py")
     r = dtf("train", "--collective", "--output", str(tmp_path / "out"), str(prog), home=home, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -136,9 +136,7 @@ def test_sync_batch_normalization_trains_with_statistics_of_the_global_batch(lab
 
 
 def test_ctrl_c_stops_every_copy_and_preemption_checkpoint_handler_saves(lab, write_inventory, home, tmp_path):
-    ports = lab.ports(2)
-    inv = write_inventory([{"host": "h0", "workers": [ports[0]]}, {"host": "h2", "workers": [ports[1]]}])
-    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    up_workers(lab, write_inventory, home, "h0", "h2")
     prog = program_from_tests(lab, "collective-ctrl-c", "preempted.py")
     out = tmp_path / "out"
     run = Train(home, tmp_path / "train.out", "--collective", "--output", str(out), str(prog), cwd=REPO)
@@ -162,9 +160,7 @@ def test_ctrl_c_stops_every_copy_and_preemption_checkpoint_handler_saves(lab, wr
 def test_a_host_lost_mid_run_ends_the_run_naming_it_and_down_cleans_it(lab, write_inventory, home, tmp_path):
     if lab.mode != "netns":
         pytest.skip("needs network namespaces (a host's link cut)")
-    ports = lab.ports(2)
-    inv = write_inventory([{"host": "h0", "workers": [ports[0]]}, {"host": "h1", "workers": [ports[1]]}])
-    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    up_workers(lab, write_inventory, home, "h0", "h1")
     prog = program_on_laptop(lab, "collective-host-lost")
     run = Train(home, tmp_path / "train.out", "--collective", "--output", str(tmp_path / "out"), str(prog),
                 "--epochs", "100", "--steps", "10", "--epoch-sleep", "1", cwd=REPO)
@@ -189,9 +185,7 @@ def test_a_host_lost_mid_run_ends_the_run_naming_it_and_down_cleans_it(lab, writ
 
 
 def test_a_copy_that_never_joins_ends_at_the_start_deadline_naming_it(lab, write_inventory, home, tmp_path):
-    ports = lab.ports(2)
-    inv = write_inventory([{"host": "h0", "workers": [ports[0]]}, {"host": "h1", "workers": [ports[1]]}])
-    assert dtf("up", str(inv), home=home, timeout=300).returncode == 0
+    ports = up_workers(lab, write_inventory, home, "h0", "h1")
     prog = program_from_tests(lab, "collective-late", "late_joiner.py")
     r = dtf("train", "--collective", "--join-timeout", "30", "--output", str(tmp_path / "out"), str(prog),
             home=home, timeout=400)
