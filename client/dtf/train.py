@@ -10,12 +10,13 @@ import platform
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dtf import noise, state
+from dtf import noise, runner, state
 from dtf.cluster import ClusterOps, LeaseKeeper, TaskState
 from dtf.errors import ClusterDown, DtfError, UsageError
 from dtf.netutil import CONNECT_TIMEOUT, free_ports
@@ -240,6 +241,9 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
     old_int = signal.signal(signal.SIGINT, on_sigint)
     old_term = signal.signal(signal.SIGTERM, on_sigterm)
     stderr_pump = None
+    status = tempfile.NamedTemporaryFile(prefix="dtf-exit-", delete=False)
+    status.close()
+    env[runner.STATUS_ENV] = status.name
     try:
         proc = subprocess.Popen([sys.executable, "-m", "dtf.runner", program, *args], env=env,
                                 stderr=None if verbose else subprocess.PIPE)
@@ -252,9 +256,32 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
         if stderr_pump is not None:
             # The pipe ends with the program, unless a child of it still holds it: do not wait on that.
             stderr_pump.join(timeout=5)
+        finished = finished_with(status.name)
+        os.unlink(status.name)
+    if code < 0 and finished is not None and interrupted_at is None and not down:
+        say(f"the program ended with exit code {finished}, then crashed while Python shut down "
+            f"({signal_name(-code)}; TensorFlow's runtime, after the program's work was done): "
+            f"exit code {finished} stands")
+        code = finished
     if interrupted_at is not None and not down:
         say(f"program interrupted; cluster {plan.cluster!r} is still up (`dtf down` stops it)")
     return (128 - code if code < 0 else code), interrupted_at is not None or down
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def finished_with(path: str) -> int | None:
+    """The exit code dtf.runner wrote once the program and its atexit functions were done; None
+    when it wrote none (it died before that, was interrupted, or was killed)."""
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _wait(proc: subprocess.Popen[bytes], interrupted_at: Callable[[], float | None],

@@ -187,6 +187,13 @@ PROGRAM = textwrap.dedent("""
         sys.exit(3)
     if mode == "sleep":
         time.sleep(600)
+    if mode.startswith("abort-at-exit"):  # as TensorFlow's runtime can, once Python is done
+        import ctypes
+        libc = ctypes.CDLL(None)
+        libc.__cxa_atexit(libc.abort, None, None)  # a C exit handler: after Python is finalized
+        sys.exit(int(mode.rsplit("-", 1)[1]))
+    if mode == "abort":
+        os.abort()
 """)
 
 
@@ -202,6 +209,22 @@ def test_train_runs_again_after_a_lost_ps_and_not_after_its_own_failure(local_si
     assert "ps:0 (server killed by SIGKILL) lost during attempt 1 of 3" in r.stderr
     r = site.dtf("train", str(program), "fail")
     assert r.returncode == 3 and r.stdout.splitlines() == ["attempt 1"] and "lost" not in r.stderr
+
+
+def test_a_crash_after_the_program_ended_does_not_hide_its_exit_code(local_site: Site, tmp_path: Path):
+    site = local_site
+    inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}})
+    assert site.dtf("up", str(inv)).returncode == 0
+    program = tmp_path / "program.py"
+    program.write_text(PROGRAM)
+    for code in (0, 3):
+        r = site.dtf("train", str(program), f"abort-at-exit-{code}")
+        assert r.returncode == code, r.stderr
+        assert r.stdout.splitlines() == ["attempt 1"]
+        assert (f"dtf: the program ended with exit code {code}, then crashed while Python shut down "
+                "(SIGABRT;") in r.stderr
+    r = site.dtf("train", str(program), "abort")  # a crash while it runs is the program's end
+    assert r.returncode == 134 and "ended with" not in r.stderr, r.stderr
 
 
 def test_down_while_train_runs_stops_the_program(local_site: Site, tmp_path: Path):

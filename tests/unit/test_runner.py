@@ -52,3 +52,20 @@ def test_on_import_survives_a_find_spec_that_imports_nothing() -> None:
             "importlib.util.find_spec('colorsys')\nassert seen == []\nimport colorsys\nprint(seen)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "['imported']", r.stderr
+
+
+def test_the_exit_status_file_holds_the_code_the_program_ended_with(tmp_path: Path) -> None:
+    program = tmp_path / "prog.py"
+    program.write_text("import atexit, sys\natexit.register(print, 'atexit ran')\nexec(sys.argv[1])\n")
+    for body, code in [("pass", 0), ("sys.exit(7)", 7), ("sys.exit('message')", 1), ("sys.exit(-1)", 255),
+                       ("raise ValueError('x')", 1), ("raise KeyboardInterrupt", None)]:
+        status = tmp_path / "status"
+        status.unlink(missing_ok=True)
+        env = {**os.environ, "DTF_EXIT_STATUS_FILE": str(status)}
+        r = subprocess.run([sys.executable, "-m", "dtf.runner", str(program), body], capture_output=True,
+                           text=True, timeout=60, env=env)
+        assert r.stdout == "atexit ran\n", (body, r.stderr)
+        if code is None:
+            assert r.returncode == -2 and not status.exists(), body
+        else:
+            assert r.returncode == code and status.read_text() == f"{code}\n", (body, r.stderr)
