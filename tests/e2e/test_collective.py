@@ -132,7 +132,8 @@ def test_sync_batch_normalization_trains_with_statistics_of_the_global_batch(lab
     assert all(2.5 < float(v) < 4.0 for v in synced0[variance]), synced0
     assert all(0.6 < float(v) < 1.5 for v in seen[("worker:0", "plain")][variance]), seen[("worker:0", "plain")]
     loss = synced0[synced0.index("loss") + 1:]
-    assert float(loss[2]) < float(loss[0]), synced0  # it learns
+    print(f"SyncBatchNormalization model: loss {loss[0]} -> {loss[2]}")
+    assert float(loss[2]) < 0.7 * float(loss[0]), synced0  # it learns
 
 
 def test_ctrl_c_stops_every_copy_and_preemption_checkpoint_handler_saves(lab, write_inventory, home, tmp_path):
