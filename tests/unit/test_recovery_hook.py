@@ -124,7 +124,7 @@ def test_without_a_transient_failure_the_end_of_the_data_reaches_the_program(coo
 
 def test_only_the_worker_that_failed_is_suspect(coordinator):
     w0, w1 = Worker(0), Worker(1)
-    assert coordinator(w1, Closure(PsReset, None)) == ["put back", "done"]
+    assert coordinator(w1, Closure(PsReset)) == ["put back"]
     assert coordinator(w0, Closure(OutOfRange)) == ["OutOfRange reached the program"]
     assert coordinator(w1, Closure(OutOfRange, None)) == ["put back", "done"]
     assert (w0.rebuilds, w1.rebuilds) == (0, 1)
@@ -132,7 +132,7 @@ def test_only_the_worker_that_failed_is_suspect(coordinator):
 
 def test_a_worker_recovered_by_the_coordinator_has_new_iterators_already(coordinator):
     w = Worker(0)
-    assert coordinator(w, Closure(PsReset, None)) == ["put back", "done"]
+    assert coordinator(w, Closure(PsReset)) == ["put back"]
     w._on_worker_recovery()  # the coordinator's own rebuild, after a worker failure
     assert coordinator(w, Closure(OutOfRange)) == ["OutOfRange reached the program"]
     assert w.rebuilds == 1
@@ -141,4 +141,11 @@ def test_a_worker_recovered_by_the_coordinator_has_new_iterators_already(coordin
 def test_a_resource_closure_is_never_retried_this_way(coordinator):
     w = Worker(0)
     assert coordinator(w, ResourceClosure(PsReset, OutOfRange)) == ["put back", "OutOfRange reached the program"]
+    assert w.rebuilds == 0
+
+
+def test_a_function_that_ran_fine_after_the_failure_shows_the_iterator_was_not_broken(coordinator):
+    w = Worker(0)
+    assert coordinator(w, Closure(PsReset, None)) == ["put back", "done"]
+    assert coordinator(w, Closure(OutOfRange)) == ["OutOfRange reached the program"]
     assert w.rebuilds == 0

@@ -9,11 +9,12 @@ the data's end and the program dies of an OutOfRangeError (seen on the lab: a wo
 for 20 s, then back). On a worker it counts as lost, the coordinator rebuilds every per-worker
 resource (datasets, iterators) before the next function; after a transient failure it does not.
 
-So, per worker: after a transient failure, an OutOfRangeError from a scheduled function is taken
-for that broken iterator, once. dtf says so, rebuilds the worker's resources exactly as the
-coordinator does on a worker's recovery, and puts the function back in the queue. A second
-OutOfRangeError (a finite dataset that really ended) reaches the program as before; so does one
-with no transient failure before it.
+So, per worker: after a transient failure, an OutOfRangeError from the next function that runs
+there is taken for that broken iterator, once. dtf says so, rebuilds the worker's resources
+exactly as the coordinator does on a worker's recovery, and puts the function back in the queue.
+A second OutOfRangeError (a finite dataset that really ended) reaches the program as before; so
+does one with no transient failure just before it (a function that ran fine in between shows the
+iterator was not broken).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def _rebuilding_broken_iterators(execute_on: Callable[[Any, Any], None], resourc
     def wrapper(self: Any, worker: Any) -> None:
         try:
             execute_on(self, worker)
+            if not isinstance(self, resource_closure):
+                with _lock:
+                    _suspect.discard(worker.device_name)  # its iterators read: none broken
         except out_of_range:
             name = worker.device_name
             with _lock:
