@@ -6,11 +6,11 @@ lives there), then runs PROGRAM as `__main__` exactly as `python PROGRAM ARGS` w
 sys.argv, sys.path[0] the program's directory, `__file__` set. A module runner rather than a
 `sitecustomize` on the program's path: that would shadow the user's own sitecustomize.
 
-With DTF_EXIT_STATUS_FILE set, it writes there the exit code the program ended with, after every
-atexit function has run: the last thing Python does before its runtime is torn down. TensorFlow
-can crash in that teardown (SIGABRT, "terminate called after throwing ...", seen after a worker
-was lost and came back, with the program's work all done), and `dtf train` then uses this code,
-not the signal.
+With DTF_EXIT_STATUS_FILE set (by `dtf train`, and by a copy's supervisor in collective mode), it
+writes there the exit code the program ended with, after every atexit function has run: the last
+thing Python does before its runtime is torn down. TensorFlow can crash in that teardown
+(SIGABRT, "terminate called after throwing ...", seen after a worker was lost and came back, with
+the program's work all done); that code then stands, not the signal.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import runpy
 import sys
 
-STATUS_ENV = "DTF_EXIT_STATUS_FILE"
+from dtf_server.procs import EXIT_STATUS_ENV
 
 
 def exit_code(code: object) -> int:
@@ -47,7 +47,7 @@ def main() -> None:
         sys.exit("usage: python -m dtf.runner PROGRAM [ARGS...]")
     program, args = sys.argv[1], sys.argv[2:]
     outcome: dict[str, int | None] = {"code": 1}  # an uncaught exception, unless we learn otherwise
-    status_path = os.environ.pop(STATUS_ENV, None)  # not the program's children's business
+    status_path = os.environ.pop(EXIT_STATUS_ENV, None)  # not the program's children's business
     if status_path:
         atexit.register(_write_status, status_path, outcome)  # registered first: runs last
     from dtf import hooks

@@ -16,12 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dtf import noise, runner, state
+from dtf import noise, state
 from dtf.cluster import ClusterOps, LeaseKeeper, TaskState
 from dtf.errors import ClusterDown, DtfError, UsageError
 from dtf.netutil import CONNECT_TIMEOUT, free_ports
 from dtf.plan import GRPC_KEEPALIVE, Plan
 from dtf.state import Record
+from dtf_server.procs import EXIT_STATUS_ENV, ended_before_crash, exit_reason
 
 if TYPE_CHECKING:
     from dtf.tunnel import Tunnel
@@ -243,7 +244,7 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
     stderr_pump = None
     status = tempfile.NamedTemporaryFile(prefix="dtf-exit-", delete=False)
     status.close()
-    env[runner.STATUS_ENV] = status.name
+    env[EXIT_STATUS_ENV] = status.name
     try:
         proc = subprocess.Popen([sys.executable, "-m", "dtf.runner", program, *args], env=env,
                                 stderr=None if verbose else subprocess.PIPE)
@@ -256,32 +257,16 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
         if stderr_pump is not None:
             # The pipe ends with the program, unless a child of it still holds it: do not wait on that.
             stderr_pump.join(timeout=5)
-        finished = finished_with(status.name)
+        ended = proc.returncode if proc is not None else None
+        finished = ended_before_crash(ended, status.name) if ended is not None else None
         os.unlink(status.name)
-    if code < 0 and finished is not None and interrupted_at is None and not down:
-        say(f"the program ended with exit code {finished}, then crashed while Python shut down "
-            f"({signal_name(-code)}; TensorFlow's runtime, after the program's work was done): "
-            f"exit code {finished} stands")
+    if finished is not None and interrupted_at is None and not down:
+        say(f"the program ended with exit code {finished}, then was {exit_reason(code)} while Python "
+            f"shut down (TensorFlow's runtime, after the program's work was done): exit code {finished} stands")
         code = finished
     if interrupted_at is not None and not down:
         say(f"program interrupted; cluster {plan.cluster!r} is still up (`dtf down` stops it)")
     return (128 - code if code < 0 else code), interrupted_at is not None or down
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def finished_with(path: str) -> int | None:
-    """The exit code dtf.runner wrote once the program and its atexit functions were done; None
-    when it wrote none (it died before that, was interrupted, or was killed)."""
-    try:
-        return int(Path(path).read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def _wait(proc: subprocess.Popen[bytes], interrupted_at: Callable[[], float | None],

@@ -110,6 +110,24 @@ def exit_reason(code: int) -> str:
     return f"exited with code {code}"
 
 
+# Where dtf.runner writes the exit code the program ended with, once Python has run its atexit
+# functions: TensorFlow's runtime can still crash after that (SIGABRT, "terminate called after
+# throwing ...", seen after a worker was lost and came back), with the program's work all done.
+EXIT_STATUS_ENV = "DTF_EXIT_STATUS_FILE"
+
+
+def ended_before_crash(code: int, status_path: str) -> int | None:
+    """The program's own exit code when it ended (dtf.runner wrote it to `status_path`) and then
+    died of a signal (`code` < 0) while Python shut down; None otherwise."""
+    if code >= 0:
+        return None
+    try:
+        with open(status_path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def log_line(message: str) -> None:
     """One line in the task's log (the supervisor's stdout is the log)."""
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} dtf: {message}", flush=True)

@@ -27,13 +27,24 @@ import time
 from typing import Any
 
 from dtf_server import layout
-from dtf_server.procs import die_with_parent, exit_reason, expand_home, log_line, ours, proc_start_ticks, read_json
+from dtf_server.procs import (
+    EXIT_STATUS_ENV,
+    die_with_parent,
+    ended_before_crash,
+    exit_reason,
+    expand_home,
+    log_line,
+    ours,
+    proc_start_ticks,
+    read_json,
+)
 from dtf_server.protocol import Defaults, TaskSpec
 from dtf_server.supervisor import Supervisor
 
 OUT = "out"  # a program copy's working and output directory, below its task directory
 JOINED = "joined"  # written by the program (dtf.hooks.collective) once its strategy has joined
 EXITED = "exited"  # supervisor.json's state once the program has ended
+ENDED = "ended"  # where dtf.runner writes the exit code the program ended with (procs.EXIT_STATUS_ENV)
 BEAT = "dtf-beat"
 JOINED_EVENT = "dtf-joined"
 EXIT_EVENT = "dtf-exit "
@@ -55,7 +66,7 @@ class ProgramSupervisor(Supervisor):
         self.out = out_dir(root, task.job, task.index)
 
     def spawn(self) -> None:
-        for stale in (JOINED, layout.READY):
+        for stale in (JOINED, layout.READY, ENDED):
             path = os.path.join(self.dir, stale)
             if os.path.exists(path):
                 os.unlink(path)
@@ -65,6 +76,7 @@ class ProgramSupervisor(Supervisor):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.launcher, env.get("PYTHONPATH")]))
         env["DTF_OUTPUT_DIR"] = os.path.abspath(self.out)
         env["DTF_JOINED"] = os.path.abspath(os.path.join(self.dir, JOINED))
+        env[EXIT_STATUS_ENV] = os.path.abspath(os.path.join(self.dir, ENDED))
         self.server = subprocess.Popen(  # same process group as this supervisor: `stop` signals both
             expand_home(self.task.argv), stdin=subprocess.DEVNULL, cwd=self.out, close_fds=True, env=env,
             preexec_fn=die_with_parent)
@@ -95,8 +107,13 @@ class ProgramSupervisor(Supervisor):
                 self.save(state=EXITED, exit_code=code, last_exit=exit_reason(code), server_pid=None)
                 self.expire()
                 return 0
-        self.save(state=EXITED, exit_code=code, last_exit=exit_reason(code), server_pid=None, server_ticks=None)
-        log_line(f"{self.name}: the program {exit_reason(code)}")
+        reason = exit_reason(code)
+        ended = ended_before_crash(code, os.path.join(self.dir, ENDED))
+        if ended is not None:  # its work was done: what it ended with stands
+            reason = f"exited with code {ended}, then was {reason} while Python shut down"
+            code = ended
+        self.save(state=EXITED, exit_code=code, last_exit=reason, server_pid=None, server_ticks=None)
+        log_line(f"{self.name}: the program {reason}")
         return 0
 
 

@@ -221,8 +221,8 @@ def test_a_crash_after_the_program_ended_does_not_hide_its_exit_code(local_site:
         r = site.dtf("train", str(program), f"abort-at-exit-{code}")
         assert r.returncode == code, r.stderr
         assert r.stdout.splitlines() == ["attempt 1"]
-        assert (f"dtf: the program ended with exit code {code}, then crashed while Python shut down "
-                "(SIGABRT;") in r.stderr
+        assert (f"dtf: the program ended with exit code {code}, then was killed by SIGABRT while Python "
+                "shut down") in r.stderr
     r = site.dtf("train", str(program), "abort")  # a crash while it runs is the program's end
     assert r.returncode == 134 and "ended with" not in r.stderr, r.stderr
 
@@ -290,3 +290,16 @@ def test_down_keeps_the_cache_and_purge_removes_it(site: Site):
     assert not any((site.workdir(n) / ".cache").exists() for n in ("a", "b"))
     assert r.stdout.count(": cache removed (2 MB freed)") == 2, r.stdout
     assert site.processes() == [] and site.files() == []
+
+
+def test_a_collective_copy_that_crashed_after_its_end_keeps_its_exit_code(local_site: Site, tmp_path: Path):
+    site = local_site
+    inv = site.inventory({"a": {"workers": 1}, "b": {"workers": 1}})
+    assert site.dtf("up", str(inv)).returncode == 0
+    program = tmp_path / "program.py"
+    program.write_text(PROGRAM)
+    r = site.dtf("train", "--collective", "--output", str(tmp_path / "out"), str(program), "abort-at-exit-0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for task, host in (("worker:0", "a"), ("worker:1", "b")):
+        assert (f"[{task} {host}] " in r.stdout and f"dtf: {task}: the program exited with code 0, then was "
+                "killed by SIGABRT while Python shut down") in r.stdout, r.stdout
