@@ -28,6 +28,7 @@ BEAT = 2.0  # seconds between the host's beats
 SILENT = 2.5 * BEAT  # seconds without a word: the host may be lost (TensorFlow often knows first)
 HOST_LOST = 20.0  # seconds without a word from a host (beats included): it is lost
 POLL = 0.05
+DRAIN = 5.0  # seconds to read a copy's last output after its exit event
 
 
 @dataclass(frozen=True)
@@ -142,11 +143,21 @@ def follow_task(plan: Plan, task: TaskPlan, events: queue.Queue[Event], stop: th
     last_word = time.monotonic()
     silent = False
     ended = False
+    ending: Ended | None = None  # the host's last word, put once the copy's output is all read
+    ending_at = 0.0
 
     def lines(kind: str, data: bytes) -> list[str]:
         buffers[kind] += data
         *complete, buffers[kind] = buffers[kind].replace(b"\r\n", b"\n").split(b"\n")
         return [c.decode(errors="replace") for c in complete]
+
+    def end() -> None:
+        nonlocal ended
+        if ending is not None and not ended:
+            if buffers["out"]:
+                events.put(Line(task.name, buffers["out"].decode(errors="replace")))
+            events.put(ending)
+            ended = True
 
     try:
         with transport_for(hp.spec, plan.ssh_config, connect_timeout) as t:
@@ -156,37 +167,44 @@ def follow_task(plan: Plan, task: TaskPlan, events: queue.Queue[Event], stop: th
                     chunks = stream.read(0.25)
                     if chunks is None:
                         break
-                    quiet = time.monotonic() - last_word
-                    if chunks:
-                        last_word = time.monotonic()
-                        if silent:
-                            silent = False
-                            events.put(Heard(task.name))
-                    elif quiet > host_lost:
-                        events.put(Lost(task.name, f"no word from {hp.name} for {host_lost:g}s"))
-                        return
-                    elif quiet > SILENT and not silent:
-                        silent = True
-                        events.put(Silent(task.name, quiet))
+                    if ending is not None:
+                        # The exit event came on stderr: the copy's last output may still be on its
+                        # way on stdout (another pipe, which may be read later). Read to the end.
+                        if time.monotonic() - ending_at > DRAIN:
+                            break
+                    else:
+                        quiet = time.monotonic() - last_word
+                        if chunks:
+                            last_word = time.monotonic()
+                            if silent:
+                                silent = False
+                                events.put(Heard(task.name))
+                        elif quiet > host_lost:
+                            events.put(Lost(task.name, f"no word from {hp.name} for {host_lost:g}s"))
+                            return
+                        elif quiet > SILENT and not silent:
+                            silent = True
+                            events.put(Silent(task.name, quiet))
                     for kind, data in chunks:
                         for text in lines(kind, data):
                             if kind == "out":
                                 events.put(Line(task.name, text.rstrip("\r")))
                             elif text == host_program.JOINED_EVENT:
                                 events.put(Joined(task.name))
-                            elif text.startswith(host_program.EXIT_EVENT):
-                                end = json.loads(text[len(host_program.EXIT_EVENT):])
-                                if buffers["out"]:
-                                    events.put(Line(task.name, buffers["out"].decode(errors="replace")))
-                                events.put(Ended(task.name, end.get("code"), str(end.get("reason"))))
-                                ended = True
+                            elif text.startswith(host_program.EXIT_EVENT) and ending is None:
+                                said = json.loads(text[len(host_program.EXIT_EVENT):])
+                                ending = Ended(task.name, said.get("code"), str(said.get("reason")))
+                                ending_at = time.monotonic()
             finally:
                 stream.close()
     except HostError as e:
-        events.put(Lost(task.name, str(e)))
-        return
+        if ending is None:
+            events.put(Lost(task.name, str(e)))
+            return
     except Exception as e:  # paramiko's session errors: the host is gone as far as we can tell
-        events.put(Lost(task.name, f"{type(e).__name__}: {e}"))
-        return
+        if ending is None:
+            events.put(Lost(task.name, f"{type(e).__name__}: {e}"))
+            return
+    end()
     if not ended and not stop.is_set():
         events.put(Lost(task.name, f"the session to {hp.name} ended before the program did"))

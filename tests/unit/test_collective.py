@@ -208,3 +208,21 @@ def test_collective_imports_no_tensorflow() -> None:
     code = "import sys, dtf.collective, dtf.follow; print('tensorflow' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+
+
+def test_a_copys_last_output_is_read_even_when_its_exit_event_comes_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Locally the copy's stdout and its events (stderr) are two pipes, read by two threads: the
+    exit event can be read before the output written ahead of it. The follower reads to the end."""
+    plan = plan_of("[{host: h0, connection: local, workers: 1}]")
+    script = ("import sys, time\n"
+              "sys.stderr.write('dtf-exit {\"code\": 0, \"reason\": \"exited with code 0\"}\\n'); sys.stderr.flush()\n"
+              "time.sleep(0.5)\n"
+              "sys.stdout.write('the summary line\\nno newline'); sys.stdout.flush()\n")
+    monkeypatch.setattr(follow, "follow_argv", lambda hp, task: [sys.executable, "-c", script])
+    events: queue.Queue[Any] = queue.Queue()
+    follow.follow_task(plan, plan.tasks()[0], events, threading.Event(), 10.0)
+    seen = []
+    while not events.empty():
+        seen.append(events.get())
+    assert seen == [follow.Line("worker:0", "the summary line"), follow.Line("worker:0", "no newline"),
+                    follow.Ended("worker:0", 0, "exited with code 0")]
