@@ -142,7 +142,6 @@ def follow_task(plan: Plan, task: TaskPlan, events: queue.Queue[Event], stop: th
     buffers = {"out": b"", "err": b""}
     last_word = time.monotonic()
     silent = False
-    ended = False
     ending: Ended | None = None  # the host's last word, put once the copy's output is all read
     ending_at = 0.0
 
@@ -150,14 +149,6 @@ def follow_task(plan: Plan, task: TaskPlan, events: queue.Queue[Event], stop: th
         buffers[kind] += data
         *complete, buffers[kind] = buffers[kind].replace(b"\r\n", b"\n").split(b"\n")
         return [c.decode(errors="replace") for c in complete]
-
-    def end() -> None:
-        nonlocal ended
-        if ending is not None and not ended:
-            if buffers["out"]:
-                events.put(Line(task.name, buffers["out"].decode(errors="replace")))
-            events.put(ending)
-            ended = True
 
     try:
         with transport_for(hp.spec, plan.ssh_config, connect_timeout) as t:
@@ -205,6 +196,9 @@ def follow_task(plan: Plan, task: TaskPlan, events: queue.Queue[Event], stop: th
         if ending is None:
             events.put(Lost(task.name, f"{type(e).__name__}: {e}"))
             return
-    end()
-    if not ended and not stop.is_set():
+    if ending is not None:
+        if buffers["out"]:  # a last line without its newline
+            events.put(Line(task.name, buffers["out"].decode(errors="replace")))
+        events.put(ending)
+    elif not stop.is_set():
         events.put(Lost(task.name, f"the session to {hp.name} ended before the program did"))
