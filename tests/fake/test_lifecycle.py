@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -197,12 +198,18 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def test_train_runs_again_after_a_lost_ps_and_not_after_its_own_failure(local_site: Site, tmp_path: Path):
-    site = local_site  # the lab runs this with TensorFlow: tests/e2e/test_survival.py
-    inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}}, restart_backoff=0.1)
+def up_with_program(site: Site, tmp_path: Path, hosts: dict[str, dict[str, int]], **defaults: Any) -> Path:
+    """The cluster of `hosts` up on `site`, and PROGRAM written for `dtf train`: its path."""
+    inv = site.inventory(hosts, **defaults)
     assert site.dtf("up", str(inv)).returncode == 0
     program = tmp_path / "program.py"
     program.write_text(PROGRAM)
+    return program
+
+
+def test_train_runs_again_after_a_lost_ps_and_not_after_its_own_failure(local_site: Site, tmp_path: Path):
+    site = local_site  # the lab runs this with TensorFlow: tests/e2e/test_survival.py
+    program = up_with_program(site, tmp_path, {"a": {"ps": 1}, "b": {"workers": 1}}, restart_backoff=0.1)
     r = site.dtf("train", str(program), "lose-ps")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["attempt 1", "attempt 2"]
@@ -213,10 +220,7 @@ def test_train_runs_again_after_a_lost_ps_and_not_after_its_own_failure(local_si
 
 def test_a_crash_after_the_program_ended_does_not_hide_its_exit_code(local_site: Site, tmp_path: Path):
     site = local_site
-    inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}})
-    assert site.dtf("up", str(inv)).returncode == 0
-    program = tmp_path / "program.py"
-    program.write_text(PROGRAM)
+    program = up_with_program(site, tmp_path, {"a": {"ps": 1}, "b": {"workers": 1}})
     for code in (0, 3):
         r = site.dtf("train", str(program), f"abort-at-exit-{code}")
         assert r.returncode == code, r.stderr
@@ -229,10 +233,7 @@ def test_a_crash_after_the_program_ended_does_not_hide_its_exit_code(local_site:
 
 def test_down_while_train_runs_stops_the_program(local_site: Site, tmp_path: Path):
     site = local_site  # the laptop's side alone: the record tells the running train
-    inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}})
-    assert site.dtf("up", str(inv)).returncode == 0
-    program = tmp_path / "program.py"
-    program.write_text(PROGRAM)
+    program = up_with_program(site, tmp_path, {"a": {"ps": 1}, "b": {"workers": 1}})
     out = open(tmp_path / "train.out", "w")
     train = subprocess.Popen([sys.executable, "-m", "dtf.cli", "train", str(program), "sleep"],
                              env=site.env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -294,10 +295,7 @@ def test_down_keeps_the_cache_and_purge_removes_it(site: Site):
 
 def test_a_collective_copy_that_crashed_after_its_end_keeps_its_exit_code(local_site: Site, tmp_path: Path):
     site = local_site
-    inv = site.inventory({"a": {"workers": 1}, "b": {"workers": 1}})
-    assert site.dtf("up", str(inv)).returncode == 0
-    program = tmp_path / "program.py"
-    program.write_text(PROGRAM)
+    program = up_with_program(site, tmp_path, {"a": {"workers": 1}, "b": {"workers": 1}})
     r = site.dtf("train", "--collective", "--output", str(tmp_path / "out"), str(program), "abort-at-exit-0")
     assert r.returncode == 0, r.stdout + r.stderr
     for task, host in (("worker:0", "a"), ("worker:1", "b")):
