@@ -121,7 +121,7 @@ def main() -> None:
             killed = Timed([*base, "--output", str(tmp / "killed"), *rest], env)
             killed.until(r"\[worker:0 \S+\] epoch 1 done")
             for pid, cmd in lab.processes(lab.hosts[1]):
-                if "dtf.runner" in cmd and "supervise-program" not in cmd:
+                if "dtf.program.runner" in cmd and "supervise-program" not in cmd:
                     os.kill(pid, 9)
             lost = killed.finish()
         finally:

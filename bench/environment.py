@@ -102,7 +102,7 @@ def main() -> None:
         print(f"lab: {len(lab.hosts)} hosts, mode {lab.mode}; host python {BARE}; laptop cache {cache}; "
               f"{os.cpu_count()} cores shared with other work (figures are noisy)")
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
-        from dtf import environment
+        from dtf.files import environment
         from dtf_server.envs import platform_info
 
         machine, system, libc = platform_info()

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from common import REPO, fmt
-from dtf.netutil import port_open
+from dtf.hosts.netutil import port_open
 from helpers import Train, dtf, status_json
 from lab import Lab
 

@@ -5,7 +5,7 @@
 On a cluster of fake servers on the lab's 3 hosts (no TensorFlow needed), with MB megabytes of
 mixed random files (a few large, some medium, many small) in a laptop directory no host sees:
 - `dtf sync` to the 3 hosts, each host's cache emptied first (cold)
-- of which: hashing alone (dtf.sync.pack: list the files, sha256 of their tar)
+- of which: hashing alone (dtf.files.sync.pack: list the files, sha256 of their tar)
 - `dtf sync` again: every host has the hash, nothing is sent
 - the floor: `tar c -C DATA . | ssh HOST tar x -C DEST` to the same 3 hosts at once
 """
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from common import fmt
-from dtf import sync
+from dtf.files import sync
 from helpers import dtf
 from lab import Lab
 

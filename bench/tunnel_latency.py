@@ -23,8 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from common import REPO  # noqa: F401  (puts tests/ on the path)
-from dtf.inventory import HostSpec
-from dtf.tunnel import Master, ssh_binary
+from dtf.cluster.inventory import HostSpec
+from dtf.hosts.tunnel import Master, ssh_binary
 from lab import Lab
 
 PORT = 7070

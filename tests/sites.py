@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from dtf.netutil import free_ports
+from dtf.hosts.netutil import free_ports
 from helpers import dtf
 from lab import Lab
 

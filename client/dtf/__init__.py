@@ -23,13 +23,13 @@ Why the options: under ParameterServerStrategy the variables live on the ps, and
 a checkpoint's save ops next to them, so without these options each ps writes its shard to ITS OWN
 disk (a relative path is even relative to the server's working directory). The options put all
 file I/O on the coordinator, so checkpoints and saved models land on the laptop. Under `dtf train`
-that is the default for every save and restore once the strategy is made (dtf.hooks.saving: stock
+that is the default for every save and restore once the strategy is made (dtf.program.hooks.saving: stock
 ModelCheckpoint, BackupAndRestore, model.save, save_weights/load_weights, tf.train.Checkpoint), so
 the helpers matter for programs run elsewhere; an I/O device the program names itself wins.
 
-Under `dtf train` dtf also guards against what would fail late and unreadably (dtf.hooks.guards:
+Under `dtf train` dtf also guards against what would fail late and unreadably (dtf.program.hooks.guards:
 an in-graph dataset over 2 GB, Keras 3, call-backs to the coordinator in ssh mode) and keeps
-TensorFlow's C++ chatter off the program's stderr unless `dtf train --verbose` (dtf.noise).
+TensorFlow's C++ chatter off the program's stderr unless `dtf train --verbose` (dtf.program.noise).
 
 Resuming: a lost ps loses its variables, so `dtf train` runs the program again (after the ps is
 back) and the program must continue from its last checkpoint: `dtf.checkpoint_dir()` is the same
@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dtf.packer import Packer
+    from dtf.program.packer import Packer
 
 __all__ = [
     "COORDINATOR_DEVICE",
@@ -88,7 +88,7 @@ LOCAL_WORKERS_ENV = "DTF_LOCAL_WORKERS"
 LOCAL_PS_ENV = "DTF_LOCAL_PS"
 OUTPUT_DIR_ENV = "DTF_OUTPUT_DIR"
 COLLECTIVE_ENV = "DTF_COLLECTIVE"  # "1": a copy of a `dtf train --collective` program, on a host
-SYNCED_ENV = "DTF_SYNCED"  # JSON {name: path on the workers}, set by `dtf train` (dtf.sync)
+SYNCED_ENV = "DTF_SYNCED"  # JSON {name: path on the workers}, set by `dtf train` (dtf.files.sync)
 # The coordinator's device: ParameterServerStrategy names the program's own job "chief", both
 # under `dtf train` (TF_CONFIG) and on the in-process cluster.
 COORDINATOR_DEVICE = "/job:chief/replica:0/task:0/device:CPU:0"
@@ -165,7 +165,7 @@ def packing(steps_per_call: int | None = None) -> Packer:
     takes the count as an argument (a tensor: a Python int would retrace it for every count).
     `dtf train --no-packing` makes it 1 where the program gives no value.
     """
-    from dtf.packer import Packer
+    from dtf.program.packer import Packer
 
     if steps_per_call is None and os.environ.get("DTF_PACKING") == "off":
         steps_per_call = 1
@@ -312,7 +312,7 @@ def save_options() -> Any:
 
 def local_cluster_spec(num_workers: int, num_ps: int) -> dict[str, list[str]]:
     """A cluster spec of free loopback ports (used for the in-process cluster)."""
-    from dtf.netutil import free_ports
+    from dtf.hosts.netutil import free_ports
 
     ports = free_ports(num_workers + num_ps)
     return {

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from dtf import state
+from dtf.cluster import state
 from dtf.errors import DtfError, ExitCode, HostFailure, UsageError
-from dtf.netutil import CONNECT_TIMEOUT
+from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf_server.protocol import Defaults
 
 if TYPE_CHECKING:
-    from dtf.state import Record
+    from dtf.cluster.state import Record
 
 app = typer.Typer(
     help="Train TensorFlow models on a cluster of SSH hosts, driven from your laptop.",
@@ -130,8 +130,9 @@ def up(
     """
     import os
 
-    from dtf import lifecycle, ui
-    from dtf.inventory import NETWORKS
+    from dtf import ui
+    from dtf.cluster.inventory import NETWORKS
+    from dtf.hostops import lifecycle
 
     if network is not None and network not in NETWORKS:
         raise UsageError(f"--network: expected one of {', '.join(NETWORKS)}, got {network!r}")
@@ -141,7 +142,7 @@ def up(
     if dry_run:
         ui.show_plan(plan)
         return
-    from dtf import sync
+    from dtf.files import sync
 
     with sync.packed([(item.name, item.path) for item in plan.sync]) as packs:
         ui.show_packs(packs)
@@ -181,9 +182,9 @@ def train(
 ) -> None:
     """Run PROGRAM here as the chief of the cluster (or, --collective, on the hosts); its exit
     code (the chief's) is dtf's."""
-    from dtf.hooks import packing as packing_hook
-    from dtf.hooks import wrap as wrap_hook
-    from dtf.train import run_program
+    from dtf.program.hooks import packing as packing_hook
+    from dtf.program.hooks import wrap as wrap_hook
+    from dtf.program.train import run_program
 
     hook_env = {packing_hook.ENV: "auto" if packing else "off"}
     if wrap:
@@ -192,8 +193,8 @@ def train(
     if not program.is_file():
         raise UsageError(f"program not found: {program}")
     if collective:
-        from dtf.collective import run_collective
-        from dtf.train import taken_down
+        from dtf.collective.run import run_collective
+        from dtf.program.train import taken_down
 
         record = _recorded(cluster)
         raise typer.Exit(run_collective(record, str(program), list(args or []), str(output) if output else None,
@@ -215,7 +216,9 @@ def sync_(
     connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
     """Send PATH to every host of the cluster (once per content: a host that has it is skipped)."""
-    from dtf import lifecycle, sync, ui
+    from dtf import ui
+    from dtf.files import sync
+    from dtf.hostops import lifecycle
 
     name = as_name or sync.default_name(str(path))
     flaw = sync.name_flaw(name)
@@ -241,7 +244,7 @@ def status(
 ) -> None:
     """Show every task: host, role, index, address, pid, alive or dead, uptime (checked live)."""
     from dtf import ui
-    from dtf.cluster import ClusterOps
+    from dtf.hostops.ops import ClusterOps
 
     record = _recorded(cluster)
     rows = ui.status_rows(ClusterOps(record.plan, connect_timeout=connect_timeout).task_states())
@@ -259,7 +262,7 @@ def logs(
     cluster: str | None = ClusterOpt,
 ) -> None:
     """Print a task's log from its host."""
-    from dtf.transport import HostError, transport_for
+    from dtf.hosts.transport import HostError, transport_for
 
     plan = _recorded(cluster).plan
     t = plan.task(task)
@@ -289,7 +292,8 @@ def down(
     connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
     """Stop every task, check none remains, remove dtf's files from the hosts, forget the cluster."""
-    from dtf import lifecycle, ui
+    from dtf import ui
+    from dtf.hostops import lifecycle
 
     result = lifecycle.down(cluster, keep_logs=keep_logs, grace=grace, connect_timeout=connect_timeout,
                             view=ui.host_progress, purge=purge)

@@ -14,14 +14,14 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from dtf.cluster import HostStarted, HostStopped, Outcome, Progress, TaskState, env_summary
-from dtf.plan import Plan
-from dtf.shell import render
+from dtf.cluster.plan import Plan
+from dtf.hostops.ops import HostStarted, HostStopped, Outcome, Progress, TaskState, env_summary
+from dtf.hosts.shell import render
 
 if TYPE_CHECKING:
-    from dtf.lifecycle import UpResult
-    from dtf.state import Record
-    from dtf.sync import Pack
+    from dtf.cluster.state import Record
+    from dtf.files.sync import Pack
+    from dtf.hostops.lifecycle import UpResult
 
 # The version of `dtf status --json`'s document (README): fields may be added; a change that would
 # break a reader bumps it.
@@ -157,7 +157,7 @@ def show_purged(outcomes: dict[str, Outcome[HostStopped]]) -> None:
 
 def show_packs(packs: list[Pack]) -> None:
     """Before a sync: a warning for a large one (naming its largest files), and what is left out."""
-    from dtf.sync import large_warning
+    from dtf.files.sync import large_warning
 
     for p in packs:
         warning = large_warning(p)

@@ -2,7 +2,7 @@
 imports the `dtf` client, so a host needs nothing but a python with TensorFlow.
 
 dtf ships this package to each host as one file, a zipapp named by its content
-(`ROOT/launcher-<hash>.pyz`, see `dtf.shipping`), and runs `python launcher-<hash>.pyz COMMAND`.
+(`ROOT/launcher-<hash>.pyz`, see `dtf.files.shipping`), and runs `python launcher-<hash>.pyz COMMAND`.
 
     protocol.py    the commands' replies, typed once for both sides, the protocol version, defaults
     layout.py      where the files live on a host

@@ -110,14 +110,14 @@ def exit_reason(code: int) -> str:
     return f"exited with code {code}"
 
 
-# Where dtf.runner writes the exit code the program ended with, once Python has run its atexit
+# Where dtf.program.runner writes the exit code the program ended with, once Python has run its atexit
 # functions: TensorFlow's runtime can still crash after that (SIGABRT, "terminate called after
 # throwing ...", seen after a worker was lost and came back), with the program's work all done.
 EXIT_STATUS_ENV = "DTF_EXIT_STATUS_FILE"
 
 
 def ended_before_crash(code: int, status_path: str) -> int | None:
-    """The program's own exit code when it ended (dtf.runner wrote it to `status_path`) and then
+    """The program's own exit code when it ended (dtf.program.runner wrote it to `status_path`) and then
     died of a signal (`code` < 0) while Python shut down; None otherwise."""
     if code >= 0:
         return None

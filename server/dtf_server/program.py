@@ -12,7 +12,7 @@ and the chief's comes back to the laptop.
 `follow` is how the laptop watches one copy over one SSH session: the program's output on stdout
 as it is written (from where this run began in the log), and on stderr one line per event:
 `dtf-beat` every few seconds (a silent session is a lost host), `dtf-joined` once the program's
-strategy has joined the cluster (the file `joined` appears: see dtf.hooks.collective), and last
+strategy has joined the cluster (the file `joined` appears: see dtf.program.hooks.collective), and last
 `dtf-exit {"code": N, "reason": "..."}` when the copy has ended and its output is all sent.
 """
 
@@ -42,9 +42,9 @@ from dtf_server.protocol import Defaults, TaskSpec
 from dtf_server.supervisor import Supervisor
 
 OUT = "out"  # a program copy's working and output directory, below its task directory
-JOINED = "joined"  # written by the program (dtf.hooks.collective) once its strategy has joined
+JOINED = "joined"  # written by the program (dtf.program.hooks.collective) once its strategy has joined
 EXITED = "exited"  # supervisor.json's state once the program has ended
-ENDED = "ended"  # where dtf.runner writes the exit code the program ended with (procs.EXIT_STATUS_ENV)
+ENDED = "ended"  # where dtf.program.runner writes the exit code the program ended with (procs.EXIT_STATUS_ENV)
 BEAT = "dtf-beat"
 JOINED_EVENT = "dtf-joined"
 EXIT_EVENT = "dtf-exit "
@@ -72,7 +72,7 @@ class ProgramSupervisor(Supervisor):
                 os.unlink(path)
         os.makedirs(self.out, exist_ok=True)
         env = dict(os.environ)
-        # The launcher zipapp holds dtf's helper package too: `import dtf`, `python -m dtf.runner`.
+        # The launcher zipapp holds dtf's helper package too: `import dtf`, `python -m dtf.program.runner`.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.launcher, env.get("PYTHONPATH")]))
         env["DTF_OUTPUT_DIR"] = os.path.abspath(self.out)
         env["DTF_JOINED"] = os.path.abspath(os.path.join(self.dir, JOINED))

@@ -1,7 +1,7 @@
 """The host protocol: what each launcher command answers, typed once for both sides.
 
 The launcher (this package, on a host) prints exactly one JSON document per command: the reply's
-fields and `"protocol": PROTOCOL`. The client (`dtf.cluster`) decodes it with `decode()` into the
+fields and `"protocol": PROTOCOL`. The client (`dtf.hostops.ops`) decodes it with `decode()` into the
 same dataclasses, so neither side reads raw keys. A reply of another protocol version is refused
 (`ProtocolMismatch`), never half-read: the client then ships its own launcher and asks again.
 

@@ -1,7 +1,7 @@
 """The host side of `dtf sync`: receive a packed tree on stdin into WORKDIR/.cache/sync/HASH.
 
 The pack is a plain (uncompressed) tar stream of regular files, made deterministically by the
-client (dtf.sync), and HASH is the sha256 of exactly those bytes. The tree is extracted into a
+client (dtf.files.sync), and HASH is the sha256 of exactly those bytes. The tree is extracted into a
 temporary directory beside its final place, the bytes are hashed as they arrive, and only a
 stream whose hash is HASH is renamed into place: a half-written, interrupted or corrupted
 transfer is never used, and a tree at HASH is always complete.

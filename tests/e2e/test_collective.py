@@ -41,7 +41,7 @@ def up_workers(lab, write_inventory, home, *hosts):
 
 def runner_processes(lab, host):
     """The program copies on a host (not their supervisors, whose command line holds the copy's)."""
-    return [(pid, cmd) for pid, cmd in lab.processes(host) if "dtf.runner" in cmd and "supervise-program" not in cmd]
+    return [(pid, cmd) for pid, cmd in lab.processes(host) if "dtf.program.runner" in cmd and "supervise-program" not in cmd]
 
 
 def test_collective_learns_on_three_hosts_and_brings_the_chief_output_back(lab, write_inventory, home, tmp_path):

@@ -1,5 +1,5 @@
-"""Item 4 of issue 9: the guard rails (dtf.hooks.guards), on the in-process cluster: the programs
-run as `dtf train` runs them (`python -m dtf.runner`), without a cluster."""
+"""Item 4 of issue 9: the guard rails (dtf.program.hooks.guards), on the in-process cluster: the programs
+run as `dtf train` runs them (`python -m dtf.program.runner`), without a cluster."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ KERAS = version("keras")
 def run(tmp_path: Path, program: str, **env: str) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "prog.py"
     path.write_text(textwrap.dedent(program))
-    return subprocess.run([sys.executable, "-m", "dtf.runner", str(path)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dtf.program.runner", str(path)], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path, stdin=subprocess.DEVNULL,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **env})
 

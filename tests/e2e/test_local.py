@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dtf.netutil import free_ports
+from dtf.hosts.netutil import free_ports
 from helpers import as_in_a_terminal, assert_one_line_error, dtf, pids_alive, status_json
 
 pytestmark = pytest.mark.tf

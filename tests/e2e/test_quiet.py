@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dtf.netutil import free_ports
+from dtf.hosts.netutil import free_ports
 from helpers import NOISE, dtf
 
 pytestmark = pytest.mark.tf

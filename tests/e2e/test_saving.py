@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dtf.shipping import launcher_name
+from dtf.files.shipping import launcher_name
 from helpers import NOISE, REPO, dtf
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]

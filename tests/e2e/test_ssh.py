@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dtf.shipping import launcher_name
+from dtf.files.shipping import launcher_name
 from helpers import EXAMPLES, REPO, as_in_a_terminal, assert_one_line_error, dtf, leftovers, pids_alive, status_json
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]

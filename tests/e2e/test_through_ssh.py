@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dtf.tunnel import control_path
+from dtf.hosts.tunnel import control_path
 from helpers import EXAMPLES, Train, dtf, leftovers, ssh_processes, status_json
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dtf.netutil import free_ports
+from dtf.hosts.netutil import free_ports
 from helpers import EXAMPLES, dtf
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]

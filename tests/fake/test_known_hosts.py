@@ -1,4 +1,4 @@
-"""Host keys on the SSH lab, read and written as OpenSSH does (dtf.knownhosts), against real sshd:
+"""Host keys on the SSH lab, read and written as OpenSSH does (dtf.hosts.knownhosts), against real sshd:
 certificate-authority lines are skipped, a new host's key is appended with accept-new and every
 other line is kept byte for byte, a revoked key is refused."""
 

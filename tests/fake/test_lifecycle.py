@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dtf.shipping import launcher_bytes, launcher_name
+from dtf.files.shipping import launcher_bytes, launcher_name
 from helpers import Interruptible, assert_one_line_error, status_json
 from sites import Site
 
@@ -257,8 +257,8 @@ def test_a_bug_in_a_host_thread_is_an_internal_error(local_site: Site, monkeypat
     """Not "host a: KeyError" (exit 4): one line, exit 1, the traceback in debug.log."""
     from typer.testing import CliRunner
 
-    from dtf import cluster
     from dtf.cli import app
+    from dtf.hostops import ops as cluster
 
     def broken(self, hp, *args, **kwargs):
         raise KeyError("tasks")

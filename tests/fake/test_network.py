@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dtf.inventory import HostSpec
-from dtf.tunnel import Master, PythonRoute, control_path, ssh_binary
+from dtf.cluster.inventory import HostSpec
+from dtf.hosts.tunnel import Master, PythonRoute, control_path, ssh_binary
 from helpers import ssh_processes, status_json
 from lab import Lab
 from sites import LabSite

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dtf import state
 from dtf.cli import app
-from dtf.plan import Plan
-from dtf.shipping import launcher_name
+from dtf.cluster import state
+from dtf.cluster.plan import Plan
+from dtf.files.shipping import launcher_name
 
 runner = CliRunner()
 
@@ -150,8 +150,8 @@ def test_record_of_another_dtf_is_one_line(dtf_home: Path):
 
 
 def test_record_round_trip(dtf_home: Path):
-    from dtf import inventory
-    from dtf.plan import make_plan
+    from dtf.cluster import inventory
+    from dtf.cluster.plan import make_plan
 
     plan = make_plan(inventory.loads("cluster: rt\nhosts:\n  - {host: a, ps: 1, workers: 2}\n", "i.yaml"))
     record = state.Record(plan=plan, inventory="/x/i.yaml", created=12.5, chief_host="10.0.0.1",

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dtf.cli import app
-from dtf.shipping import launcher_name
+from dtf.files.shipping import launcher_name
 from helpers import dtf
 
 runner = CliRunner()

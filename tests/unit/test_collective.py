@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
-from dtf import collective, follow, gpus
-from dtf.inventory import loads
-from dtf.plan import make_plan
-from dtf.state import Record
+from dtf.cluster import gpus
+from dtf.cluster.inventory import loads
+from dtf.cluster.plan import make_plan
+from dtf.cluster.state import Record
+from dtf.collective import follow
+from dtf.collective import run as collective
 
 
 def plan_of(hosts: str) -> Any:
@@ -34,7 +36,7 @@ def test_tf_config_per_task_holds_the_workers_only() -> None:
 def test_a_copy_runs_the_program_through_dtf_runner_with_its_own_tf_config() -> None:
     plan = plan_of(PLAN)
     argv = collective.copy_argv(plan, plan.task("worker:2"), "~/.dtf/.cache/sync/abc/prog.py", ["--epochs", "2"], 3)
-    assert argv[0] == "env" and argv[-5:] == ["-m", "dtf.runner", "~/.dtf/.cache/sync/abc/prog.py", "--epochs", "2"]
+    assert argv[0] == "env" and argv[-5:] == ["-m", "dtf.program.runner", "~/.dtf/.cache/sync/abc/prog.py", "--epochs", "2"]
     env = dict(a.split("=", 1) for a in argv[1:argv.index("python3")])
     assert json.loads(env.pop("TF_CONFIG"))["task"] == {"type": "worker", "index": 2}
     assert env == {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", "DTF_COLLECTIVE": "1", "DTF_CLUSTER": "c",
@@ -205,7 +207,7 @@ def test_ctrl_c_stops_every_copy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_collective_imports_no_tensorflow() -> None:
-    code = "import sys, dtf.collective, dtf.follow; print('tensorflow' in sys.modules)"
+    code = "import sys, dtf.collective.run, dtf.collective.follow; print('tensorflow' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
 

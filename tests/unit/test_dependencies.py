@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dtf import environment
+from dtf.files import environment
 
 REPO = Path(__file__).resolve().parents[2]
 TF = environment.TF_VERSION

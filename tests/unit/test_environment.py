@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from dtf import environment
-from dtf.environment import Target
+from dtf.cluster.inventory import loads
+from dtf.cluster.plan import Plan, differences, make_plan
 from dtf.errors import InventoryError
-from dtf.inventory import loads
-from dtf.plan import Plan, differences, make_plan
+from dtf.files import environment
+from dtf.files.environment import Target
 from dtf_server import envs, layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,7 +226,7 @@ def test_wheels_copied_from_another_host_are_checked(tmp_path: Path):
     import socket
     import threading
 
-    from dtf.relay import Relay
+    from dtf.files.relay import Relay
 
     seed, peer = tmp_path / "seed", tmp_path / "peer"
     seed.mkdir()

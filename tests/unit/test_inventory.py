@@ -1,4 +1,4 @@
-"""Unit tests for dtf.inventory: parsing, defaults, port assignment, and every error message."""
+"""Unit tests for dtf.cluster.inventory: parsing, defaults, port assignment, and every error message."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dtf.errors import ExitCode, InventoryError
-from dtf.inventory import (
+from dtf.cluster.inventory import (
     DEFAULT_PYTHON,
     DEFAULT_RESTART_BACKOFF,
     DEFAULT_RESTART_LIMIT,
@@ -23,6 +22,7 @@ from dtf.inventory import (
     load,
     loads,
 )
+from dtf.errors import ExitCode, InventoryError
 
 HOSTS_OK = "hosts:\n  - {host: gpu-01, ps: 1, workers: 1}\n"
 

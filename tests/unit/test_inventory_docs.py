@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from dtf.cluster.inventory import Inventory, load, loads
 from dtf.errors import InventoryError
-from dtf.inventory import Inventory, load, loads
 
 INVENTORY_DIR = Path(__file__).resolve().parents[2] / "inventory"
 README = INVENTORY_DIR / "README.md"

@@ -9,8 +9,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from dtf import knownhosts
-from dtf.knownhosts import KnownHosts, append, host_name, parse
+from dtf.hosts import knownhosts
+from dtf.hosts.knownhosts import KnownHosts, append, host_name, parse
 
 
 def keygen(tmp_path: Path, name: str) -> str:

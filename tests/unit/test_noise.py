@@ -1,8 +1,8 @@
-"""dtf.noise: TensorFlow's chatter is dropped from the program's stderr, everything else passes."""
+"""dtf.program.noise: TensorFlow's chatter is dropped from the program's stderr, everything else passes."""
 
 from __future__ import annotations
 
-from dtf.noise import NoiseFilter
+from dtf.program.noise import NoiseFilter
 
 # As a stock tf-keras program under ParameterServerStrategy printed them (TensorFlow 2.21).
 NOISY = b"""WARNING: All log messages before absl::InitializeLog() is called are written to STDERR

@@ -1,10 +1,10 @@
-"""dtf.packer: how many steps per closure, from timed closures (pure: a fake clock and wait)."""
+"""dtf.program.packer: how many steps per closure, from timed closures (pure: a fake clock and wait)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dtf.packer import MAX_STEPS, Measurement, Packer, choose, estimate
+from dtf.program.packer import MAX_STEPS, Measurement, Packer, choose, estimate
 
 
 def test_estimate_takes_the_fastest_closures_of_one_step_and_of_the_largest_probe() -> None:

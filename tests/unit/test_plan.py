@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dtf import inventory
-from dtf.plan import Plan, differences, make_plan
-from dtf.shell import expand_local, render
-from dtf.shipping import launcher_name
+from dtf.cluster import inventory
+from dtf.cluster.plan import Plan, differences, make_plan
+from dtf.files.shipping import launcher_name
+from dtf.hosts.shell import expand_local, render
 from dtf_server.protocol import TaskSpec
 
 ROOT = Path(__file__).resolve().parents[2]

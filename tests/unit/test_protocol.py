@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dtf import shipping
-from dtf.inventory import HostSpec
-from dtf.transport import LocalTransport
+from dtf.cluster.inventory import HostSpec
+from dtf.files import shipping
+from dtf.hosts.transport import LocalTransport
 from dtf_server import protocol
 from dtf_server.protocol import (
     PROTOCOL,

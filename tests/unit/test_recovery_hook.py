@@ -1,4 +1,4 @@
-"""dtf.hooks.recovery: after a transient failure, one OutOfRangeError rebuilds the worker's
+"""dtf.program.hooks.recovery: after a transient failure, one OutOfRangeError rebuilds the worker's
 resources and runs the function again. TensorFlow's coordinator is played by fakes that follow its
 code (cluster_coordinator.py, TF 2.21): the lab test is tests/e2e/test_survival.py, a worker host
 cut off for 20 s."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dtf.hooks import recovery
+from dtf.program.hooks import recovery
 
 
 class OutOfRange(Exception):

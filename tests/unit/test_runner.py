@@ -1,4 +1,4 @@
-"""dtf.runner runs a program as `python PROGRAM ARGS` would, after dtf's hooks."""
+"""dtf.program.runner runs a program as `python PROGRAM ARGS` would, after dtf's hooks."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def test_the_program_runs_as_main_with_its_argv_path_and_exit_code(tmp_path: Pat
         "import sys\nimport helper_mod\n"
         "print(__name__, sys.argv, __file__.endswith('prog.py'), helper_mod.VALUE)\n"
         "if __name__ == '__main__':\n    sys.exit(7)\n")
-    r = subprocess.run([sys.executable, "-m", "dtf.runner", str(program), "a", "--b"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "dtf.program.runner", str(program), "a", "--b"], capture_output=True,
                        text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 7, r.stderr
     assert r.stdout == f"__main__ {[str(program), 'a', '--b']} True found next to the program\n"
@@ -24,7 +24,7 @@ def test_the_program_runs_as_main_with_its_argv_path_and_exit_code(tmp_path: Pat
 
 def test_on_import_runs_after_the_first_import_and_at_once_when_already_imported() -> None:
     code = (
-        "import sys\nfrom dtf import hooks\nseen = []\n"
+        "import sys\nfrom dtf.program import hooks\nseen = []\n"
         "hooks.on_import('colorsys', lambda m: seen.append(('colorsys', hasattr(m, 'rgb_to_hsv'))))\n"
         "assert seen == []\nimport colorsys\nimport colorsys\n"
         "hooks.on_import('colorsys', lambda m: seen.append('again'))\nprint(seen)\n")
@@ -36,18 +36,18 @@ def test_the_packing_and_wrap_hooks_import_nothing_until_the_program_imports_tf_
     program = tmp_path / "prog.py"
     program.write_text("import sys\nprint(sorted(m for m in ('tensorflow', 'tf_keras') if m in sys.modules))\n")
     env = {**os.environ, "DTF_WRAP": "1", "DTF_PACKING": "auto"}
-    r = subprocess.run([sys.executable, "-m", "dtf.runner", str(program)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "dtf.program.runner", str(program)], capture_output=True, text=True,
                        timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout == "[]\n"
-    from dtf import hooks
+    from dtf.program import hooks
 
     assert {"packing", "wrap"} <= set(hooks.FEATURES)
 
 
 def test_on_import_survives_a_find_spec_that_imports_nothing() -> None:
     # TensorFlow asks importlib.util.find_spec("tf_keras") before it imports it.
-    code = ("import importlib.util\nfrom dtf import hooks\nseen = []\n"
+    code = ("import importlib.util\nfrom dtf.program import hooks\nseen = []\n"
             "hooks.on_import('colorsys', lambda m: seen.append('imported'))\n"
             "importlib.util.find_spec('colorsys')\nassert seen == []\nimport colorsys\nprint(seen)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -62,7 +62,7 @@ def test_the_exit_status_file_holds_the_code_the_program_ended_with(tmp_path: Pa
         status = tmp_path / "status"
         status.unlink(missing_ok=True)
         env = {**os.environ, "DTF_EXIT_STATUS_FILE": str(status)}
-        r = subprocess.run([sys.executable, "-m", "dtf.runner", str(program), body], capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "dtf.program.runner", str(program), body], capture_output=True,
                            text=True, timeout=60, env=env)
         assert r.stdout == "atexit ran\n", (body, r.stderr)
         if code is None:

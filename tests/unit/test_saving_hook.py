@@ -1,4 +1,4 @@
-"""dtf.hooks.saving's default I/O device, on a stand-in for TensorFlow's options classes (no
+"""dtf.program.hooks.saving's default I/O device, on a stand-in for TensorFlow's options classes (no
 TensorFlow here: the real classes are exercised end to end in tests/e2e/test_saving.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import dtf
-from dtf.hooks import saving
+from dtf.program.hooks import saving
 
 
 class Options:  # the shape of tf.saved_model.SaveOptions: the device is not the first argument

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 import dtf
-from dtf import sync
+from dtf.cluster.inventory import loads
+from dtf.cluster.plan import Plan, make_plan
+from dtf.cluster.state import Record
 from dtf.errors import InventoryError
-from dtf.inventory import loads
-from dtf.plan import Plan, make_plan
-from dtf.state import Record
-from dtf.train import program_env
+from dtf.files import sync
+from dtf.program.train import program_env
 from dtf_server import receive
 
 

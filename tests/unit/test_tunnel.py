@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dtf.inventory import HostSpec
-from dtf.tunnel import parse_jump
+from dtf.cluster.inventory import HostSpec
+from dtf.hosts.tunnel import parse_jump
 
 SPEC = HostSpec(host="target", line=3, connection="ssh", user="alice", port=2200, identity_file="~/.ssh/id_x",
                 python="python3", workdir="~", address=None, ps_ports=(), worker_ports=())

@@ -1,6 +1,6 @@
 """A stock tf-keras pipeline, as a user brings it: no dtf helpers, its own ParameterServerStrategy
 from TF_CONFIG, every output path relative to the working directory. Under `dtf train` every file
-it writes must land on the laptop (dtf.hooks.saving), whatever the hosts' disks.
+it writes must land on the laptop (dtf.program.hooks.saving), whatever the hosts' disks.
 
 Prints `stock: ok ...` at the end; `--explicit-none` then also saves once with an explicit
 `experimental_io_device=None` (TensorFlow's own placement: next to the variables, on the ps) and

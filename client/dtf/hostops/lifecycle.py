@@ -26,11 +26,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from dtf import state, sync
-from dtf.cluster import STOP_GRACE, ClusterOps, HostStarted, HostStopped, Outcome, Progress
+from dtf.cluster import state
+from dtf.cluster.plan import DEFAULT_TTL, Plan, differences, make_plan
+from dtf.cluster.state import Record
 from dtf.errors import ClusterChanged, HostFailure, InventoryError, NoCluster, Problem, UsageError
-from dtf.plan import DEFAULT_TTL, Plan, differences, make_plan
-from dtf.state import Record
+from dtf.files import sync
+from dtf.hostops import syncing
+from dtf.hostops.ops import STOP_GRACE, ClusterOps, HostStarted, HostStopped, Outcome, Progress
 
 SERVER_ENV = "DTF_SERVER"  # what serves each task: `tensorflow` (default), or `fake[:options]` for tests
 # (hosts, title) -> a context manager yielding the per-host progress callback.
@@ -45,8 +47,8 @@ def no_view(hosts: list[str], title: str) -> Iterator[Progress]:
 def load_plan(inventory_path: Path, ttl: float | None = None, server: str = "tensorflow",
               network: str | None = None) -> Plan:
     """The plan of an inventory file (bad input: InventoryError with file:line:col)."""
-    from dtf import inventory
-    from dtf.transport import check_ssh_config, resolver
+    from dtf.cluster import inventory
+    from dtf.hosts.transport import check_ssh_config, resolver
 
     inv = inventory.load(inventory_path)
     if inv.ssh_config:
@@ -109,7 +111,7 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
                         pids={name: pid for o in outcomes.values() for name, pid in o.value.pids.items()},
                         network=resolve_network(plan, outcomes),
                         tf_ports_open=any(h.direct for h in remote) if remote else True)
-        reports = sync.reports(packs, sent)
+        reports = syncing.reports(packs, sent)
         record = record_synced(record, reports)
         state.save(record)
     return UpResult(record, started=True, outcomes=outcomes, seconds=time.monotonic() - t0, synced=reports)
@@ -161,7 +163,7 @@ def start(plan: Plan, only: dict[str, set[str]] | None, connect_timeout: float,
                 outcomes = ops.up(only)
                 failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
                 if packs and not failures and not ops.cancel.is_set():
-                    sent = sync.send(ops, packs, sync.hosts_of(plan))
+                    sent = syncing.send(ops, packs, syncing.hosts_of(plan))
                     failures = {h: f"sync: {o.reason}" for h, o in sent.items() if not o.ok}
                 if not failures and not ops.cancel.is_set():
                     failures = {h: o.reason for h, o in ops.check_mesh().items() if not o.ok}
@@ -181,17 +183,17 @@ def send_packs(plan: Plan, packs: Sequence[sync.Pack], connect_timeout: float,
                view: ProgressView = no_view) -> list[sync.Report]:
     """Make sure every host of a running cluster holds the packs (HostFailure: the hosts that
     do not). Nothing is stopped when a host fails: the cluster was up before."""
-    hosts = sync.hosts_of(plan)
+    hosts = syncing.hosts_of(plan)
     with view([hp.name for hp in hosts], f"dtf sync {plan.cluster}") as progress:
         ops = ClusterOps(plan, progress, connect_timeout=connect_timeout)
         with ctrl_c_sets(ops.cancel):
-            sent = sync.send(ops, packs, hosts)
+            sent = syncing.send(ops, packs, hosts)
     if ops.cancel.is_set():
         raise KeyboardInterrupt
     failures = {h: o.reason for h, o in sent.items() if not o.ok}
     if failures:
         raise HostFailure("dtf sync", failures)
-    return sync.reports(packs, sent)
+    return syncing.reports(packs, sent)
 
 
 def record_synced(record: Record, reports: Sequence[sync.Report]) -> Record:
@@ -315,7 +317,7 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
     with view([h.name for h in plan.hosts], f"dtf down {plan.cluster}") as progress:
         outcomes = ClusterOps(plan, progress, connect_timeout=connect_timeout).down(keep_logs=keep_logs,
                                                                                     grace=grace, purge=purge)
-    from dtf.tunnel import close_masters
+    from dtf.hosts.tunnel import close_masters
 
     close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts])  # a killed `dtf train`'s
     failures = {h: o.reason for h, o in outcomes.items() if not o.ok}

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from dtf.errors import NoCluster, StateBusy
 
 if TYPE_CHECKING:  # the plan imports the inventory parser (yaml): `dtf --help` needs neither
-    from dtf.plan import Plan
-    from dtf.sync import Synced
+    from dtf.cluster.plan import Plan
+    from dtf.files.sync import Synced
 
 LOCK_WAIT = 5.0
 # The format of a record. Records before this field existed are version 1; a record of another
@@ -41,7 +41,7 @@ class Record:
     chief_host: str  # the laptop's address as the hosts see it (the coordinator's TF address)
     pids: dict[str, int] = field(default_factory=dict)  # task name -> its supervisor's pid
     taking_down: bool = False  # `dtf down` has begun: a running `dtf train` stops its program
-    network: str = "direct"  # how this machine reaches the tasks: "direct", or "ssh" (dtf.tunnel)
+    network: str = "direct"  # how this machine reaches the tasks: "direct", or "ssh" (dtf.hosts.tunnel)
     tf_ports_open: bool = True  # the TF ports accepted connections from this machine directly
     synced: dict[str, Synced] = field(default_factory=dict)  # name -> what every host holds (dtf sync)
 
@@ -58,8 +58,8 @@ class Record:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
-        from dtf.plan import Plan
-        from dtf.sync import Synced
+        from dtf.cluster.plan import Plan
+        from dtf.files.sync import Synced
 
         return cls(plan=Plan.from_dict(data["plan"]), inventory=data["inventory"],
                    created=data["created"], chief_host=data["chief_host"],

@@ -20,13 +20,12 @@ from typing import Any, TypeGuard
 
 import yaml
 
+from dtf.errors import InventoryError, Problem
 from dtf_server.protocol import Defaults
-
-from .errors import InventoryError, Problem
 
 DEFAULT_TF_PORT = 2222
 DEFAULT_PYTHON = "python3"
-MANAGED = "managed"  # `python: managed`: dtf builds the environment (see dtf.environment)
+MANAGED = "managed"  # `python: managed`: dtf builds the environment (see dtf.files.environment)
 ACCELERATORS = ("none", "cuda")
 DEFAULT_WORKDIR = "~/.dtf"
 DEFAULT_RESTART_LIMIT = Defaults.RESTART_LIMIT  # host-side defaults live in one place
@@ -49,7 +48,7 @@ class HostSpec:
     # The last fields have defaults: records saved before they existed still load (HostSpec(**d)).
     restart_limit: int = DEFAULT_RESTART_LIMIT  # restarts of a dead task's server before giving up; 0: never
     restart_backoff: float = DEFAULT_RESTART_BACKOFF  # seconds before a restart; doubles on quick deaths, max 60
-    # `python: managed`: dtf builds the host's environment (dtf.environment) on `base_python`,
+    # `python: managed`: dtf builds the host's environment (dtf.files.environment) on `base_python`,
     # with the pinned TensorFlow (the CUDA build with accelerator cuda) plus `packages`.
     base_python: str = DEFAULT_PYTHON
     packages: tuple[str, ...] = ()
@@ -58,12 +57,12 @@ class HostSpec:
     @property
     def managed(self) -> bool:
         return self.python == MANAGED
-    gpus: tuple[int, ...] | None = None  # the host's GPU ids, shared among its workers (dtf.gpus); None: not set
+    gpus: tuple[int, ...] | None = None  # the host's GPU ids, shared among its workers (cluster/gpus.py); None: not set
 
 
 @dataclass(frozen=True)
 class SyncSpec:
-    """One entry of `sync:`: a local path sent to every host at `up` (dtf.sync)."""
+    """One entry of `sync:`: a local path sent to every host at `up` (dtf.files.sync)."""
 
     path: str  # as written (`~/` is this machine's home; relative: to the inventory's directory)
     name: str  # what dtf.synced(NAME) finds it by: `as`, else the path's last part
@@ -532,7 +531,7 @@ class _Checker:
 
     def sync(self, entry: tuple[yaml.Node, yaml.Node]) -> list[SyncSpec]:
         """`sync:`: a list of paths, or of mappings {path, as}; names unique and plain."""
-        from dtf.sync import default_name, name_flaw
+        from dtf.files.sync import default_name, name_flaw
 
         key, node = entry
         if isinstance(node, yaml.ScalarNode) and node.tag == _NULL:

@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any
 
 import dtf
-from dtf.hooks import on_import
+from dtf.program.hooks import on_import
 
 IO_DEVICE = "experimental_io_device"
 _strategy_made = False

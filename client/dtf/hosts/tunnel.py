@@ -35,7 +35,6 @@ import hashlib
 import os
 import select
 import shlex
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -47,24 +46,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dtf.inventory import HostSpec
-from dtf.netutil import CONNECT_TIMEOUT, free_ports
-from dtf.transport import HostError, SSHTransport
+from dtf.cluster.inventory import HostSpec
+from dtf.hosts.netutil import CONNECT_TIMEOUT, free_ports
+from dtf.hosts.openssh import ssh_argv, ssh_binary
+from dtf.hosts.transport import HostError, SSHTransport
 
-SSH_ENV = "DTF_SSH"  # the ssh client to use (a path), or "none" for the pure-Python fallback
-ALIVE_INTERVAL = 15  # ServerAliveInterval: seconds between SSH keepalives (NAT idle timeouts)
-ALIVE_COUNT = 3  # ServerAliveCountMax: unanswered keepalives before ssh gives up on the host
 PERSIST = 60  # ControlPersist: seconds an unused master stays (a killed `dtf train` leaves none behind)
 REQUEST_LIMIT = 8192  # bytes of a CONNECT request, headers included
 REQUEST_TIMEOUT = 10.0
-
-
-def ssh_binary() -> str | None:
-    """The OpenSSH client to carry connections, or None: use the Python fallback."""
-    chosen = os.environ.get(SSH_ENV)
-    if chosen:
-        return None if chosen == "none" else chosen
-    return shutil.which("ssh")
 
 
 def control_dir() -> Path:
@@ -75,22 +64,6 @@ def control_dir() -> Path:
 def control_path(home: Path, cluster: str, host: str) -> str:
     key = hashlib.sha256(f"{home}\0{cluster}\0{host}".encode()).hexdigest()[:16]
     return str(control_dir() / key)
-
-
-def ssh_argv(ssh: str, spec: HostSpec, ssh_config: str | None, connect_timeout: float,
-             *options: str) -> list[str]:
-    """An OpenSSH command line for `spec`, as the inventory and ssh_config say."""
-    argv = [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout))}",
-            "-o", f"ServerAliveInterval={ALIVE_INTERVAL}", "-o", f"ServerAliveCountMax={ALIVE_COUNT}"]
-    if ssh_config:
-        argv += ["-F", os.path.expanduser(ssh_config)]
-    if spec.user:
-        argv += ["-l", spec.user]
-    if spec.port:
-        argv += ["-p", str(spec.port)]
-    if spec.identity_file:
-        argv += ["-i", os.path.expanduser(spec.identity_file)]
-    return [*argv, *options, spec.host]
 
 
 MAX_HOPS = 8  # jump hosts followed (ssh_config can loop)

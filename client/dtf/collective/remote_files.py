@@ -3,7 +3,7 @@ tar, unpacked there by the host's python), or bring one back (SFTP; a copy for l
 
 Collective mode brings the chief's output directory back with `fetch_tree`, and copies the
 chief's backup to the other workers with `send_tree` (the program itself goes as `dtf sync` sends
-it: dtf.sync).
+it: dtf.files.sync).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import stat
 import tarfile
 from pathlib import Path
 
-from dtf.plan import HostPlan
-from dtf.transport import HostError, LocalTransport, SSHTransport, Transport
+from dtf.cluster.plan import HostPlan
+from dtf.hosts.transport import HostError, LocalTransport, SSHTransport, Transport
 
 EXTRACT_TIMEOUT = 120.0
 # Run by the host's python: unpack TAR into DEST (replacing it atomically when `--once` finds it

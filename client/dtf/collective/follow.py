@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dtf.plan import HostPlan, Plan, TaskPlan
-from dtf.shell import expand_local, render
-from dtf.transport import HostError, LocalTransport, SSHTransport, Transport, transport_for
+from dtf.cluster.plan import HostPlan, Plan, TaskPlan
+from dtf.hosts.shell import expand_local, render
+from dtf.hosts.transport import HostError, LocalTransport, SSHTransport, Transport, transport_for
 from dtf_server import program as host_program
 
 BEAT = 2.0  # seconds between the host's beats

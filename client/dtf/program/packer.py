@@ -7,7 +7,7 @@ per closure). A `Packer` measures the round trip and a step's time on the progra
 closures, then packs enough steps into each closure to keep that overhead under a target.
 
 Pure (no TensorFlow): it is handed a `wait` (block until every scheduled closure finished: the
-coordinator's `join`) and a clock, and yields step counts; dtf.hooks.packing drives tf-keras
+coordinator's `join`) and a clock, and yields step counts; dtf.program.hooks.packing drives tf-keras
 `fit` with it, and `dtf.packing()` gives it to custom loops.
 """
 

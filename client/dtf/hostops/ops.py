@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from dtf import environment, relay, shipping, sync
-from dtf.netutil import CONNECT_TIMEOUT, port_open, wait_port
-from dtf.plan import HostPlan, Plan, TaskPlan
-from dtf.transport import HostError, Result, Transport, transport_for
+from dtf.cluster.plan import HostPlan, Plan, TaskPlan
+from dtf.files import environment, relay, shipping, sync
+from dtf.hosts.netutil import CONNECT_TIMEOUT, port_open, wait_port
+from dtf.hosts.transport import HostError, Result, Transport, transport_for
 from dtf_server import layout, protocol
 from dtf_server.procs import tf_version
 from dtf_server.protocol import (

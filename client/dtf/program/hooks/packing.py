@@ -3,7 +3,7 @@
 A program that does not choose `steps_per_execution` (or passes `"auto"`) runs one step per
 closure: one round trip to a worker per step. tf-keras' own "auto" tuner stayed at 1 under this
 strategy (FACTS.md). Here dtf measures the round trip and a step's time on fit's first closures
-and packs steps (dtf.packer.Packer), printing what it chose. A `steps_per_execution` the program
+and packs steps (dtf.program.packer.Packer), printing what it chose. A `steps_per_execution` the program
 sets (in `compile`, or the `model.steps_per_execution` setter) is used as it is.
 
 How, in tf-keras 2.21 (pinned; internals named below):
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from dtf import hooks
-from dtf.packer import Packer
+from dtf.program import hooks
+from dtf.program.packer import Packer
 
 ENV = "DTF_PACKING"
 STATE = "_dtf_packing"  # attribute on a model (set with object.__setattr__: Keras tracks its own)

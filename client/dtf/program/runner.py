@@ -1,7 +1,7 @@
-"""`python -m dtf.runner PROGRAM [ARGS...]`: how `dtf train` runs the user's program.
+"""`python -m dtf.program.runner PROGRAM [ARGS...]`: how `dtf train` runs the user's program.
 
 It installs dtf's hooks in the program's own process before any of the program's code runs
-(`dtf.hooks`: each feature that must act inside the program, e.g. where checkpoints are written,
+(`dtf.program.hooks`: each feature that must act inside the program, e.g. where checkpoints are written,
 lives there), then runs PROGRAM as `__main__` exactly as `python PROGRAM ARGS` would: the same
 sys.argv, sys.path[0] the program's directory, `__file__` set. A module runner rather than a
 `sitecustomize` on the program's path: that would shadow the user's own sitecustomize.
@@ -44,13 +44,13 @@ def _write_status(path: str, outcome: dict[str, int | None]) -> None:
 
 def main() -> None:
     if len(sys.argv) < 2:
-        sys.exit("usage: python -m dtf.runner PROGRAM [ARGS...]")
+        sys.exit("usage: python -m dtf.program.runner PROGRAM [ARGS...]")
     program, args = sys.argv[1], sys.argv[2:]
     outcome: dict[str, int | None] = {"code": 1}  # an uncaught exception, unless we learn otherwise
     status_path = os.environ.pop(EXIT_STATUS_ENV, None)  # not the program's children's business
     if status_path:
         atexit.register(_write_status, status_path, outcome)  # registered first: runs last
-    from dtf import hooks
+    from dtf.program import hooks
 
     hooks.install()
     sys.argv = [program, *args]

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from dtf.hooks import on_import
+from dtf.program.hooks import on_import
 
 _lock = threading.Lock()
 _suspect: set[str] = set()  # workers (device names) whose function was cut off since their last rebuild

@@ -15,8 +15,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from dtf import environment, gpus, shipping
-from dtf.inventory import DEFAULT_PYTHON, HostSpec, Inventory
+from dtf.cluster import gpus
+from dtf.cluster.inventory import DEFAULT_PYTHON, HostSpec, Inventory
+from dtf.files import environment, shipping
 from dtf_server import layout
 from dtf_server.protocol import Defaults, TaskSpec
 
@@ -37,7 +38,7 @@ SERVERS = ("tensorflow", "fake")
 
 
 def task_argv(spec: HostSpec, argv: tuple[str, ...], job: str, port: int) -> tuple[str, ...]:
-    """A task's command with the GPUs it may see set before it (dtf.gpus; nothing without `gpus`)."""
+    """A task's command with the GPUs it may see set before it (dtf.cluster.gpus; nothing without `gpus`)."""
     position = spec.worker_ports.index(port) if job == "worker" else 0
     return (*gpus.env_prefix(gpus.task_env(spec.gpus, job, position, len(spec.worker_ports))), *argv)
 
@@ -191,7 +192,7 @@ class HostPlan:
         return self.launcher_argv("fence", "--dir", self.root, *ports, *[a for m in allow for a in ("--allow", m)])
 
     def sync_argv(self, digest: str, receive: bool = False) -> list[str]:
-        """Whether the host holds the synced tree DIGEST; `receive`: make it from stdin (dtf.sync)."""
+        """Whether the host holds the synced tree DIGEST; `receive`: make it from stdin (dtf.files.sync)."""
         return self.launcher_argv("sync", "--dir", layout.cache_dir(self.spec.workdir, "sync"),
                                   "--hash", digest, *(["--receive"] if receive else []))
 

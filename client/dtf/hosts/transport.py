@@ -1,6 +1,6 @@
 """How dtf reaches a host: one interface, two twins (SSH through Fabric, and local processes).
 
-Both take argv lists (quoted in one place, dtf.shell), put files, and stream a command's output.
+Both take argv lists (quoted in one place, dtf.hosts.shell), put files, and stream a command's output.
 Every operation has a timeout; failures become `HostError` with a short reason a user can act on
 ("unreachable: ...", "authentication refused ...", "python missing ...").
 Constructors do no I/O: `open()` (or `with`) connects, `close()` always runs.
@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dtf.inventory import HostSpec
-from dtf.netutil import CONNECT_TIMEOUT, port_open
-from dtf.shell import expand_local, render
+from dtf.cluster.inventory import HostSpec
+from dtf.hosts.netutil import CONNECT_TIMEOUT, port_open
+from dtf.hosts.openssh import ssh_argv, ssh_binary
+from dtf.hosts.shell import expand_local, render
 
 COMMAND_TIMEOUT = 60.0
 FEED_CHUNK = 1 << 20  # bytes per write of `feed`
@@ -194,7 +195,7 @@ class SSHTransport(Transport):
     def open(self) -> None:
         import paramiko
 
-        from dtf.knownhosts import RevokedHostKey
+        from dtf.hosts.knownhosts import RevokedHostKey
 
         conn = self.connection()
         target = f"{conn.user}@{conn.host}:{conn.port}"
@@ -324,8 +325,6 @@ class SSHTransport(Transport):
 
     def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:
-        from dtf.tunnel import ssh_argv, ssh_binary  # tunnel imports this module
-
         ssh = ssh_binary()
         if ssh is not None:  # OpenSSH carries the bytes in C, several times faster than paramiko
             return feed_process(ssh_argv(ssh, self.spec, self.ssh_config_path, self.connect_timeout, "-T", "--")
@@ -445,14 +444,14 @@ def _sftp_makedirs(sftp: Any, path: str) -> None:
 
 
 def _apply_host_key_policy(conn: Any) -> None:
-    """Check host keys the way OpenSSH does (dtf.knownhosts): Fabric by default accepts any key.
+    """Check host keys the way OpenSSH does (dtf.hosts.knownhosts): Fabric by default accepts any key.
 
     Known keys come from ssh_config's UserKnownHostsFile and GlobalKnownHostsFile (OpenSSH's
     defaults otherwise). An unknown host is refused unless StrictHostKeyChecking is `no` or
     `accept-new` for it, and then its key is appended to the user's file; a changed or revoked
     key is always refused.
     """
-    from dtf.knownhosts import KnownHosts
+    from dtf.hosts.knownhosts import KnownHosts
 
     KnownHosts.from_ssh_config(conn.ssh_config).install(conn.client, conn.host, int(conn.port))
 

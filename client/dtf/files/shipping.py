@@ -45,7 +45,7 @@ def _sources(package: str) -> list[tuple[str, bytes]]:
 @functools.cache
 def launcher_bytes() -> bytes:
     # The `dtf` package rides along, never imported by the launcher: collective mode runs the
-    # user's program on the hosts, with this zipapp on its PYTHONPATH (`import dtf`, dtf.runner).
+    # user's program on the hosts, with this zipapp on its PYTHONPATH (`import dtf`, dtf.program.runner).
     files = sorted(_sources(PACKAGE) + _sources(CLIENT_PACKAGE))
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:

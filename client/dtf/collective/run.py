@@ -2,7 +2,7 @@
 MultiWorkerMirroredStrategy (worker 0 is the chief; gradients are all-reduced among the copies).
 
 What happens, in order:
-1. The program's directory is sent to every host as `dtf sync` sends it (dtf.sync: once per
+1. The program's directory is sent to every host as `dtf sync` sends it (dtf.files.sync: once per
    content hash, to WORKDIR/.cache/sync/HASH); ps tasks are not used (the strategy has none) and say so.
 2. The worker servers of `dtf up` give their ports to the copies: they are stopped, and started
    again when the run ends (the cluster is left as it was found).
@@ -10,7 +10,7 @@ What happens, in order:
    process group, supervised like a server, logging to its task's log, working in its output
    directory (dtf_server.program). One follower per copy streams its output here, prefixed
    `[worker:1 h2] `.
-4. A start deadline: every copy must have joined (dtf.hooks.collective) within `join_timeout`,
+4. A start deadline: every copy must have joined (dtf.program.hooks.collective) within `join_timeout`,
    else dtf stops them all and names the tasks that never joined, and why when it can tell.
 5. The first copy that fails (or whose host is lost) stops all of them (TERM, then KILL), and
    dtf names it with its host and its last lines. With attempts left and a failure that was not
@@ -41,14 +41,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dtf import follow, gpus, remote_files, sync
-from dtf.cluster import ClusterOps, LeaseKeeper
+from dtf.cluster import gpus
+from dtf.cluster.plan import HostPlan, Plan, TaskPlan
+from dtf.cluster.state import Record
+from dtf.collective import follow, remote_files
 from dtf.errors import DtfError, HostFailure, UsageError
-from dtf.lifecycle import ctrl_c_sets
-from dtf.netutil import CONNECT_TIMEOUT
-from dtf.plan import HostPlan, Plan, TaskPlan
-from dtf.state import Record
-from dtf.transport import HostError
+from dtf.files import sync
+from dtf.hostops import syncing
+from dtf.hostops.lifecycle import ctrl_c_sets
+from dtf.hostops.ops import ClusterOps, LeaseKeeper
+from dtf.hosts.netutil import CONNECT_TIMEOUT
+from dtf.hosts.transport import HostError
 from dtf_server import program as host_program
 from dtf_server.protocol import ReachReply, StartReply, TaskSpec
 
@@ -102,7 +105,7 @@ def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt
               synced: dict[str, str] | None = None) -> list[str]:
     """What a copy's supervisor runs: `env` sets the task's own variables (the launcher's `run`
     sets the host's), then dtf's runner runs the program as `python PROGRAM ARGS` would.
-    `synced`: name -> a tree's path relative to a task's directory (dtf.sync), for dtf.synced()."""
+    `synced`: name -> a tree's path relative to a task's directory (dtf.files.sync), for dtf.synced()."""
     hp = plan.host_of(task)
     env = {"TF_CONFIG": json.dumps(tf_configs(plan)[task.name], separators=(",", ":")),
            "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", "DTF_COLLECTIVE": "1",
@@ -111,7 +114,7 @@ def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt
            "DTF_SYNCED": json.dumps({name: posixpath.join("..", path) for name, path in (synced or {}).items()})}
     position = hp.spec.worker_ports.index(task.port)
     env.update(gpus.task_env(hp.spec.gpus, task.job, position, len(hp.spec.worker_ports)))
-    return [*gpus.env_prefix(env), hp.python, "-m", "dtf.runner", program, *args]
+    return [*gpus.env_prefix(env), hp.python, "-m", "dtf.program.runner", program, *args]
 
 
 def run_argv(hp: HostPlan, specs: list[TaskSpec], fresh: bool) -> list[str]:
@@ -195,7 +198,7 @@ class CollectiveRun:
             p = sync.pack(self.program.parent, "program")
         except sync.SyncError as e:
             raise UsageError(f"--collective: {e}")
-        outcomes = sync.send(self.ops, [p], self.hosts)
+        outcomes = syncing.send(self.ops, [p], self.hosts)
         failed = {h: o.reason for h, o in outcomes.items() if not o.ok}
         if failed:
             raise HostFailure("sending the program", failed)

@@ -17,8 +17,8 @@ repository, hosts of the laptop may have no git, and one code path behaves the s
 The program finds a synced tree with `dtf.synced(NAME)`: a path relative to the servers' working
 directory (WORKDIR/CLUSTER/JOB-INDEX), so one path is right on every host whatever its WORKDIR.
 
-`pack()` and `send()` are the reusable parts: pack any local path to a `Pack`, then make sure
-every host of a plan has it; `Synced.task_path` is where it is, seen from any task.
+`pack()` is the reusable part: pack any local path to a `Pack`; `dtf.hostops.syncing.send()`
+makes sure every host of a plan has it; `Synced.task_path` is where it is, seen from any task.
 """
 
 from __future__ import annotations
@@ -36,14 +36,22 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
 from dtf.errors import DtfError, ExitCode
 from dtf_server import layout
 
-if TYPE_CHECKING:
-    from dtf.cluster import ClusterOps, Outcome
-    from dtf.plan import HostPlan, Plan
+
+class _Spec(Protocol):
+    @property
+    def workdir(self) -> str: ...
+
+
+class _Host(Protocol):
+    """A host of a plan (dtf.cluster.plan.HostPlan): this layer is below the plan."""
+
+    @property
+    def spec(self) -> _Spec: ...
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 LARGE = 100 * 2**20  # a transfer above this many bytes gets a warning naming its largest files
@@ -147,7 +155,7 @@ class Synced:
         """The tree (or the single file) as a path relative to any task's working directory."""
         return layout.synced_from_task(self.digest, self.subpath)
 
-    def host_path(self, hp: HostPlan) -> str:
+    def host_path(self, hp: _Host) -> str:
         """The tree (or the single file) on that host, absolute or `~/`-relative as its workdir."""
         return posixpath.join(layout.cache_dir(hp.spec.workdir, "sync"), self.digest, *filter(None, [self.subpath]))
 
@@ -369,31 +377,6 @@ class Report:
             parts.append(f"{', '.join(had)} had it already (skipped)")
         return (f"synced {s.name} ({s.files} file(s), {megabytes(s.size)}, {s.short}): {'; '.join(parts)}; "
                 f"dtf.synced({s.name!r}) is {s.task_path} on the workers")
-
-
-def reports(packs: Sequence[Pack], outcomes: dict[str, Outcome[HostSynced]]) -> list[Report]:
-    """Per pack, what each host got (every outcome succeeded)."""
-    return [Report(p.synced, {h: o.value.sent[p.name] for h, o in outcomes.items()},
-                   {h: o.seconds for h, o in outcomes.items()}) for p in packs]
-
-
-def send(ops: ClusterOps, packs: Sequence[Pack], hosts: Sequence[HostPlan] | None = None
-         ) -> dict[str, Outcome[HostSynced]]:
-    """Make sure every host of the plan (or those given) holds every pack, all hosts in parallel:
-    one cheap check per pack, and the bytes only where it is missing (`ClusterOps.sync_host`)."""
-    return ops.each_host(lambda hp: ops.sync_host(hp, packs), hosts)
-
-
-def hosts_of(plan: Plan) -> list[HostPlan]:
-    """One host per place a tree lands: local entries sharing a workdir are one machine's one cache."""
-    seen: set[tuple[str, str]] = set()
-    out = []
-    for hp in plan.hosts:
-        key = ("local", hp.spec.workdir) if hp.spec.connection == "local" else (hp.name.lower(), hp.spec.workdir)
-        if key not in seen:
-            seen.add(key)
-            out.append(hp)
-    return out
 
 
 def large_warning(p: Pack, threshold: int = LARGE) -> str | None:

@@ -1,6 +1,6 @@
-"""What dtf does inside the user's program under `dtf train` (installed by dtf.runner before the
+"""What dtf does inside the user's program under `dtf train` (installed by dtf.program.runner before the
 program's first line runs). One module per feature; each reads its settings from the environment
-that `dtf train` gave the program (dtf.train.program_env) and does nothing where they are unset.
+that `dtf train` gave the program (dtf.program.train.program_env) and does nothing where they are unset.
 
 Hooks must not import TensorFlow themselves unless the feature needs it before the program does:
 where they patch TensorFlow or tf-keras, they do it when the program imports it (see `on_import`).
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-# The features, in the order they are installed: (module name in dtf.hooks, its install function).
+# The features, in the order they are installed: (module name in dtf.program.hooks, its install function).
 FEATURES: list[str] = ["saving", "guards", "recovery", "packing", "wrap", "collective"]
 
 
@@ -23,7 +23,7 @@ def install(features: Sequence[str] | None = None) -> None:
     import importlib
 
     for name in FEATURES if features is None else features:
-        importlib.import_module(f"dtf.hooks.{name}").install()
+        importlib.import_module(f"dtf.program.hooks.{name}").install()
 
 
 class _After(importlib.abc.MetaPathFinder):

@@ -14,7 +14,7 @@ import os
 from types import ModuleType
 from typing import Any
 
-from dtf.hooks import on_import
+from dtf.program.hooks import on_import
 
 JOINED_ENV = "DTF_JOINED"
 MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from dtf.hooks import on_import
+from dtf.program.hooks import on_import
 
 LIMIT_ENV = "DTF_DATASET_LIMIT"
 DEFAULT_LIMIT = 1.8e9  # bytes: protobuf's limit is 2 GiB, and the graph has more than the data

@@ -16,16 +16,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dtf import noise, state
-from dtf.cluster import ClusterOps, LeaseKeeper, TaskState
+from dtf.cluster import state
+from dtf.cluster.plan import GRPC_KEEPALIVE, Plan
+from dtf.cluster.state import Record
 from dtf.errors import ClusterDown, DtfError, UsageError
-from dtf.netutil import CONNECT_TIMEOUT, free_ports
-from dtf.plan import GRPC_KEEPALIVE, Plan
-from dtf.state import Record
+from dtf.hostops.ops import ClusterOps, LeaseKeeper, TaskState
+from dtf.hosts.netutil import CONNECT_TIMEOUT, free_ports
+from dtf.program import noise
 from dtf_server.procs import EXIT_STATUS_ENV, ended_before_crash, exit_reason
 
 if TYPE_CHECKING:
-    from dtf.tunnel import Tunnel
+    from dtf.hosts.tunnel import Tunnel
 
 PROBE_TIMEOUT = 3.0
 # After Ctrl-C: seconds until the program's main thread is sent SIGINT itself, until SIGTERM,
@@ -68,7 +69,7 @@ def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 
                 tunnel: Tunnel | None = None, synced: dict[str, str] | None = None,
                 hook_env: dict[str, str] | None = None) -> dict[str, str]:
     """The program's environment; `synced`: name -> path on the workers, for dtf.synced();
-    `hook_env`: the settings of dtf.hooks features (--wrap, --no-packing), applied last."""
+    `hook_env`: the settings of dtf.program.hooks features (--wrap, --no-packing), applied last."""
     env = dict(os.environ)
     if tunnel is None:
         chief = f"{chief_host}:{free_ports(1)[0]}"
@@ -85,7 +86,7 @@ def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 
     env["DTF_SYNCED"] = json.dumps(synced or {})
     if output:
         env["DTF_OUTPUT_DIR"] = str(Path(output).resolve())
-    # dtf.hooks: the guard rails warn about what calls the coordinator back in ssh mode.
+    # dtf.program.hooks: the guard rails warn about what calls the coordinator back in ssh mode.
     env["DTF_NETWORK"] = "direct" if tunnel is None else "ssh"
     env.update(hook_env or {})
     return env
@@ -106,7 +107,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     `ps_wait` seconds for every task to serve again and runs the program again, up to `attempts`
     runs in all: the program resumes from its last checkpoint (a lost ps loses its variables).
     A failure with every ps intact is the program's own: its exit code is returned at once.
-    Unless `verbose`, TensorFlow's own chatter is filtered out of the program's stderr (dtf.noise).
+    Unless `verbose`, TensorFlow's own chatter is filtered out of the program's stderr (dtf.program.noise).
     """
     plan = record.plan
     if not any(t.job == "ps" for t in plan.tasks()):
@@ -155,8 +156,8 @@ def ps_incarnations(ops: ClusterOps) -> dict[str, tuple[int, int | None]]:
 
 
 def open_tunnel(record: Record, connect_timeout: float) -> Tunnel:
-    """ssh mode: the program's gRPC channels to the tasks go through SSH (dtf.tunnel)."""
-    from dtf.tunnel import Tunnel
+    """ssh mode: the program's gRPC channels to the tasks go through SSH (dtf.hosts.tunnel)."""
+    from dtf.hosts.tunnel import Tunnel
 
     plan = record.plan
     hosts = [(hp.spec, [t.address for t in hp.tasks]) for hp in plan.remote_hosts]
@@ -246,7 +247,7 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
     status.close()
     env[EXIT_STATUS_ENV] = status.name
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "dtf.runner", program, *args], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "dtf.program.runner", program, *args], env=env,
                                 stderr=None if verbose else subprocess.PIPE)
         if proc.stderr is not None:
             stderr_pump = noise.pump(proc.stderr, sys.stderr.buffer)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from dtf import hooks
+from dtf.program import hooks
 
 ENV = "DTF_WRAP"
 

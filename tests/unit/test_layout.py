@@ -1,0 +1,143 @@
+"""The layout of client/dtf: no import cycle between modules, and each subpackage imports only the
+layers below it (what each may import is said in its __init__'s docstring, and encoded here).
+
+Imports are read with `ast`, not by importing: module-level and inside functions (the deferred
+ones), under TYPE_CHECKING too, relative and absolute. Importing a module's own ancestor package
+is not an edge (Python imports it first anyway); keep the subpackages' __init__ files free of
+imports, so that this costs nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "client"
+
+# Bottom to top: a group may import itself and the groups before it, and nothing after it.
+# `dtf` itself (client/dtf/__init__.py) is the helper API programs import: the program's layer.
+LAYERS = [
+    ("dtf.errors", {"dtf.errors"}),
+    ("dtf.files", {"dtf.files"}),
+    ("dtf.cluster", {"dtf.cluster"}),
+    ("dtf.hosts", {"dtf.hosts"}),
+    ("dtf.hostops", {"dtf.hostops"}),
+    ("dtf.program", {"dtf.program", "dtf"}),
+    ("dtf.collective", {"dtf.collective"}),
+    ("the command line", {"dtf.ui", "dtf.cli"}),
+]
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    found = {}
+    for f in root.rglob("*.py"):
+        parts = list(f.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = f
+    return found
+
+
+def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of `mods` it imports, anywhere in its file."""
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, f in mods.items():
+        package = m if f.name == "__init__.py" else m.rpartition(".")[0]
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            for target in names:
+                while target and target not in mods:
+                    target = target.rpartition(".")[0]
+                if target and target != m and not m.startswith(target + "."):
+                    edges[m].add(target)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def layer_of(module: str) -> int:
+    for i, (_, groups) in enumerate(LAYERS):
+        for g in groups:
+            if module == g or (g != "dtf" and module.startswith(g + ".")):
+                return i
+    raise AssertionError(f"{module} is in no layer: add its package to LAYERS (and say so in its docstring)")
+
+
+def test_no_import_cycle() -> None:
+    found = cycles(imports(modules()))
+    assert not found, "modules that import each other in a circle: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    wrong = []
+    for m, targets in sorted(imports(modules()).items()):
+        for t in sorted(targets):
+            if layer_of(t) > layer_of(m):
+                wrong.append(f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})")
+    assert not wrong, "lower layers must not import higher ones:\n" + "\n".join(wrong)
+
+
+def test_every_subpackage_says_what_it_owns_and_may_import() -> None:
+    for m, f in modules().items():
+        if f.name == "__init__.py" and m.count(".") == 1:
+            doc = " ".join((ast.get_docstring(ast.parse(f.read_text())) or "").split())
+            assert "may import" in doc, f"{f}: its docstring must say what it owns and what it may import"
+
+
+def test_the_check_finds_a_cycle(tmp_path: Path) -> None:
+    pkg = tmp_path / "dtf"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("def f():\n    from ..b import y\n")
+    (pkg / "b.py").write_text("from dtf.a import x\n")
+    (pkg / "c.py").write_text("import dtf.b\n")
+    assert cycles(imports(modules(tmp_path))) == [["dtf.a.x", "dtf.b"]]
