@@ -244,10 +244,11 @@ def status(
 ) -> None:
     """Show every task: host, role, index, address, pid, alive or dead, uptime (checked live)."""
     from dtf import ui
-    from dtf.hostops.ops import ClusterOps
+    from dtf.hostops import status
+    from dtf.hostops.parallel import HostOps
 
     record = _recorded(cluster)
-    rows = ui.status_rows(ClusterOps(record.plan, connect_timeout=connect_timeout).task_states())
+    rows = ui.status_rows(status.states(HostOps(record.plan, connect_timeout=connect_timeout)))
     ui.show_status(record, rows, json_out)
     if any(r["state"] != "alive" for r in rows):
         raise typer.Exit(int(ExitCode.CLUSTER_DOWN))

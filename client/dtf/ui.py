@@ -15,7 +15,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from dtf.cluster.plan import Plan
-from dtf.hostops.ops import HostStarted, HostStopped, Outcome, Progress, TaskState, env_summary
+from dtf.hostops.environments import env_summary
+from dtf.hostops.parallel import Outcome, Progress
+from dtf.hostops.start import HostStarted
+from dtf.hostops.status import TaskState
+from dtf.hostops.stop import HostStopped
 from dtf.hosts.shell import render
 
 if TYPE_CHECKING:

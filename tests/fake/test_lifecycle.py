@@ -258,7 +258,7 @@ def test_a_bug_in_a_host_thread_is_an_internal_error(local_site: Site, monkeypat
     from typer.testing import CliRunner
 
     from dtf.cli import app
-    from dtf.hostops import ops as cluster
+    from dtf.hostops.start import Starter
 
     def broken(self, hp, *args, **kwargs):
         raise KeyError("tasks")
@@ -266,7 +266,7 @@ def test_a_bug_in_a_host_thread_is_an_internal_error(local_site: Site, monkeypat
     site = local_site
     inv = site.inventory({"a": {"ps": 1, "workers": 1}})
     monkeypatch.setenv("DTF_HOME", str(site.home))
-    monkeypatch.setattr(cluster.ClusterOps, "start_host", broken)
+    monkeypatch.setattr(Starter, "start_host", broken)
     r = CliRunner().invoke(app, ["up", str(inv)])
     assert r.exit_code == 1, r.output
     assert r.output.startswith("dtf: error: internal error: KeyError: 'tasks' (traceback in "), r.output

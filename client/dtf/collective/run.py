@@ -47,9 +47,11 @@ from dtf.cluster.state import Record
 from dtf.collective import follow, remote_files
 from dtf.errors import DtfError, HostFailure, UsageError
 from dtf.files import sync
-from dtf.hostops import syncing
+from dtf.hostops import launcher, status, stop, syncing
+from dtf.hostops.lease import LeaseKeeper
 from dtf.hostops.lifecycle import ctrl_c_sets
-from dtf.hostops.ops import ClusterOps, LeaseKeeper
+from dtf.hostops.parallel import HostOps
+from dtf.hostops.start import Starter
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError
 from dtf_server import program as host_program
@@ -183,7 +185,7 @@ class CollectiveRun:
         self.program, self.args, self.output = program, args, output
         self.join_timeout, self.grace, self.host_lost = join_timeout, grace, host_lost
         self.connect_timeout = connect_timeout
-        self.ops = ClusterOps(self.plan, connect_timeout=connect_timeout)
+        self.ops = HostOps(self.plan, connect_timeout=connect_timeout)
         self.workers = workers(self.plan)
         self.hosts = [hp for hp in self.plan.hosts if any(t.job == "worker" for t in hp.tasks)]
         self.only = {hp.name: {t.name for t in hp.tasks if t.job == "worker"} for hp in self.hosts}
@@ -207,7 +209,7 @@ class CollectiveRun:
 
     def stop(self, what: str) -> dict[str, str]:
         """Stop every worker task (servers or copies): TERM, KILL after the grace. Failures by host."""
-        outcomes = self.ops.stop_tasks(self.only, grace=self.grace)
+        outcomes = stop.stop_tasks(self.ops, self.only, grace=self.grace)
         return {h: o.reason for h, o in outcomes.items() if not o.ok}
 
     def start_copies(self, attempt: int) -> None:
@@ -217,8 +219,8 @@ class CollectiveRun:
                                              {n: x.task_path for n, x in self.record.synced.items()}))
                      for t in hp.tasks if t.job == "worker"]
             with self.ops.transport(hp) as t:
-                return self.ops._ask(t, hp, StartReply, run_argv(hp, specs, fresh=attempt == 1),
-                                     "starting the program", 60)
+                return launcher.ask(t, hp, StartReply, run_argv(hp, specs, fresh=attempt == 1),
+                                    "starting the program", 60)
 
         outcomes = self.ops.each_host(one, self.hosts)
         failed = {h: o.reason for h, o in outcomes.items() if not o.ok}
@@ -233,7 +235,7 @@ class CollectiveRun:
 
     def restore_servers(self) -> None:
         """Start the worker servers of `dtf up` again: the cluster as the run found it."""
-        outcomes = self.ops.up(self.only)
+        outcomes = Starter(self.ops).up(self.only)
         failed = {h: o.reason for h, o in outcomes.items() if not o.ok}
         if failed:
             say("could not start the worker servers again (`dtf up` restarts them): "
@@ -274,15 +276,15 @@ class CollectiveRun:
     def diagnose(self, pending: list[TaskPlan]) -> tuple[str, bool]:
         """Why the pending tasks never joined: is each one's port open on its host, and which
         hosts cannot reach it; and whether some host could not reach one."""
-        serving = {s.task.name: bool(s.status and s.status.serving) for s in self.ops.task_states()}
+        serving = {s.task.name: bool(s.status and s.status.serving) for s in status.states(self.ops)}
         targets = {t.address: t for t in pending}
         unreachable: dict[str, list[str]] = {}
 
         def one(hp: HostPlan) -> ReachReply:
             others = [a for a, t in targets.items() if t.host != hp.name]
             with self.ops.transport(hp) as t:
-                return self.ops._ask(t, hp, ReachReply, hp.reach_argv(others, REACH_TIMEOUT),
-                                     "checking the workers' ports", REACH_TIMEOUT + 30)
+                return launcher.ask(t, hp, ReachReply, hp.reach_argv(others, REACH_TIMEOUT),
+                                    "checking the workers' ports", REACH_TIMEOUT + 30)
 
         for host, o in self.ops.each_host(one, self.hosts).items():
             if o.ok:

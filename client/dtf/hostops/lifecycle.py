@@ -31,8 +31,10 @@ from dtf.cluster.plan import DEFAULT_TTL, Plan, differences, make_plan
 from dtf.cluster.state import Record
 from dtf.errors import ClusterChanged, HostFailure, InventoryError, NoCluster, Problem, UsageError
 from dtf.files import sync
-from dtf.hostops import syncing
-from dtf.hostops.ops import STOP_GRACE, ClusterOps, HostStarted, HostStopped, Outcome, Progress
+from dtf.hostops import lease, reach, status, stop, syncing
+from dtf.hostops.parallel import HostOps, Outcome, Progress
+from dtf.hostops.start import HostStarted, Starter
+from dtf.hostops.stop import STOP_GRACE, HostStopped
 
 SERVER_ENV = "DTF_SERVER"  # what serves each task: `tensorflow` (default), or `fake[:options]` for tests
 # (hosts, title) -> a context manager yielding the per-host progress callback.
@@ -154,23 +156,24 @@ def start(plan: Plan, only: dict[str, set[str]] | None, connect_timeout: float,
     after Ctrl-C."""
     hosts = [h.name for h in plan.hosts if only is None or only.get(h.name)]
     with view(hosts, f"dtf up {plan.cluster}") as progress:
-        ops = ClusterOps(plan, progress, connect_timeout=connect_timeout)
+        ops = HostOps(plan, progress, connect_timeout=connect_timeout)
+        starter = Starter(ops)
         failures: dict[str, str] = {}
         succeeded = False
         sent: dict[str, Outcome[sync.HostSynced]] = {}
         with ctrl_c_sets(ops.cancel):
             try:
-                outcomes = ops.up(only)
+                outcomes = starter.up(only)
                 failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
                 if packs and not failures and not ops.cancel.is_set():
                     sent = syncing.send(ops, packs, syncing.hosts_of(plan))
                     failures = {h: f"sync: {o.reason}" for h, o in sent.items() if not o.ok}
                 if not failures and not ops.cancel.is_set():
-                    failures = {h: o.reason for h, o in ops.check_mesh().items() if not o.ok}
+                    failures = {h: o.reason for h, o in reach.check_mesh(ops).items() if not o.ok}
                 succeeded = not failures and not ops.cancel.is_set()
             finally:
                 if not succeeded:
-                    for host, why in rollback(plan, ops, only, progress, connect_timeout).items():
+                    for host, why in rollback(plan, starter, only, progress, connect_timeout).items():
                         failures[host] = f"{failures.get(host, 'started')}; rollback failed: {why}"
     if ops.cancel.is_set():
         raise KeyboardInterrupt
@@ -185,7 +188,7 @@ def send_packs(plan: Plan, packs: Sequence[sync.Pack], connect_timeout: float,
     do not). Nothing is stopped when a host fails: the cluster was up before."""
     hosts = syncing.hosts_of(plan)
     with view([hp.name for hp in hosts], f"dtf sync {plan.cluster}") as progress:
-        ops = ClusterOps(plan, progress, connect_timeout=connect_timeout)
+        ops = HostOps(plan, progress, connect_timeout=connect_timeout)
         with ctrl_c_sets(ops.cancel):
             sent = syncing.send(ops, packs, hosts)
     if ops.cancel.is_set():
@@ -221,20 +224,20 @@ def sync_to(name: str | None, packs: Sequence[sync.Pack], *, connect_timeout: fl
     return record, reports
 
 
-def rollback(plan: Plan, ops: ClusterOps, only: dict[str, set[str]] | None, progress: Progress,
+def rollback(plan: Plan, done: Starter, only: dict[str, set[str]] | None, progress: Progress,
              connect_timeout: float) -> dict[str, str]:
-    """Undo what `ops` did: stop the tasks it started and remove what it uploaded where it started
+    """Undo what `done` did: stop the tasks it started and remove what it uploaded where it started
     nothing. With `only` (a repair), stop just the tasks it restarted: the others were serving.
     Returns the hosts where undoing failed, with the reason."""
-    # A fresh ClusterOps: `ops` may be cancelled (Ctrl-C), and a cancelled one refuses every step.
-    undo = ClusterOps(plan, progress, connect_timeout=connect_timeout)
+    # A fresh HostOps: `done`'s may be cancelled (Ctrl-C), and a cancelled one refuses every step.
+    undo = HostOps(plan, progress, connect_timeout=connect_timeout)
     undone: dict[str, Outcome[Any]]
     if only is None:
-        started = tuple(hp for hp in plan.hosts if hp.name in ops.started)
-        uploaded = tuple(hp for hp in plan.hosts if hp.name in ops.touched - ops.started)
-        undone = {**undo.down(hosts=started), **undo.remove_launcher(uploaded)}
+        started = tuple(hp for hp in plan.hosts if hp.name in done.started)
+        uploaded = tuple(hp for hp in plan.hosts if hp.name in done.touched - done.started)
+        undone = {**stop.down(undo, hosts=started), **stop.remove_launcher(undo, uploaded)}
     else:
-        undone = undo.stop_tasks({h: only[h] for h in only if h in ops.started})
+        undone = stop.stop_tasks(undo, {h: only[h] for h in only if h in done.started})
     return {host: o.reason for host, o in undone.items() if not o.ok}
 
 
@@ -254,14 +257,14 @@ def repair(record: Record, inventory_path: Path, ttl: float | None, connect_time
     new_ttl = ttl if ttl is not None and any(hp.ttl != ttl for hp in plan.hosts) else None
     if new_ttl is not None:
         plan = dataclasses.replace(plan, hosts=tuple(dataclasses.replace(hp, ttl=new_ttl) for hp in plan.hosts))
-    ops = ClusterOps(plan, connect_timeout=connect_timeout)
+    ops = HostOps(plan, connect_timeout=connect_timeout)
     if new_ttl is not None:
-        for o in ops.renew(new_ttl).values():
+        for o in lease.renew(ops, new_ttl).values():
             if not o.ok:
                 raise HostFailure("dtf up (renewing the lease)", {o.host: o.reason})
         record = record.replace(plan=plan)
         state.save(record)
-    states = ops.task_states()
+    states = status.states(ops)
     unknown = {s.task.host: s.reason or "unknown" for s in states if s.state == "unknown"}
     if unknown:
         raise HostFailure("dtf up (checking the running cluster)", unknown)
@@ -270,7 +273,7 @@ def repair(record: Record, inventory_path: Path, ttl: float | None, connect_time
         return UpResult(record, serving=len(states), new_ttl=new_ttl)
     t0 = time.monotonic()
     only = _by_host([(s.task.host, s.task.name) for s in dead])
-    ops.stop_tasks(only)  # supervisors that gave up
+    stop.stop_tasks(ops, only)  # supervisors that gave up
     outcomes, _ = start(plan, only, connect_timeout, view)
     pids = dict(record.pids)
     for started in outcomes.values():
@@ -315,8 +318,8 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
     record = record.replace(taking_down=True)
     state.save(record)  # a `dtf train` on this cluster sees it and stops its program
     with view([h.name for h in plan.hosts], f"dtf down {plan.cluster}") as progress:
-        outcomes = ClusterOps(plan, progress, connect_timeout=connect_timeout).down(keep_logs=keep_logs,
-                                                                                    grace=grace, purge=purge)
+        outcomes = stop.down(HostOps(plan, progress, connect_timeout=connect_timeout), keep_logs=keep_logs,
+                             grace=grace, purge=purge)
     from dtf.hosts.tunnel import close_masters
 
     close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts])  # a killed `dtf train`'s

@@ -20,7 +20,10 @@ from dtf.cluster import state
 from dtf.cluster.plan import GRPC_KEEPALIVE, Plan
 from dtf.cluster.state import Record
 from dtf.errors import ClusterDown, DtfError, UsageError
-from dtf.hostops.ops import ClusterOps, LeaseKeeper, TaskState
+from dtf.hostops import reach, status
+from dtf.hostops.lease import LeaseKeeper
+from dtf.hostops.parallel import HostOps
+from dtf.hostops.status import TaskState
 from dtf.hosts.netutil import CONNECT_TIMEOUT, free_ports
 from dtf.program import noise
 from dtf_server.procs import EXIT_STATUS_ENV, ended_before_crash, exit_reason
@@ -53,10 +56,10 @@ def interrupt_main_thread(pid: int) -> bool:
     return bool(libc.syscall(number, pid, pid, int(signal.SIGINT)) == 0)
 
 
-def dead_tasks(ops: ClusterOps, network: str, timeout: float = PROBE_TIMEOUT) -> list[str]:
+def dead_tasks(ops: HostOps, network: str, timeout: float = PROBE_TIMEOUT) -> list[str]:
     """Tasks whose port does not accept a connection from here, as the cluster's network goes
     (directly, or through SSH), probed in parallel."""
-    return [f"{t.name} ({t.host}, {t.address})" for t in ops.unreachable(network, timeout)]
+    return [f"{t.name} ({t.host}, {t.address})" for t in reach.unreachable(ops, network, timeout)]
 
 
 def tf_config(plan: Plan, chief_address: str) -> dict[str, Any]:
@@ -113,7 +116,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     if not any(t.job == "ps" for t in plan.tasks()):
         raise UsageError(f"cluster {plan.cluster!r} has no ps task: ParameterServerStrategy needs one "
                          f"(`dtf train --collective` runs without)")
-    ops = ClusterOps(plan, connect_timeout=connect_timeout)
+    ops = HostOps(plan, connect_timeout=connect_timeout)
     dead = dead_tasks(ops, record.network)
     if dead:
         raise ClusterDown(f"cluster {plan.cluster!r}: not serving: {', '.join(dead)} "
@@ -146,12 +149,12 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                 f"again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
 
 
-def ps_states(ops: ClusterOps) -> list[TaskState]:
+def ps_states(ops: HostOps) -> list[TaskState]:
     """Each ps task's state as its host reports it."""
-    return [s for s in ops.task_states() if s.task.job == "ps"]
+    return [s for s in status.states(ops) if s.task.job == "ps"]
 
 
-def ps_incarnations(ops: ClusterOps) -> dict[str, tuple[int, int | None]]:
+def ps_incarnations(ops: HostOps) -> dict[str, tuple[int, int | None]]:
     return {s.task.name: s.status.incarnation for s in ps_states(ops) if s.status is not None}
 
 
@@ -164,7 +167,7 @@ def open_tunnel(record: Record, connect_timeout: float) -> Tunnel:
     return Tunnel(hosts, plan.ssh_config, state.home(), plan.cluster, connect_timeout)
 
 
-def lost_ps(ops: ClusterOps, before: dict[str, tuple[int, int | None]], network: str = "direct") -> list[str]:
+def lost_ps(ops: HostOps, before: dict[str, tuple[int, int | None]], network: str = "direct") -> list[str]:
     """The ps tasks lost since `before`: restarted or not serving on their host, or not
     reachable from here. Names with the reason, e.g. "ps:0 (server killed by SIGKILL)"."""
     lost = {}
@@ -178,12 +181,12 @@ def lost_ps(ops: ClusterOps, before: dict[str, tuple[int, int | None]], network:
             lost[name] = "not serving"
     rest = [t.name for t in ops.plan.tasks() if t.job == "ps" and t.name not in lost]
     if rest:
-        for t in ops.unreachable(network, PROBE_TIMEOUT, rest):
+        for t in reach.unreachable(ops, network, PROBE_TIMEOUT, rest):
             lost[t.name] = f"{t.address} unreachable"
     return [f"{name} ({why})" for name, why in sorted(lost.items())]
 
 
-def wait_serving(ops: ClusterOps, network: str, timeout: float) -> list[str]:
+def wait_serving(ops: HostOps, network: str, timeout: float) -> list[str]:
     """Wait until every task accepts connections from here; the ones that still do not."""
     deadline = time.monotonic() + timeout
     while True:

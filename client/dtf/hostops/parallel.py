@@ -1,0 +1,114 @@
+"""The one way dtf acts on every host of a plan at once: `HostOps.each_host` runs a function on
+each host in its own thread, with its own connection and a deadline on every step, and returns
+one `Outcome` per host (Fabric's GroupResult habit); `failures` and `require_all` turn them into
+one combined HostFailure listing every host that failed. Starting, sending packs, environments,
+status, stopping and collective mode all go through it.
+
+Nothing here prints: progress goes through a callback, so the CLI decides how it looks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from dtf.cluster.plan import HostPlan, Plan
+from dtf.errors import HostFailure
+from dtf.hosts.netutil import CONNECT_TIMEOUT
+from dtf.hosts.transport import HostError, Transport, transport_for
+
+Progress = Callable[[str, str], None]  # (host, what it is doing now)
+
+T = TypeVar("T")
+
+
+@dataclass
+class Outcome(Generic[T]):
+    host: str
+    ok: bool
+    reason: str = ""
+    data: T | None = None
+    seconds: float = 0.0
+
+    @property
+    def value(self) -> T:
+        """The data of a host that succeeded."""
+        assert self.ok and self.data is not None, self
+        return self.data
+
+
+def failures(outcomes: dict[str, Outcome[T]]) -> dict[str, str]:
+    """The hosts that failed, with the reason."""
+    return {h: o.reason for h, o in outcomes.items() if not o.ok}
+
+
+def require_all(action: str, outcomes: dict[str, Outcome[T]]) -> dict[str, Outcome[T]]:
+    """The outcomes, when every host succeeded; else one HostFailure naming every host that failed."""
+    failed = failures(outcomes)
+    if failed:
+        raise HostFailure(action, failed)
+    return outcomes
+
+
+class Cancelled(Exception):
+    pass
+
+
+def no_progress(host: str, step: str) -> None:
+    pass
+
+
+class HostOps:
+    """The hosts of one plan, and how to act on all of them at once. Each operation (dtf.hostops's
+    start, syncing, status, stop...) takes one; `cancel` (Ctrl-C) stops every host at its next step."""
+
+    def __init__(self, plan: Plan, progress: Progress = no_progress,
+                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+        self.plan = plan
+        self.progress = progress
+        self.connect_timeout = connect_timeout
+        self.cancel = threading.Event()
+
+    def transport(self, hp: HostPlan) -> Transport:
+        return transport_for(hp.spec, self.plan.ssh_config, self.connect_timeout)
+
+    def each_host(self, fn: Callable[[HostPlan], T], hosts: Sequence[HostPlan] | None = None
+                  ) -> dict[str, Outcome[T]]:
+        """Run fn on every host in parallel; a HostError on one host is that host's outcome."""
+        hosts = self.plan.hosts if hosts is None else hosts
+
+        def one(hp: HostPlan) -> Outcome[T]:
+            t0 = time.monotonic()
+            try:
+                data = fn(hp)
+                self.progress(hp.name, "done")
+                return Outcome(hp.name, True, data=data, seconds=time.monotonic() - t0)
+            except (HostError, Cancelled) as e:
+                self.progress(hp.name, f"failed: {e}")
+                return Outcome(hp.name, False, reason=str(e), seconds=time.monotonic() - t0)
+            # Anything else is a bug, not the host's failure: it is raised once every host is done
+            # (the CLI shows one line and logs the traceback), never shown as "host: KeyError".
+
+        if not hosts:
+            return {}
+        with ThreadPoolExecutor(max_workers=len(hosts), thread_name_prefix="dtf-host") as pool:
+            futures = {hp.name: pool.submit(one, hp) for hp in hosts}
+            try:
+                wait(futures.values())
+            except KeyboardInterrupt:
+                self.cancel.set()  # the threads stop at their next step; each step is bounded
+                wait(futures.values())
+        return {name: f.result() for name, f in futures.items()}  # raises the first bug
+
+    def step(self, hp: HostPlan, what: str) -> None:
+        """Report the host's next step; Cancelled if the operation was cancelled."""
+        if self.cancel.is_set():
+            raise Cancelled("interrupted")
+        self.progress(hp.name, what)
+
+    def hosts_in(self, only: dict[str, set[str]]) -> tuple[HostPlan, ...]:
+        return tuple(hp for hp in self.plan.hosts if only.get(hp.name))

@@ -1,0 +1,62 @@
+"""Whether tasks reach each other and this machine reaches them: the mesh check of `up` (from each
+host, every other host's tasks), and the tasks this machine cannot reach (`dtf train`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from dtf.cluster.plan import HostPlan, TaskPlan
+from dtf.hostops.launcher import ask
+from dtf.hostops.parallel import HostOps, Outcome
+from dtf.hosts.netutil import port_open
+from dtf.hosts.transport import HostError
+from dtf_server.protocol import ReachReply
+
+MESH_TIMEOUT = 5.0  # seconds each host gives a connection to another host's task
+
+
+def probe_all(probe: Callable[[TaskPlan], bool], tasks: Sequence[TaskPlan]) -> list[bool]:
+    """`probe` each task, all at once: a host that drops packets costs one timeout, not one per task."""
+    if not tasks:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(tasks)), thread_name_prefix="dtf-probe") as pool:
+        return list(pool.map(probe, tasks))
+
+
+def check_mesh(ops: HostOps, timeout: float = MESH_TIMEOUT) -> dict[str, Outcome[None]]:
+    """From each host, open a connection to every task of the other hosts: each task reaches
+    every other at its planned address (FACTS.md), or training hangs. HostError names the pairs."""
+    def one(hp: HostPlan) -> None:
+        others = {t.address: t for t in ops.plan.tasks() if t.host != hp.name}
+        if not others:
+            return
+        ops.step(hp, "checking it reaches the other hosts' tasks")
+        with ops.transport(hp) as t:
+            reply = ask(t, hp, ReachReply, hp.reach_argv(list(others), timeout),
+                        "checking the other hosts' TF ports", timeout + 30)
+        if reply.unreachable:
+            raise HostError("; ".join(f"cannot reach {others[a].name} at {a} (on {others[a].host}): {why}"
+                                      for a, why in reply.unreachable.items()))
+
+    return ops.each_host(one)
+
+
+def unreachable(ops: HostOps, network: str, timeout: float, names: Collection[str] | None = None) -> list[TaskPlan]:
+    """The tasks (all, or those named) this machine cannot open a connection to: directly, or
+    (network ssh) through their host's SSH; every task of a host probed in parallel. Local
+    hosts' tasks are probed directly."""
+    def through(hp: HostPlan) -> list[TaskPlan]:
+        tasks = hp.tasks_in(names)
+        if network != "ssh" or hp not in ops.plan.remote_hosts:
+            return [task for task, ok in zip(tasks, probe_all(
+                lambda task: port_open(task.addr_host, task.port, timeout), tasks)) if not ok]
+        with ops.transport(hp) as t:
+            return [task for task, ok in zip(tasks, probe_all(
+                lambda task: t.reaches(task.address, timeout), tasks)) if not ok]
+
+    hosts = [hp for hp in ops.plan.hosts if hp.tasks_in(names)]
+    outcomes = ops.each_host(through, hosts)
+    lost = {task.name for hp in hosts for task in (
+        outcomes[hp.name].value if outcomes[hp.name].ok else hp.tasks_in(names))}
+    return [task for task in ops.plan.tasks() if task.name in lost]

@@ -1,0 +1,142 @@
+"""Starting the servers of a plan on its hosts (`dtf up`, a repair, collective mode's restore): ship
+the launcher, check the host's python and TensorFlow (or build its managed environment), close
+the TF ports to non-members when asked, start the servers, and check this machine reaches them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from dtf.cluster.plan import HostPlan, TaskPlan
+from dtf.files import environment
+from dtf.hostops.environments import Environments, EnvReport
+from dtf.hostops.launcher import decode, upload
+from dtf.hostops.parallel import HostOps, Outcome
+from dtf.hostops.reach import probe_all
+from dtf.hosts.netutil import port_open, wait_port
+from dtf.hosts.transport import HostError, Transport
+from dtf_server.procs import tf_version
+from dtf_server.protocol import CheckReply, FenceReply, StartReply
+
+REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to accept a connection
+DIRECT_PROBE = 2.0  # seconds a direct connection gets in ssh and auto mode (a dropping firewall: all of them)
+
+
+def local_tf_version() -> str | None:
+    """The laptop's TensorFlow version, asked the same way the launcher asks on each host."""
+    return tf_version()
+
+
+@dataclass(frozen=True)
+class HostStarted:
+    pids: dict[str, int]  # task -> its supervisor's pid
+    client_address: str | None  # the laptop's address as the host saw it
+    direct: bool = True  # its tasks' TF ports accept connections from this machine directly
+    env: EnvReport | None = None  # `python: managed`
+
+
+class Starter:
+    """One start of a plan's tasks. It remembers what it did, for the rollback: the hosts it
+    uploaded the launcher to (`touched`) and those it started tasks on (`started`)."""
+
+    def __init__(self, ops: HostOps) -> None:
+        self.ops = ops
+        self.env = Environments(ops)
+        self.touched: set[str] = set()  # hosts `up` uploaded the launcher to
+        self.started: set[str] = set()  # hosts `up` started tasks on
+
+    def up(self, only: dict[str, set[str]] | None = None) -> dict[str, Outcome[HostStarted]]:
+        """Start every task, or only the tasks named per host in `only`."""
+        version = local_tf_version()
+        if only is None:
+            return self.ops.each_host(lambda hp: self.start_host(hp, version))
+        return self.ops.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), self.ops.hosts_in(only))
+
+    def start_host(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None = None
+                   ) -> HostStarted:
+        """Start the host's tasks (or those named in `only`: the others keep running)."""
+        self.ops.step(hp, "connecting")
+        with self.ops.transport(hp) as t:
+            self.ops.step(hp, "uploading launcher")
+            self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
+            upload(t, hp)
+            self.ops.step(hp, "checking python and " + ("its environment" if hp.managed else "TensorFlow"))
+            r = t.run(hp.check_argv(only), timeout=30)
+            if r.exit_code in (126, 127) and hp.managed:  # the shell's "not found" / "not executable"
+                where = "on the PATH of an SSH command" if "/" not in hp.base_python else "there"
+                raise HostError(f"no python3 on the host (looked for {hp.base_python!r} {where}; "
+                                f"set base_python)")
+            if r.exit_code in (126, 127):
+                raise HostError(f"python missing: {hp.python!r} cannot be run there")
+            check = decode(CheckReply, r, f"{hp.base_python or hp.python} (the host's python)")
+            if hp.managed:  # its environment is checked below, once the ports are known to be free
+                if tf_version and tf_version != environment.TF_VERSION:
+                    raise HostError(f"TensorFlow mismatch: a managed environment holds dtf's pinned "
+                                    f"{environment.TF_VERSION}, this machine has {tf_version}")
+            elif check.tensorflow is None:
+                raise HostError(f"TensorFlow is not installed for {hp.python} "
+                                f"(install tensorflow-cpu=={tf_version} there, or set python: managed)")
+            elif tf_version and check.tensorflow != tf_version:
+                raise HostError(f"TensorFlow mismatch: {check.tensorflow} on the host ({hp.python}), "
+                                f"{tf_version} on this machine")
+            if check.running and only is None:
+                raise HostError(
+                    f"cluster {self.ops.plan.cluster!r} already runs here ({', '.join(check.running)} "
+                    f"in {hp.root}), started by another dtf (another DTF_HOME or machine): "
+                    f"`dtf down` it there, or name this cluster differently")
+            if check.busy:
+                raise HostError("port busy: " + ", ".join(
+                    f"{task.port} ({task.name})" for task in hp.tasks if task.port in check.busy))
+            env = self.env.build(t, hp, check, hp.tasks_in(only)[0].port) if hp.managed else None
+            if self.ops.plan.firewall == "members":
+                self._fence(t, hp, check.client_address)
+            tasks = hp.tasks_in(only)
+            self.ops.step(hp, f"starting {len(tasks)} server(s)")
+            self.started.add(hp.name)  # from here on, a rollback must stop tasks there
+            r = t.run(hp.start_argv_for(only), timeout=hp.start_timeout + 30)
+            started = decode(StartReply, r, "starting servers")
+            failed = {n: s for n, s in started.tasks.items() if not s.ok}
+            if failed:
+                name, s = next(iter(failed.items()))
+                log = " | ".join(line.strip() for line in s.log_tail[-5:] if line.strip())
+                raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
+            self.ops.step(hp, "checking the servers are reachable from here")
+            direct = self._reachable(t, hp, tasks)
+        return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
+                           client_address=check.client_address, direct=direct, env=env)
+
+    def _fence(self, t: Transport, hp: HostPlan, client_address: str | None) -> None:
+        """`firewall: members`: close the host's TF ports to all but the cluster's hosts (and the
+        laptop, in direct mode) before any server listens."""
+        self.ops.step(hp, "closing the TF ports to non-members")
+        allow = self.ops.plan.members()
+        if self.ops.plan.network_for(hp) == "direct" and client_address:
+            allow.append(client_address)
+        fenced = decode(FenceReply, t.run(hp.fence_argv(allow), timeout=60), "setting firewall rules")
+        if fenced.error:
+            raise HostError(f"firewall: members is not possible there: {fenced.error}")
+
+    def _reachable(self, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan]) -> bool:
+        """Check that this machine reaches every task as the plan's network says; whether the
+        TF ports accept connections from here directly (also in ssh mode: `up` reports it)."""
+        network = self.ops.plan.network_for(hp)
+        if network == "direct":
+            deadline = time.monotonic() + REACH_TIMEOUT
+            for task in tasks:
+                if not wait_port(task.addr_host, task.port, deadline):
+                    raise HostError(f"{task.name} serves on its host but {task.address} is not "
+                                    f"reachable from this machine (firewall? wrong address? try network: ssh)")
+            return True
+        direct = all(probe_all(lambda task: port_open(task.addr_host, task.port, DIRECT_PROBE), tasks))
+        if direct and network == "auto":
+            return True
+        deadline = time.monotonic() + REACH_TIMEOUT
+        for task in tasks:
+            while not t.reaches(task.address, timeout=min(5.0, REACH_TIMEOUT)):
+                if time.monotonic() > deadline:
+                    raise HostError(f"{task.name} serves on its host but {task.address} is not reachable "
+                                    f"through SSH from this machine (does its sshd allow TCP forwarding?)"
+                                    + ("" if network == "ssh" else ", nor directly"))
+                time.sleep(0.2)
+        return direct
