@@ -2,7 +2,7 @@
 
 `cli.py` parses arguments, calls one function here and prints what it returns; this module decides
 what happens to the hosts and to the record. Nothing here prints: host progress goes through a
-`ProgressView` the caller passes (the CLI's live table), so these functions run as well under
+`ProgressView` the caller passes (dtf.hostops.parallel) (the CLI's live table), so these functions run as well under
 tests.
 
 The rule that matters most: whatever `dtf up` started is stopped again unless the whole `up`
@@ -19,8 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -32,18 +31,11 @@ from dtf.cluster.state import Record
 from dtf.errors import ClusterChanged, HostFailure, InventoryError, NoCluster, Problem, UsageError
 from dtf.files import sync
 from dtf.hostops import lease, reach, status, stop, syncing
-from dtf.hostops.parallel import HostOps, Outcome, Progress
+from dtf.hostops.parallel import HostOps, Outcome, ProgressView, failures, no_view, require_all
 from dtf.hostops.start import HostStarted, Starter
 from dtf.hostops.stop import STOP_GRACE, HostStopped
 
 SERVER_ENV = "DTF_SERVER"  # what serves each task: `tensorflow` (default), or `fake[:options]` for tests
-# (hosts, title) -> a context manager yielding the per-host progress callback.
-ProgressView = Callable[[list[str], str], AbstractContextManager[Progress]]
-
-
-@contextlib.contextmanager
-def no_view(hosts: list[str], title: str) -> Iterator[Progress]:
-    yield lambda host, step: None
 
 
 def load_plan(inventory_path: Path, ttl: float | None = None, server: str = "tensorflow",
@@ -85,38 +77,85 @@ class UpResult:
 
 def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: bool = False,
        connect_timeout: float, view: ProgressView = no_view, packs: Sequence[sync.Pack] = ()) -> UpResult:
-    """Start the plan's cluster, and send it `packs` (the inventory's `sync:`, packed). If it is
-    up already: from the same inventory, restart only its tasks that are not serving (and send
-    what a host lacks); from a changed one, refuse (ClusterChanged), or with `replace` take the
-    old cluster down first."""
+    """`dtf up`: start the plan's cluster and send it `packs` (the inventory's `sync:`, packed).
+
+    1. plan: the record of a running cluster of that name decides. From the same inventory, the
+       cluster is repaired instead (`repair`); from a changed one, `up` refuses (ClusterChanged),
+       or with `replace` takes the old cluster down first.
+    2. connect, prepare, start, verify: `start`, every host in parallel (rolled back unless all
+       of it succeeds).
+    3. record: the new cluster's record, saved once.
+    """
     with state.locked():
-        if plan.cluster in state.names():
-            record = state.load(plan.cluster)
-            changes = differences(record.plan, plan)
-            if changes and not replace:
-                raise ClusterChanged(plan.cluster, record.inventory, str(inventory_path), changes)
-            if not changes:
-                result = repair(record, inventory_path, ttl, connect_timeout, view)
-                if packs:
-                    result.synced = send_packs(result.record.plan, packs, connect_timeout, view)
-                    result.record = record_synced(result.record.replace(
-                        plan=dataclasses.replace(result.record.plan, sync=plan.sync)), result.synced)
-                    state.save(result.record)
-                return result
-            teardown(record, keep_logs=False, grace=STOP_GRACE, connect_timeout=connect_timeout, view=view)
+        running = state.load(plan.cluster) if plan.cluster in state.names() else None
+        changes = differences(running.plan, plan) if running is not None else []
+        if running is not None and not changes:
+            return repair(running, plan, inventory_path, ttl, packs, connect_timeout, view)
+        if running is not None:
+            if not replace:
+                raise ClusterChanged(plan.cluster, running.inventory, str(inventory_path), changes)
+            teardown(running, keep_logs=False, grace=STOP_GRACE, connect_timeout=connect_timeout, view=view)
         t0 = time.monotonic()
-        outcomes, sent = start(plan, None, connect_timeout, view, packs)
-        client = next((o.value.client_address for o in outcomes.values() if o.value.client_address), None)
-        remote = [outcomes[hp.name].value for hp in plan.remote_hosts]
-        record = Record(plan=plan, inventory=str(inventory_path.resolve()), created=time.time(),
-                        chief_host=client or "127.0.0.1",  # the laptop as the hosts see it
-                        pids={name: pid for o in outcomes.values() for name, pid in o.value.pids.items()},
-                        network=resolve_network(plan, outcomes),
-                        tf_ports_open=any(h.direct for h in remote) if remote else True)
+        ops = HostOps(plan, connect_timeout=connect_timeout, view=view)
+        outcomes, sent = start(ops, None, packs)
         reports = syncing.reports(packs, sent)
-        record = record_synced(record, reports)
+        record = record_synced(new_record(plan, inventory_path, outcomes), reports)
         state.save(record)
     return UpResult(record, started=True, outcomes=outcomes, seconds=time.monotonic() - t0, synced=reports)
+
+
+def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.Pack] = ()
+          ) -> tuple[dict[str, Outcome[HostStarted]], dict[str, Outcome[sync.HostSynced]]]:
+    """Start the plan's tasks (or only some, per host) and send every host the packs, in phases:
+
+    - connect, prepare and start, every host in parallel (`Starter.up`; on each host: connect,
+      ship the launcher, check its python and TensorFlow or build its environment, close its TF
+      ports to non-members, start its servers, check this machine reaches them);
+    - send the packs to every host that lacks them;
+    - verify: every host reaches every other host's tasks (the mesh check).
+
+    Unless every host succeeded in every phase, stop what was started and raise: HostFailure,
+    or KeyboardInterrupt after Ctrl-C."""
+    plan = ops.plan
+    starter = Starter(ops)
+    failed: dict[str, str] = {}
+    succeeded = False
+    sent: dict[str, Outcome[sync.HostSynced]] = {}
+
+    def going() -> bool:
+        return not failed and not ops.cancel.is_set()
+
+    hosts = [hp for hp in plan.hosts if only is None or only.get(hp.name)]
+    with ops.shown(f"dtf up {plan.cluster}", hosts), ctrl_c_sets(ops.cancel):
+        try:
+            outcomes = starter.up(only)
+            failed = failures(outcomes)
+            if packs and going():
+                sent = syncing.send(ops, packs, syncing.hosts_of(plan))
+                failed = {h: f"sync: {reason}" for h, reason in failures(sent).items()}
+            if going():
+                failed = failures(reach.check_mesh(ops))
+            succeeded = going()
+        finally:
+            if not succeeded:
+                for host, why in rollback(ops, starter, only).items():
+                    failed[host] = f"{failed.get(host, 'started')}; rollback failed: {why}"
+    if ops.cancel.is_set():
+        raise KeyboardInterrupt
+    if failed:
+        raise HostFailure("dtf up", failed)
+    return outcomes, sent
+
+
+def new_record(plan: Plan, inventory_path: Path, outcomes: dict[str, Outcome[HostStarted]]) -> Record:
+    """The record of a cluster every host of `plan` started (`outcomes`)."""
+    client = next((o.value.client_address for o in outcomes.values() if o.value.client_address), None)
+    remote = [outcomes[hp.name].value for hp in plan.remote_hosts]
+    return Record(plan=plan, inventory=str(inventory_path.resolve()), created=time.time(),
+                  chief_host=client or "127.0.0.1",  # the laptop as the hosts see it
+                  pids={name: pid for o in outcomes.values() for name, pid in o.value.pids.items()},
+                  network=resolve_network(plan, outcomes),
+                  tf_ports_open=any(h.direct for h in remote) if remote else True)
 
 
 def resolve_network(plan: Plan, outcomes: dict[str, Outcome[HostStarted]]) -> str:
@@ -148,55 +187,89 @@ def ctrl_c_sets(event: threading.Event, signals: tuple[signal.Signals, ...] = (s
             signal.signal(sig, previous)
 
 
-def start(plan: Plan, only: dict[str, set[str]] | None, connect_timeout: float,
-          view: ProgressView = no_view, packs: Sequence[sync.Pack] = ()
-          ) -> tuple[dict[str, Outcome[HostStarted]], dict[str, Outcome[sync.HostSynced]]]:
-    """Start the plan's tasks (or only some, per host), and send every host the packs. Unless
-    every host succeeded, stop what was started and raise: HostFailure, or KeyboardInterrupt
-    after Ctrl-C."""
-    hosts = [h.name for h in plan.hosts if only is None or only.get(h.name)]
-    with view(hosts, f"dtf up {plan.cluster}") as progress:
-        ops = HostOps(plan, progress, connect_timeout=connect_timeout)
-        starter = Starter(ops)
-        failures: dict[str, str] = {}
-        succeeded = False
-        sent: dict[str, Outcome[sync.HostSynced]] = {}
-        with ctrl_c_sets(ops.cancel):
-            try:
-                outcomes = starter.up(only)
-                failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
-                if packs and not failures and not ops.cancel.is_set():
-                    sent = syncing.send(ops, packs, syncing.hosts_of(plan))
-                    failures = {h: f"sync: {o.reason}" for h, o in sent.items() if not o.ok}
-                if not failures and not ops.cancel.is_set():
-                    failures = {h: o.reason for h, o in reach.check_mesh(ops).items() if not o.ok}
-                succeeded = not failures and not ops.cancel.is_set()
-            finally:
-                if not succeeded:
-                    for host, why in rollback(plan, starter, only, progress, connect_timeout).items():
-                        failures[host] = f"{failures.get(host, 'started')}; rollback failed: {why}"
-    if ops.cancel.is_set():
-        raise KeyboardInterrupt
-    if failures:
-        raise HostFailure("dtf up", failures)
-    return outcomes, sent
+def rollback(ops: HostOps, done: Starter, only: dict[str, set[str]] | None) -> dict[str, str]:
+    """Undo what `done` did: stop the tasks it started and remove what it uploaded where it started
+    nothing. With `only` (a repair), stop just the tasks it restarted: the others were serving.
+    Returns the hosts where undoing failed, with the reason."""
+    # A fresh HostOps: `ops` may be cancelled (Ctrl-C), and a cancelled one refuses every step.
+    undo = HostOps(ops.plan, ops.progress, connect_timeout=ops.connect_timeout)
+    undone: dict[str, Outcome[Any]]
+    if only is None:
+        started = tuple(hp for hp in ops.plan.hosts if hp.name in done.started)
+        uploaded = tuple(hp for hp in ops.plan.hosts if hp.name in done.touched - done.started)
+        undone = {**stop.down(undo, hosts=started), **stop.remove_launcher(undo, uploaded)}
+    else:
+        undone = stop.stop_tasks(undo, {h: only[h] for h in only if h in done.started})
+    return failures(undone)
 
 
-def send_packs(plan: Plan, packs: Sequence[sync.Pack], connect_timeout: float,
-               view: ProgressView = no_view) -> list[sync.Report]:
+# -- repair -----------------------------------------------------------------------------------
+def repair(record: Record, plan: Plan, inventory_path: Path, ttl: float | None, packs: Sequence[sync.Pack],
+           connect_timeout: float, view: ProgressView = no_view) -> UpResult:
+    """`dtf up` on a cluster that is up from the same inventory (`plan`): restart only the tasks
+    that are not serving (their supervisor gave up, or was killed, or the host rebooted), then
+    send the packs a host lacks; a new `--ttl` renews the lease with it first."""
+    new_ttl = ttl if ttl is not None and any(hp.ttl != ttl for hp in record.plan.hosts) else None
+    running = record.plan
+    if new_ttl is not None:
+        running = dataclasses.replace(running, hosts=tuple(dataclasses.replace(hp, ttl=new_ttl)
+                                                           for hp in running.hosts))
+    ops = HostOps(running, connect_timeout=connect_timeout, view=view)
+    if new_ttl is not None:
+        for o in lease.renew(ops, new_ttl).values():
+            if not o.ok:
+                raise HostFailure("dtf up (renewing the lease)", {o.host: o.reason})
+        record = record.replace(plan=running)
+        state.save(record)  # the hosts' leases changed: the record says so, whatever follows
+    result = restart_dead(ops, record, inventory_path)
+    result.new_ttl = new_ttl
+    if packs:
+        result.synced = send_packs(ops, packs)
+        result.record = record_synced(result.record.replace(
+            plan=dataclasses.replace(result.record.plan, sync=plan.sync)), result.synced)
+        state.save(result.record)
+    return result
+
+
+def restart_dead(ops: HostOps, record: Record, inventory_path: Path) -> UpResult:
+    """Restart the tasks of the running cluster that are not serving (and save their new pids)."""
+    states = status.states(ops)
+    unknown = {s.task.host: s.reason or "unknown" for s in states if s.state == "unknown"}
+    if unknown:
+        raise HostFailure("dtf up (checking the running cluster)", unknown)
+    dead = [s for s in states if s.state != "alive"]
+    if not dead:
+        return UpResult(record, serving=len(states))
+    t0 = time.monotonic()
+    only = _by_host([(s.task.host, s.task.name) for s in dead])
+    stop.stop_tasks(ops, only)  # supervisors that gave up
+    outcomes, _ = start(ops, only)
+    pids = dict(record.pids)
+    for started in outcomes.values():
+        pids.update(started.value.pids)
+    record = record.replace(pids=pids, inventory=str(inventory_path.resolve()))
+    state.save(record)
+    return UpResult(record, outcomes=outcomes, seconds=time.monotonic() - t0,
+                    restarted=[(s.task.name, s.state) for s in dead], serving=len(states) - len(dead))
+
+
+def _by_host(tasks: list[tuple[str, str]]) -> dict[str, set[str]]:
+    only: dict[str, set[str]] = {}
+    for host, task in tasks:
+        only.setdefault(host, set()).add(task)
+    return only
+
+
+# -- sync -------------------------------------------------------------------------------------
+def send_packs(ops: HostOps, packs: Sequence[sync.Pack]) -> list[sync.Report]:
     """Make sure every host of a running cluster holds the packs (HostFailure: the hosts that
     do not). Nothing is stopped when a host fails: the cluster was up before."""
-    hosts = syncing.hosts_of(plan)
-    with view([hp.name for hp in hosts], f"dtf sync {plan.cluster}") as progress:
-        ops = HostOps(plan, progress, connect_timeout=connect_timeout)
-        with ctrl_c_sets(ops.cancel):
-            sent = syncing.send(ops, packs, hosts)
+    hosts = syncing.hosts_of(ops.plan)
+    with ops.shown(f"dtf sync {ops.plan.cluster}", hosts), ctrl_c_sets(ops.cancel):
+        sent = syncing.send(ops, packs, hosts)
     if ops.cancel.is_set():
         raise KeyboardInterrupt
-    failures = {h: o.reason for h, o in sent.items() if not o.ok}
-    if failures:
-        raise HostFailure("dtf sync", failures)
-    return syncing.reports(packs, sent)
+    return syncing.reports(packs, require_all("dtf sync", sent))
 
 
 def record_synced(record: Record, reports: Sequence[sync.Report]) -> Record:
@@ -210,7 +283,7 @@ def sync_to(name: str | None, packs: Sequence[sync.Pack], *, connect_timeout: fl
     lock is held only to read and to write the record, not while the bytes travel."""
     with state.locked():
         record = state.load(state.resolve_name(name))
-    reports = send_packs(record.plan, packs, connect_timeout, view)
+    reports = send_packs(HostOps(record.plan, connect_timeout=connect_timeout, view=view), packs)
     with state.locked():
         try:
             now = state.load(record.cluster)
@@ -222,67 +295,6 @@ def sync_to(name: str | None, packs: Sequence[sync.Pack], *, connect_timeout: fl
         record = record_synced(now, reports)
         state.save(record)
     return record, reports
-
-
-def rollback(plan: Plan, done: Starter, only: dict[str, set[str]] | None, progress: Progress,
-             connect_timeout: float) -> dict[str, str]:
-    """Undo what `done` did: stop the tasks it started and remove what it uploaded where it started
-    nothing. With `only` (a repair), stop just the tasks it restarted: the others were serving.
-    Returns the hosts where undoing failed, with the reason."""
-    # A fresh HostOps: `done`'s may be cancelled (Ctrl-C), and a cancelled one refuses every step.
-    undo = HostOps(plan, progress, connect_timeout=connect_timeout)
-    undone: dict[str, Outcome[Any]]
-    if only is None:
-        started = tuple(hp for hp in plan.hosts if hp.name in done.started)
-        uploaded = tuple(hp for hp in plan.hosts if hp.name in done.touched - done.started)
-        undone = {**stop.down(undo, hosts=started), **stop.remove_launcher(undo, uploaded)}
-    else:
-        undone = stop.stop_tasks(undo, {h: only[h] for h in only if h in done.started})
-    return {host: o.reason for host, o in undone.items() if not o.ok}
-
-
-def _by_host(tasks: list[tuple[str, str]]) -> dict[str, set[str]]:
-    only: dict[str, set[str]] = {}
-    for host, task in tasks:
-        only.setdefault(host, set()).add(task)
-    return only
-
-
-def repair(record: Record, inventory_path: Path, ttl: float | None, connect_timeout: float,
-           view: ProgressView = no_view) -> UpResult:
-    """`dtf up` on a cluster that is up from the same inventory: restart only the tasks that are
-    not serving (their supervisor gave up, or was killed, or the host rebooted); a new `--ttl`
-    renews the lease with it."""
-    plan = record.plan
-    new_ttl = ttl if ttl is not None and any(hp.ttl != ttl for hp in plan.hosts) else None
-    if new_ttl is not None:
-        plan = dataclasses.replace(plan, hosts=tuple(dataclasses.replace(hp, ttl=new_ttl) for hp in plan.hosts))
-    ops = HostOps(plan, connect_timeout=connect_timeout)
-    if new_ttl is not None:
-        for o in lease.renew(ops, new_ttl).values():
-            if not o.ok:
-                raise HostFailure("dtf up (renewing the lease)", {o.host: o.reason})
-        record = record.replace(plan=plan)
-        state.save(record)
-    states = status.states(ops)
-    unknown = {s.task.host: s.reason or "unknown" for s in states if s.state == "unknown"}
-    if unknown:
-        raise HostFailure("dtf up (checking the running cluster)", unknown)
-    dead = [s for s in states if s.state != "alive"]
-    if not dead:
-        return UpResult(record, serving=len(states), new_ttl=new_ttl)
-    t0 = time.monotonic()
-    only = _by_host([(s.task.host, s.task.name) for s in dead])
-    stop.stop_tasks(ops, only)  # supervisors that gave up
-    outcomes, _ = start(plan, only, connect_timeout, view)
-    pids = dict(record.pids)
-    for started in outcomes.values():
-        pids.update(started.value.pids)
-    record = record.replace(pids=pids, inventory=str(inventory_path.resolve()))
-    state.save(record)
-    return UpResult(record, outcomes=outcomes, seconds=time.monotonic() - t0,
-                    restarted=[(s.task.name, s.state) for s in dead], serving=len(states) - len(dead),
-                    new_ttl=new_ttl)
 
 
 # -- down -------------------------------------------------------------------------------------
@@ -317,9 +329,9 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
     plan = record.plan
     record = record.replace(taking_down=True)
     state.save(record)  # a `dtf train` on this cluster sees it and stops its program
-    with view([h.name for h in plan.hosts], f"dtf down {plan.cluster}") as progress:
-        outcomes = stop.down(HostOps(plan, progress, connect_timeout=connect_timeout), keep_logs=keep_logs,
-                             grace=grace, purge=purge)
+    ops = HostOps(plan, connect_timeout=connect_timeout, view=view)
+    with ops.shown(f"dtf down {plan.cluster}"):
+        outcomes = stop.down(ops, keep_logs=keep_logs, grace=grace, purge=purge)
     from dtf.hosts.tunnel import close_masters
 
     close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts])  # a killed `dtf train`'s

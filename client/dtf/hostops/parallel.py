@@ -9,10 +9,12 @@ Nothing here prints: progress goes through a callback, so the CLI decides how it
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -22,6 +24,8 @@ from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError, Transport, transport_for
 
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
+# (hosts, title) -> a context manager yielding the per-host progress callback (the CLI's live table).
+ProgressView = Callable[[list[str], str], AbstractContextManager[Progress]]
 
 T = TypeVar("T")
 
@@ -62,16 +66,33 @@ def no_progress(host: str, step: str) -> None:
     pass
 
 
+@contextlib.contextmanager
+def no_view(hosts: list[str], title: str) -> Iterator[Progress]:
+    yield no_progress
+
+
 class HostOps:
     """The hosts of one plan, and how to act on all of them at once. Each operation (dtf.hostops's
     start, syncing, status, stop...) takes one; `cancel` (Ctrl-C) stops every host at its next step."""
 
     def __init__(self, plan: Plan, progress: Progress = no_progress,
-                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT, view: ProgressView = no_view) -> None:
         self.plan = plan
         self.progress = progress
         self.connect_timeout = connect_timeout
+        self.view = view
         self.cancel = threading.Event()
+
+    @contextlib.contextmanager
+    def shown(self, title: str, hosts: Sequence[HostPlan] | None = None) -> Iterator[None]:
+        """While inside, the hosts' steps (all, or those given) show in `view` under `title`."""
+        hosts = self.plan.hosts if hosts is None else hosts
+        with self.view([hp.name for hp in hosts], title) as progress:
+            before, self.progress = self.progress, progress
+            try:
+                yield
+            finally:
+                self.progress = before
 
     def transport(self, hp: HostPlan) -> Transport:
         return transport_for(hp.spec, self.plan.ssh_config, self.connect_timeout)

@@ -55,56 +55,69 @@ class Starter:
 
     def start_host(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None = None
                    ) -> HostStarted:
-        """Start the host's tasks (or those named in `only`: the others keep running)."""
+        """Start the host's tasks (or those named in `only`: the others keep running): connect,
+        prepare the host, start its servers, and verify this machine reaches them."""
         self.ops.step(hp, "connecting")
         with self.ops.transport(hp) as t:
-            self.ops.step(hp, "uploading launcher")
-            self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
-            upload(t, hp)
-            self.ops.step(hp, "checking python and " + ("its environment" if hp.managed else "TensorFlow"))
-            r = t.run(hp.check_argv(only), timeout=30)
-            if r.exit_code in (126, 127) and hp.managed:  # the shell's "not found" / "not executable"
-                where = "on the PATH of an SSH command" if "/" not in hp.base_python else "there"
-                raise HostError(f"no python3 on the host (looked for {hp.base_python!r} {where}; "
-                                f"set base_python)")
-            if r.exit_code in (126, 127):
-                raise HostError(f"python missing: {hp.python!r} cannot be run there")
-            check = decode(CheckReply, r, f"{hp.base_python or hp.python} (the host's python)")
-            if hp.managed:  # its environment is checked below, once the ports are known to be free
-                if tf_version and tf_version != environment.TF_VERSION:
-                    raise HostError(f"TensorFlow mismatch: a managed environment holds dtf's pinned "
-                                    f"{environment.TF_VERSION}, this machine has {tf_version}")
-            elif check.tensorflow is None:
-                raise HostError(f"TensorFlow is not installed for {hp.python} "
-                                f"(install tensorflow-cpu=={tf_version} there, or set python: managed)")
-            elif tf_version and check.tensorflow != tf_version:
-                raise HostError(f"TensorFlow mismatch: {check.tensorflow} on the host ({hp.python}), "
-                                f"{tf_version} on this machine")
-            if check.running and only is None:
-                raise HostError(
-                    f"cluster {self.ops.plan.cluster!r} already runs here ({', '.join(check.running)} "
-                    f"in {hp.root}), started by another dtf (another DTF_HOME or machine): "
-                    f"`dtf down` it there, or name this cluster differently")
-            if check.busy:
-                raise HostError("port busy: " + ", ".join(
-                    f"{task.port} ({task.name})" for task in hp.tasks if task.port in check.busy))
+            check = self._check(t, hp, tf_version, only)
             env = self.env.build(t, hp, check, hp.tasks_in(only)[0].port) if hp.managed else None
             if self.ops.plan.firewall == "members":
                 self._fence(t, hp, check.client_address)
-            tasks = hp.tasks_in(only)
-            self.ops.step(hp, f"starting {len(tasks)} server(s)")
-            self.started.add(hp.name)  # from here on, a rollback must stop tasks there
-            r = t.run(hp.start_argv_for(only), timeout=hp.start_timeout + 30)
-            started = decode(StartReply, r, "starting servers")
-            failed = {n: s for n, s in started.tasks.items() if not s.ok}
-            if failed:
-                name, s = next(iter(failed.items()))
-                log = " | ".join(line.strip() for line in s.log_tail[-5:] if line.strip())
-                raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
+            started = self._start_servers(t, hp, only)
             self.ops.step(hp, "checking the servers are reachable from here")
-            direct = self._reachable(t, hp, tasks)
+            direct = self._reachable(t, hp, hp.tasks_in(only))
         return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
                            client_address=check.client_address, direct=direct, env=env)
+
+    def _check(self, t: Transport, hp: HostPlan, tf_version: str | None, only: Collection[str] | None
+               ) -> CheckReply:
+        """Ship the launcher and check the host: its python and TensorFlow (a managed host's
+        environment is checked by `Environments.build`, once the ports are known to be free),
+        no other dtf's cluster of this name there, its planned ports free."""
+        self.ops.step(hp, "uploading launcher")
+        self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
+        upload(t, hp)
+        self.ops.step(hp, "checking python and " + ("its environment" if hp.managed else "TensorFlow"))
+        r = t.run(hp.check_argv(only), timeout=30)
+        if r.exit_code in (126, 127) and hp.managed:  # the shell's "not found" / "not executable"
+            where = "on the PATH of an SSH command" if "/" not in hp.base_python else "there"
+            raise HostError(f"no python3 on the host (looked for {hp.base_python!r} {where}; "
+                            f"set base_python)")
+        if r.exit_code in (126, 127):
+            raise HostError(f"python missing: {hp.python!r} cannot be run there")
+        check = decode(CheckReply, r, f"{hp.base_python or hp.python} (the host's python)")
+        if hp.managed:
+            if tf_version and tf_version != environment.TF_VERSION:
+                raise HostError(f"TensorFlow mismatch: a managed environment holds dtf's pinned "
+                                f"{environment.TF_VERSION}, this machine has {tf_version}")
+        elif check.tensorflow is None:
+            raise HostError(f"TensorFlow is not installed for {hp.python} "
+                            f"(install tensorflow-cpu=={tf_version} there, or set python: managed)")
+        elif tf_version and check.tensorflow != tf_version:
+            raise HostError(f"TensorFlow mismatch: {check.tensorflow} on the host ({hp.python}), "
+                            f"{tf_version} on this machine")
+        if check.running and only is None:
+            raise HostError(
+                f"cluster {self.ops.plan.cluster!r} already runs here ({', '.join(check.running)} "
+                f"in {hp.root}), started by another dtf (another DTF_HOME or machine): "
+                f"`dtf down` it there, or name this cluster differently")
+        if check.busy:
+            raise HostError("port busy: " + ", ".join(
+                f"{task.port} ({task.name})" for task in hp.tasks if task.port in check.busy))
+        return check
+
+    def _start_servers(self, t: Transport, hp: HostPlan, only: Collection[str] | None) -> StartReply:
+        tasks = hp.tasks_in(only)
+        self.ops.step(hp, f"starting {len(tasks)} server(s)")
+        self.started.add(hp.name)  # from here on, a rollback must stop tasks there
+        r = t.run(hp.start_argv_for(only), timeout=hp.start_timeout + 30)
+        started = decode(StartReply, r, "starting servers")
+        failed = {n: s for n, s in started.tasks.items() if not s.ok}
+        if failed:
+            name, s = next(iter(failed.items()))
+            log = " | ".join(line.strip() for line in s.log_tail[-5:] if line.strip())
+            raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
+        return started
 
     def _fence(self, t: Transport, hp: HostPlan, client_address: str | None) -> None:
         """`firewall: members`: close the host's TF ports to all but the cluster's hosts (and the
