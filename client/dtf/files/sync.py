@@ -41,18 +41,6 @@ from typing import IO, Any, Protocol
 from dtf.errors import DtfError, ExitCode
 from dtf_server import layout
 
-
-class _Spec(Protocol):
-    @property
-    def workdir(self) -> str: ...
-
-
-class _Host(Protocol):
-    """A host of a plan (dtf.cluster.plan.HostPlan): this layer is below the plan."""
-
-    @property
-    def spec(self) -> _Spec: ...
-
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 LARGE = 100 * 2**20  # a transfer above this many bytes gets a warning naming its largest files
 PROGRESS_EVERY = 0.25  # seconds between progress updates of one host's transfer
@@ -139,6 +127,18 @@ def list_files(root: Path) -> FileList:
 
 
 # -- the pack ---------------------------------------------------------------------------------
+class _Spec(Protocol):
+    @property
+    def workdir(self) -> str: ...
+
+
+class _Host(Protocol):
+    """A host of a plan (dtf.cluster.plan.HostPlan): this layer is below the plan."""
+
+    @property
+    def spec(self) -> _Spec: ...
+
+
 @dataclass(frozen=True)
 class Synced:
     """A tree as the hosts hold it (and the record remembers it)."""

@@ -20,10 +20,10 @@ from dtf.cluster import state
 from dtf.cluster.plan import GRPC_KEEPALIVE, Plan
 from dtf.cluster.state import Record
 from dtf.errors import ClusterDown, DtfError, UsageError
-from dtf.hostops import reach, status
+from dtf.hostops import reach
 from dtf.hostops.lease import LeaseKeeper
 from dtf.hostops.parallel import HostOps
-from dtf.hostops.status import TaskState
+from dtf.hostops.status import TaskState, states
 from dtf.hosts.netutil import CONNECT_TIMEOUT, free_ports
 from dtf.program import noise
 from dtf_server.procs import EXIT_STATUS_ENV, ended_before_crash, exit_reason
@@ -151,7 +151,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
 
 def ps_states(ops: HostOps) -> list[TaskState]:
     """Each ps task's state as its host reports it."""
-    return [s for s in status.states(ops) if s.task.job == "ps"]
+    return [s for s in states(ops) if s.task.job == "ps"]
 
 
 def ps_incarnations(ops: HostOps) -> dict[str, tuple[int, int | None]]:
