@@ -141,3 +141,16 @@ def test_the_check_finds_a_cycle(tmp_path: Path) -> None:
     (pkg / "b.py").write_text("from dtf.a import x\n")
     (pkg / "c.py").write_text("import dtf.b\n")
     assert cycles(imports(modules(tmp_path))) == [["dtf.a.x", "dtf.b"]]
+
+
+def test_the_host_side_never_imports_dtf() -> None:
+    """dtf_server ships alone to the hosts (standard library and TensorFlow only): dtf may import
+    it, never the reverse."""
+    server = ROOT.parent / "server"
+    wrong = []
+    for f in sorted(server.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            wrong += [f"{f.relative_to(server)}: imports {n}" for n in names if n == "dtf" or n.startswith("dtf.")]
+    assert not wrong, wrong
