@@ -6,7 +6,9 @@
 It is TensorFlow's "Multi-worker training with Keras" tutorial's single-worker program
 (mnist_dataset, build_and_compile_cnn_model, fit for 3 epochs of 70 steps), with two changes: the
 data is made here (no download: `load_data` below stands in for tf.keras.datasets.mnist), and it
-evaluates the model on held-out data at the end.
+evaluates the model on held-out data at the end. Its datasets, the held-out one included, are
+made before the model, as scripts usually do: `--wrap` connects the program to the cluster before
+its first op, so they are usable after the strategy is made.
 """
 
 import numpy as np
@@ -60,10 +62,9 @@ def build_and_compile_cnn_model():
 
 batch_size = 64
 single_worker_dataset = mnist_dataset(batch_size)
-single_worker_model = build_and_compile_cnn_model()
-single_worker_model.fit(single_worker_dataset, epochs=3, steps_per_epoch=70)
-
 _, (x_test, y_test) = load_data()
 test_dataset = tf.data.Dataset.from_tensor_slices((x_test / np.float32(255), y_test.astype(np.int64))).batch(batch_size)
+single_worker_model = build_and_compile_cnn_model()
+single_worker_model.fit(single_worker_dataset, epochs=3, steps_per_epoch=70)
 loss, accuracy = single_worker_model.evaluate(test_dataset)
 print(f"test loss {loss:.4f}, test accuracy {accuracy:.4f}")

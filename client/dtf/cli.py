@@ -199,7 +199,8 @@ def train(
         record = _recorded(cluster)
         raise typer.Exit(run_collective(record, str(program), list(args or []), str(output) if output else None,
                                         attempts=attempts, join_timeout=join_timeout,
-                                        connect_timeout=connect_timeout, taken_down=lambda: taken_down(record)))
+                                        connect_timeout=connect_timeout, taken_down=lambda: taken_down(record),
+                                        verbose=verbose))
     code = run_program(_recorded(cluster), str(program), list(args or []),
                        str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
                        connect_timeout=connect_timeout, verbose=verbose, hook_env=hook_env)

@@ -54,6 +54,9 @@ def test_collective_learns_on_three_hosts_and_brings_the_chief_output_back(lab, 
     # Output streamed here, prefixed per task.
     assert "[worker:0 h0] epoch 2 done" in r.stdout, r.stdout[-3000:]
     assert any(line.startswith("[worker:2 h2] ") for line in r.stdout.splitlines())
+    # Without TensorFlow's C++ INFO and WARNING lines, as under `dtf train` (dtf.program.noise).
+    copies = [line.split("] ", 1)[1] for line in r.stdout.splitlines() if line.startswith("[worker:")]
+    assert not [x for x in copies if x.startswith(("I0000 ", "W0000 "))], r.stdout[-3000:]
     s = json.loads((out / "summary.json").read_text())
     assert s["workers"] == 3 and s["loss"][-1] < 0.7 * s["loss"][0], s
     assert (out / "keras-model" / "saved_model.pb").exists()

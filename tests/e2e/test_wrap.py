@@ -11,6 +11,8 @@ import pytest
 from dtf.hosts.netutil import free_ports
 from helpers import EXAMPLES, dtf
 
+PROGRAMS = Path(__file__).parent / "programs"
+
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 
@@ -41,6 +43,49 @@ def test_the_tutorial_script_trains_unchanged(cluster: Path):
     assert epochs[-1][0] < epochs[0][0] and epochs[-1][1] > epochs[0][1], epochs  # it learns
     test = re.search(r"^test loss ([\d.]+), test accuracy ([\d.]+)", r.stdout, re.M)
     assert test and float(test.group(2)) > 0.3, r.stdout  # 10 classes: chance is 0.1
+
+
+def test_the_tutorials_order_datasets_tensors_and_config_before_the_model(cluster: Path):
+    """Made before the first layer (tf.config, a tensor and a variable at import, the training and
+    the finite test dataset), used after it: --wrap connected the program to the cluster before
+    its first op, so nothing names the local job (`/job:localhost ... unknown device`)."""
+    r = dtf("train", "--wrap", str(PROGRAMS / "wrap_tutorial.py"), home=cluster, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "unknown device" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-4000:]
+    wrap_lines = [line for line in r.stderr.splitlines() if line.startswith("dtf: --wrap:")]
+    assert len(wrap_lines) == 1, r.stderr[-4000:]
+    assert "made a ParameterServerStrategy (2 workers, 1 ps)" in wrap_lines[0]
+    assert "steps_per_epoch=32 (its length)" in wrap_lines[0]
+    test = re.search(r"^tutorial: test loss ([\d.]+), test accuracy ([\d.]+)", r.stdout, re.M)
+    assert test and float(test.group(2)) > 0.5, r.stdout  # 4 classes: chance is 0.25
+    assert "tutorial: scale 1.0, seen 512" in r.stdout  # the import-time tensor and variable
+    assert "tutorial: inter-op threads 2" in r.stdout  # tf.config before the first op acted
+
+
+MIRRORED = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+
+    data = tf.data.Dataset.from_tensor_slices((np.ones((64, 4), "float32"), np.ones(64, "int64"))).batch(16)
+    strategy = tf.distribute.MirroredStrategy()
+    print("replicas", strategy.num_replicas_in_sync)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(4,))])
+        model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(data, epochs=1, verbose=2)
+    print("evaluated", round(float(model.evaluate(data, verbose=0)), 1) >= 0)
+""")
+
+
+def test_a_strategy_of_its_own_is_left_alone(cluster: Path, tmp_path: Path):
+    """A MirroredStrategy made after the program's first op (the program is then connected to the
+    cluster) mirrors over this machine's devices, as on one machine, not over the cluster's."""
+    program = tmp_path / "mirrored.py"
+    program.write_text(MIRRORED)
+    r = dtf("train", "--wrap", str(program), home=cluster, timeout=300)
+    assert r.returncode == 0, (r.stdout, r.stderr[-4000:])
+    assert "replicas 1" in r.stdout and "evaluated True" in r.stdout, r.stdout
+    assert "dtf: --wrap: the program uses a strategy of its own (MirroredStrategy): --wrap changes nothing" in r.stderr
 
 
 VARIANTS = textwrap.dedent("""

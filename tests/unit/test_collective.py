@@ -107,13 +107,13 @@ def test_gpus_key_errors() -> None:
 
 # -- the watch loop, with fake followers --------------------------------------------------------
 def fake_run(monkeypatch: pytest.MonkeyPatch, script: dict[str, list[tuple[float, Any]]],
-             join_timeout: float = 30.0) -> tuple[collective.CollectiveRun, list[str]]:
+             join_timeout: float = 30.0, verbose: bool = False) -> tuple[collective.CollectiveRun, list[str]]:
     """A CollectiveRun on 3 workers whose followers put `script`'s events at their times; stop()
     ends every copy that has not ended (as TERM would) and is recorded."""
     plan = plan_of("[{host: h0, workers: 1}, {host: h1, workers: 1}, {host: h2, workers: 1}]")
     record = Record(plan=plan, inventory="i.yaml", created=0.0, chief_host="127.0.0.1")
     run = collective.CollectiveRun(record, __import__("pathlib").Path("p.py"), [], __import__("pathlib").Path("o"),
-                                   join_timeout=join_timeout, grace=1.0)
+                                   join_timeout=join_timeout, grace=1.0, verbose=verbose)
     calls: list[str] = []
     stopped = threading.Event()
 
@@ -161,6 +161,43 @@ def test_the_first_failure_stops_every_copy_and_is_named(monkeypatch: pytest.Mon
     assert result.chief_code == 143  # stopped with TERM
     out = capsys.readouterr()
     assert "[worker:0 h0] epoch 0 done\n" in out.out and "[worker:1 h1] about to die\n" in out.out
+
+
+# As a copy's log holds them (TensorFlow 2.21, MultiWorkerMirroredStrategy on CPUs).
+CHATTER = [
+    "I0000 00:00:1795433291.552365   18585 cpu_feature_guard.cc:227] This TensorFlow binary is optimized "
+    "to use available CPU instructions in performance-critical operations.",
+    "To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow with the "
+    "appropriate compiler flags.",
+    "I0000 00:00:1795433299.401701   18585 generator_dataset_op.cc:213] Memory patch applied to the "
+    "tf.data generator dataset",
+    "W0000 00:00:1795433299.758108   21054 collective_ops.cc:412] collective op waits",
+]
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_tensorflows_chatter_is_left_out_of_the_output_and_the_last_lines(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], verbose: bool) -> None:
+    """As under `dtf train` (dtf.program.noise): a failed copy is quoted by its own lines, not TensorFlow's
+    C++ INFO and WARNING lines; --verbose shows everything, as TensorFlow printed it."""
+    joined = [(0.0, follow.Joined(f"worker:{i}")) for i in range(3)]
+    lines = ["Epoch 1/3", CHATTER[0], CHATTER[1], "ValueError: the program's own error", *CHATTER[2:]]
+    run, _ = fake_run(monkeypatch, {
+        "worker:0": [joined[0]],
+        "worker:1": [joined[1], *[(0.05, follow.Line("worker:1", text)) for text in lines],
+                     (0.1, follow.Ended("worker:1", 1, "exited with code 1"))],
+        "worker:2": [joined[2]],
+    }, verbose=verbose)
+    failure = run.watch(threading.Event()).failure
+    out = capsys.readouterr().out
+    assert failure is not None
+    if verbose:
+        assert failure.last_lines == tuple(lines[-5:])
+        assert all(f"[worker:1 h1] {text}\n" in out for text in lines)
+    else:
+        assert failure.describe() == ("worker:1 (h1) failed first: exited with code 1; last lines: Epoch 1/3 | "
+                                      "ValueError: the program's own error")
+        assert out == "[worker:1 h1] Epoch 1/3\n[worker:1 h1] ValueError: the program's own error\n"
 
 
 @pytest.mark.parametrize("heard_again", [False, True])

@@ -63,3 +63,12 @@ def test_a_partial_line_that_cannot_be_noise_passes_at_once() -> None:
     assert out == [b"\r 40%|####      | 4/10"]
     noise.feed(b"\r100%|##########| 10/10\n")
     assert b"".join(out) == b"\r 40%|####      | 4/10\r100%|##########| 10/10\n"
+
+
+def test_whole_lines_are_judged_as_the_stream_is() -> None:
+    """`keeps`, for output that comes in lines (collective mode's copies): the same verdicts, the
+    continuation lines of a noise line included."""
+    noise = NoiseFilter()
+    text = (NOISY + KEPT).decode()
+    kept = [line for line in text.splitlines() if noise.keeps(line)]
+    assert "\n".join(kept) + "\n" == filtered(NOISY + KEPT).decode()

@@ -9,7 +9,8 @@ What happens, in order:
 3. Each host's launcher starts its copies (`run`): each with its task's TF_CONFIG, in its own
    process group, supervised like a server, logging to its task's log, working in its output
    directory (dtf_server.program). One follower per copy streams its output here, prefixed
-   `[worker:1 h2] `.
+   `[worker:1 h2] `, without TensorFlow's C++ chatter (dtf.program.noise, as under `dtf train`)
+   unless `verbose`.
 4. A start deadline: every copy must have joined (dtf.program.hooks.collective) within `join_timeout`,
    else dtf stops them all and names the tasks that never joined, and why when it can tell.
 5. The first copy that fails (or whose host is lost) stops all of them (TERM, then KILL), and
@@ -54,6 +55,7 @@ from dtf.hostops.parallel import HostOps
 from dtf.hostops.start import Starter
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError
+from dtf.program import noise
 from dtf_server import program as host_program
 from dtf_server.protocol import ReachReply, StartReply, TaskSpec
 
@@ -180,11 +182,12 @@ class CollectiveRun:
     def __init__(self, record: Record, program: Path, args: list[str], output: Path,
                  join_timeout: float = JOIN_TIMEOUT, grace: float = STOP_GRACE,
                  connect_timeout: float = CONNECT_TIMEOUT, host_lost: float = follow.HOST_LOST,
-                 taken_down: Callable[[], bool] = lambda: False) -> None:
+                 taken_down: Callable[[], bool] = lambda: False, verbose: bool = False) -> None:
         self.record, self.plan = record, record.plan
         self.program, self.args, self.output = program, args, output
         self.join_timeout, self.grace, self.host_lost = join_timeout, grace, host_lost
         self.connect_timeout = connect_timeout
+        self.verbose = verbose  # TensorFlow's C++ INFO and WARNING lines too
         self.ops = HostOps(self.plan, connect_timeout=connect_timeout)
         self.workers = workers(self.plan)
         self.hosts = [hp for hp in self.plan.hosts if any(t.job == "worker" for t in hp.tasks)]
@@ -306,6 +309,9 @@ class CollectiveRun:
             th.start()
         result = Attempt()
         last: dict[str, deque[str]] = {t.name: deque(maxlen=LAST_LINES) for t in self.workers}
+        # What is printed and quoted is the program's own output, as under `dtf train`: a copy's
+        # log holds TensorFlow's C++ chatter too, and its last lines are often nothing else.
+        chatter = {t.name: noise.NoiseFilter() for t in self.workers}
         joined: set[str] = set()
         silent_since: dict[str, float] = {}  # tasks whose host has said nothing for follow.SILENT
         deadline = time.monotonic() + self.join_timeout
@@ -331,8 +337,9 @@ class CollectiveRun:
                     ev = None
                 now = time.monotonic()
                 if isinstance(ev, follow.Line):
-                    last[ev.task].append(ev.text)
-                    print(prefix(by_name[ev.task]) + ev.text, flush=True)
+                    if self.verbose or chatter[ev.task].keeps(ev.text):
+                        last[ev.task].append(ev.text)
+                        print(prefix(by_name[ev.task]) + ev.text, flush=True)
                 elif isinstance(ev, follow.Joined):
                     joined.add(ev.task)
                 elif isinstance(ev, follow.Silent):
@@ -400,11 +407,12 @@ class CollectiveRun:
 def run_collective(record: Record, program: str, args: list[str], output: str | None, attempts: int = 1,
                    join_timeout: float = JOIN_TIMEOUT, grace: float = STOP_GRACE,
                    connect_timeout: float = CONNECT_TIMEOUT,
-                   taken_down: Callable[[], bool] = lambda: False) -> int:
-    """Run PROGRAM as one copy per worker task on the hosts; the chief's exit code."""
+                   taken_down: Callable[[], bool] = lambda: False, verbose: bool = False) -> int:
+    """Run PROGRAM as one copy per worker task on the hosts; the chief's exit code. Unless
+    `verbose`, TensorFlow's C++ chatter is left out of the copies' output (dtf.program.noise)."""
     out = Path(output or "dtf-output").resolve()
     run = CollectiveRun(record, Path(program).resolve(), args, out, join_timeout=join_timeout, grace=grace,
-                        connect_timeout=connect_timeout, taken_down=taken_down)
+                        connect_timeout=connect_timeout, taken_down=taken_down, verbose=verbose)
     for note in check_plan(record.plan):
         say(note)
     with contextlib.ExitStack() as stack:

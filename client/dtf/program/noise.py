@@ -11,6 +11,10 @@ the ps, the save_counter that tf.train.Checkpoint makes outside any scope is on 
 nothing dtf or the program does causes it). The filter drops those lines,
 with the continuation lines TensorFlow attaches to them, and passes everything else through:
 the program's output, its errors and tracebacks, TensorFlow's ERROR lines.
+
+The same filter serves output that arrives in whole lines (`keeps`): the program copies of
+`dtf train --collective`, whose output (stdout and stderr in one log) dtf prints prefixed per
+task and quotes when a copy fails.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ HOLD_MAX = 8192
 class NoiseFilter:
     """Feed it the program's stderr in chunks; it writes what is not noise."""
 
-    def __init__(self, write: Callable[[bytes], None]) -> None:
+    def __init__(self, write: Callable[[bytes], None] = lambda _: None) -> None:
         self.write = write
         self.pending = b""
         self.mid_line = False  # the start of the current line was passed through already
@@ -80,12 +84,21 @@ class NoiseFilter:
             self.write(self.pending)
         self.pending = b""
 
+    def keeps(self, line: str) -> bool:
+        """Whether one whole line (without its newline) is not noise, for output that comes in
+        lines; the same rules and state as `feed` (a noise line's continuation lines are noise)."""
+        return not self._is_noise(line.encode(errors="replace"))
+
     def _line(self, line: bytes) -> None:
+        if not self._is_noise(line):
+            self.write(line)
+
+    def _is_noise(self, line: bytes) -> bool:
         if NOISE.match(line) or (self.dropping and CONTINUATION.match(line)):
             self.dropping = True
-            return
+            return True
         self.dropping = False
-        self.write(line)
+        return False
 
 
 def pump(source: IO[bytes], sink: IO[bytes]) -> threading.Thread:

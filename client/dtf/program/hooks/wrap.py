@@ -2,6 +2,15 @@
 
 What it changes (each change is named in one line, `dtf: --wrap: ...`, at the first fit or
 evaluate):
+- The cluster: the program is connected to it (as the strategy connects it: job `chief`, the
+  strategy's device filters) when TensorFlow's runtime starts, at the program's first op, not
+  when the strategy is made. A program builds its datasets, tensors and variables wherever it
+  likes (the tutorial: datasets first, then the model, then fit and evaluate): made under the
+  local job, they would name a device (`/job:localhost/...`) that no longer exists once the
+  strategy connects (`unknown device`). `tf.config` calls made before the first op still act, as
+  on one machine: the connection is set up at the moment the runtime starts, with the
+  configuration as it then is. The strategy's own connection then finds the same cluster and only
+  updates it (TensorFlow's `connect_to_cluster`: same cluster, job and task: no reset).
 - The strategy: before the program makes its first Keras layer or model, dtf makes the
   ParameterServerStrategy of the cluster (`dtf.strategy()`) and enters its scope for the rest of
   the program, so the model, its optimizer and metrics are built and compiled in it (their
@@ -110,7 +119,82 @@ _wrap = _Wrap()
 
 def install() -> None:
     if os.environ.get(ENV) == "1":
+        if os.environ.get("TF_CONFIG"):  # under `dtf train`: the cluster is known before any op
+            hooks.on_import("tensorflow", _connect_at_start)
         hooks.on_import("tf_keras", _patch)
+
+
+def _connect_at_start(_: ModuleType) -> None:
+    """Connect the program to the cluster when TensorFlow's runtime starts (the program's first
+    op, or the strategy's own start), before anything is made under the local job."""
+    from tensorflow.python.distribute import parameter_server_strategy_v2 as pss
+    from tensorflow.python.distribute.cluster_resolver import TFConfigClusterResolver
+    from tensorflow.python.eager import context
+
+    start = context.Context.ensure_initialized
+    busy = False
+
+    def ensure_initialized(self: Any) -> None:
+        nonlocal busy
+        # Only TensorFlow's global context, once, and not where the program asked for collective
+        # ops (a MultiWorkerMirroredStrategy of its own: remote execution and collective ops
+        # cannot both be set, and such a program is left alone).
+        if (self._initialized or busy or self is not context.context()
+                or self._collective_ops_server_def is not None or self._server_def is not None):
+            start(self)
+            return
+        busy = True
+        try:
+            # The strategy's own connection (the same cluster, job, task and device filters, so
+            # that its later call changes nothing); it ends by starting the runtime (this method,
+            # again: `busy`). Its coordination service, when asked for, is configured first, as
+            # the strategy's constructor does.
+            stand_in = _Connection(TFConfigClusterResolver())
+            if os.getenv("TF_PSS_ENABLE_COORDINATION_SERVICE"):
+                pss.ParameterServerStrategyV2._configure_coordination_service(
+                    stand_in, stand_in._cluster_resolver.cluster_spec())
+            pss.ParameterServerStrategyV2._connect_to_cluster(stand_in, coordinator_name="chief")
+        finally:
+            busy = False
+        start(self)  # already started by the connection; a no-op unless it failed before that
+
+    context.Context.ensure_initialized = ensure_initialized
+    _keep_mirrored_local()
+
+
+def _keep_mirrored_local() -> None:
+    """A program with a MirroredStrategy of its own is left alone: it mirrors over this machine's
+    devices, as on one machine. Its default devices are every logical device the context lists,
+    which, connected to the cluster, are the cluster's (it would mirror over the workers and ps):
+    the chief's own, then."""
+    from tensorflow.python.distribute import mirrored_strategy
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import config
+    from tensorflow.python.framework.device import DeviceSpec
+
+    all_local_devices = mirrored_strategy.all_local_devices
+
+    def own_devices(num_gpus: int | None = None) -> list[Any]:
+        server_def = context.get_server_def()
+        if server_def is None or server_def.job_name != "chief":
+            return list(all_local_devices(num_gpus))
+
+        def own(kind: str) -> list[Any]:
+            return [d for d in config.list_logical_devices(kind)
+                    if DeviceSpec.from_string(d.name).job in (None, "chief")]
+
+        gpus = own("GPU")[:num_gpus] if num_gpus is not None else own("GPU")
+        return gpus or own("CPU")
+
+    mirrored_strategy.all_local_devices = own_devices
+
+
+class _Connection:
+    """What ParameterServerStrategyV2._connect_to_cluster reads and sets on the strategy."""
+
+    def __init__(self, resolver: Any) -> None:
+        self._cluster_resolver = resolver
+        self._num_workers = self._num_ps = 0
 
 
 def _cardinality(dataset: Any) -> int:
