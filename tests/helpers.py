@@ -16,6 +16,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 PROGRAMS = REPO / "tests" / "e2e" / "programs"
+# Set by tests/conftest.py to the test run's own id, inherited by every process the run starts
+# (dtf, and the ssh masters dtf starts): what tells them from another run's on the same machine.
+RUN_MARK = "DTF_TEST_RUN"
 NOISE = ("I0000 ", "W0000 ", "E0000 ", "WARNING: All log messages")
 
 
@@ -200,13 +203,18 @@ class Interruptible:
 
 def ssh_processes() -> list[tuple[int, list[str]]]:
     """ssh masters and channels dtf started on this machine: their ControlPath is below dtf-ssh-
-    (OpenSSH renames a master "ssh: PATH [mux]")."""
+    (OpenSSH renames a master "ssh: PATH [mux]"). Only this test run's (RUN_MARK in their
+    environment): another run testing at the same time has masters of its own."""
+    mark = f"{RUN_MARK}={os.environ[RUN_MARK]}".encode() if RUN_MARK in os.environ else None
     out = []
     for pid in Path("/proc").iterdir():
         try:
             argv = (pid / "cmdline").read_bytes().decode().split("\0")
+            if not ((Path(argv[0]).name == "ssh" or argv[0].startswith("ssh: ")) and any("dtf-ssh-" in a for a in argv)):
+                continue
+            if mark is not None and mark not in (pid / "environ").read_bytes().split(b"\0"):
+                continue
         except (OSError, ValueError):
             continue
-        if (Path(argv[0]).name == "ssh" or argv[0].startswith("ssh: ")) and any("dtf-ssh-" in a for a in argv):
-            out.append((int(pid.name), argv))
+        out.append((int(pid.name), argv))
     return out
