@@ -78,8 +78,8 @@ def test_a_killed_worker_restarts_all_and_they_resume(lab, write_inventory, home
     barrier = Barrier(tmp_path / "barrier", r"^epoch 1 done")  # the chief waits there until the kill
     out = tmp_path / "out"
     run = Train(home, tmp_path / "train.out", "--collective", "--attempts", "2", "--output", str(out),
-                *held_program_on_laptop(lab, "collective-resume", barrier, "--epochs", "5", "--steps", "10",
-                                        "--epoch-sleep", "2"), cwd=REPO)
+                *held_program_on_laptop(lab, "collective-resume", barrier, "--epochs", "5", "--steps", "10"),
+                cwd=REPO)  # no --epoch-sleep to be killable in: the barrier holds the chief for the kill
     with barrier.held(run):
         victims = runner_processes(lab, "h1")
         assert victims
