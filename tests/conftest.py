@@ -33,8 +33,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
             pytest.fail(reason + " (CI=true: the lab is required)")
         pytest.skip(reason)
     Lab.cleanup_stale()
+    # Under pytest-xdist (`make test`), each worker that runs lab tests has a lab of its own: the
+    # first takes DTF_LAB_NAME/DTF_LAB_SUBNET if they are set, the others a free pair.
+    pick = os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0"
     try:
-        the_lab = Lab(3, root=tmp_path_factory.mktemp("lab"), mode=lab_mode(ci)).__enter__()
+        the_lab = Lab(3, root=tmp_path_factory.mktemp("lab"), mode=lab_mode(ci), pick=pick).__enter__()
     except LabError as e:
         pytest.fail(f"SSH lab failed: {e}" + (" (CI=true: network namespaces are required)" if ci else ""))
     try:
