@@ -14,8 +14,8 @@ cannot see); `lab.exists(host, path)` looks at a path as that host sees it.
 
 Two labs side by side (two checkouts testing at once) need their own name and subnet. Without
 DTF_LAB_NAME / DTF_LAB_SUBNET in the environment (see lab_identity()), a lab takes the first free
-pair of IDENTITIES (dtflab 10.213.37, dtflaba 10.213.38, ...): its name's lock not held by another
-lab, its subnet not routed here. With them, it takes that pair or fails. In loopback mode the
+pair of IDENTITIES (dtflab 10.213.37, then dtflabxa 10.213.200, dtflabxb 10.213.201, ...): its
+name's lock not held by another lab, its subnet not routed here. With them, it takes that pair or fails. In loopback mode the
 hosts' addresses are 127.0.X.11... with X the subnet's third number.
 
     with Lab(n_hosts=3, root=tmp) as lab:
@@ -50,8 +50,11 @@ PORT_RANGE = (21000, 29000)
 PRIVATE = "/srv"  # each host's own tmpfs (a mount namespace per sshd); the laptop's own /srv otherwise
 
 
-# The (name, subnet) pairs a lab picks from when none is given: the first one free.
-IDENTITIES = [(PREFIX + suffix, f"10.213.{37 + i}") for i, suffix in enumerate(["", *"abcdefghijklmnop"])]
+# The (name, subnet) pairs a lab picks from when none is given: the first one free. After the
+# default, names and subnets of their own (dtflabx*, 10.213.200+), away from the short names and
+# low subnets people set by hand (DTF_LAB_NAME=dtflabp DTF_LAB_SUBNET=10.213.41): a lab that
+# picked one of those would make the person's next run fail on it.
+IDENTITIES = [(PREFIX, "10.213.37"), *((f"{PREFIX}x{c}", f"10.213.{200 + i}") for i, c in enumerate("abcdefghijklmnop"))]
 
 
 def lab_identity() -> dict[str, str] | None:
