@@ -25,8 +25,14 @@ demo: venv
 
 # Everything: unit, CLI, local-cluster and SSH-lab end-to-end tests (the lab needs root and
 # openssh-server; under CI=true a lab that cannot start fails the run instead of skipping).
+# TEST_WORKERS processes run the tests (pytest-xdist): most of the time is waiting (TensorFlow
+# imports in other processes, leases, timeouts), not this machine's cores. Each process that
+# runs lab tests builds its own SSH lab (tests/lab.py picks a free name and subnet). The 15
+# slowest tests are listed at the end. Tests that share a module's cluster are one xdist_group
+# (--dist loadgroup): they run on one worker, which starts that cluster once.
+TEST_WORKERS ?= 3
 test: venv
-	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 # The fast tier, under a minute: the pure and CLI tests, and one up/status/down of the real CLI,
 # launcher and supervisors against fake servers on local processes (no TensorFlow is imported).

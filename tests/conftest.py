@@ -13,7 +13,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from helpers import RUN_MARK
 from lab import Lab, LabError, lab_mode
+
+# Every process this run starts carries it: helpers.ssh_processes() counts only this run's.
+os.environ[RUN_MARK] = f"{os.getpid()}-{os.urandom(4).hex()}"
 
 
 @pytest.fixture(scope="session")
@@ -29,14 +33,19 @@ def lab(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
             pytest.fail(reason + " (CI=true: the lab is required)")
         pytest.skip(reason)
     Lab.cleanup_stale()
+    # Under pytest-xdist (`make test`), each worker that runs lab tests has a lab of its own: the
+    # first takes DTF_LAB_NAME/DTF_LAB_SUBNET if they are set, the others a free pair.
+    pick = os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0"
     try:
-        the_lab = Lab(3, root=tmp_path_factory.mktemp("lab"), mode=lab_mode(ci)).__enter__()
+        the_lab = Lab(3, root=tmp_path_factory.mktemp("lab"), mode=lab_mode(ci), pick=pick).__enter__()
     except LabError as e:
         pytest.fail(f"SSH lab failed: {e}" + (" (CI=true: network namespaces are required)" if ci else ""))
     try:
+        # Labs made later in this run (tests/e2e/test_lab.py) and the run's subprocesses know it.
+        os.environ["DTF_LAB_NAME"], os.environ["DTF_LAB_SUBNET"] = the_lab.name, the_lab.subnet
         first, last = the_lab.hosts[0].address, the_lab.hosts[-1].address.rsplit(".", 1)[1]
         where = ("in network namespaces" if the_lab.mode == "netns" else "on loopback (fallback)")
-        line = f"lab: {len(the_lab.hosts)} hosts {where} {first}-{last}"
+        line = f"lab {the_lab.name}: {len(the_lab.hosts)} hosts {where} {first}-{last}"
         reporter = request.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(line)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -9,10 +10,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
+PROGRAMS = REPO / "tests" / "e2e" / "programs"
+# Set by tests/conftest.py to the test run's own id, inherited by every process the run starts
+# (dtf, and the ssh masters dtf starts): what tells them from another run's on the same machine.
+RUN_MARK = "DTF_TEST_RUN"
 NOISE = ("I0000 ", "W0000 ", "E0000 ", "WARNING: All log messages")
 
 
@@ -63,6 +69,15 @@ def pids_alive(pids: list[int]) -> list[int]:
     return alive
 
 
+def wait_gone(pids: list[int], timeout: float = 30) -> None:
+    """Until none of `pids` is alive (a SIGKILL has landed): a fault is in place before the test
+    lets the program go on."""
+    deadline = time.monotonic() + timeout
+    while alive := pids_alive(pids):
+        assert time.monotonic() < deadline, f"still alive {timeout}s after being killed: {alive}"
+        time.sleep(0.02)
+
+
 def leftovers(lab) -> dict[str, list]:
     """Processes still running from any lab host's dtf workdir."""
     return {h.name: p for h in lab.hosts if (p := lab.processes(h))}
@@ -104,6 +119,56 @@ class Train:
         return code, self.text()
 
 
+class Barrier:
+    """The test's side of tests/e2e/programs/barrier.py: the program stops at the first line it
+    prints that matches `pattern` until the test has put its fault in place, so that no fault test
+    races the program (a fast machine finishing the training before the kill, say).
+
+        barrier = Barrier(tmp_path / "barrier", r"^epoch 2/6 done")
+        run = Train(home, out, *barrier.argv(EXAMPLES / "custom_loop.py", "--epochs", "6"))
+        with barrier.held(run):
+            kill_server(home, "ps:0")      # the program waits at "epoch 2/6 done" meanwhile
+    """
+
+    def __init__(self, where: Path, pattern: str) -> None:
+        self.dir, self.pattern = where, pattern
+        where.mkdir(parents=True, exist_ok=True)
+
+    def argv(self, program: Path | str, *args: str, then: tuple[Barrier, ...] = ()) -> list[str]:
+        """The command line for `dtf train`: barrier.py, this barrier and those `then`, PROGRAM
+        ARGS (a relative PROGRAM is found next to barrier.py: copy both to the same directory)."""
+        pairs = [str(x) for b in (self, *then) for x in (b.dir, b.pattern)]
+        return [str(PROGRAMS / "barrier.py"), *pairs, "--", str(program), *args]
+
+    def reached(self) -> list[str]:
+        """The lines the program (each copy, in collective mode) is held at."""
+        return [p.read_text().strip() for p in sorted(self.dir.glob("reached-*"))]
+
+    def wait(self, run: Train, timeout: float = 600) -> str:
+        """Until the program is held at the barrier: the line it is held at. A program that ends
+        first, or never gets there, fails the test saying so."""
+        deadline = time.monotonic() + timeout
+        while not (lines := self.reached()):
+            assert run.proc.poll() is None, (f"the program exited {run.proc.returncode} before it reached "
+                                             f"{self.pattern!r}:\n{run.text()[-4000:]}")
+            assert time.monotonic() < deadline, f"no {self.pattern!r} after {timeout}s:\n{run.text()[-4000:]}"
+            time.sleep(0.05)
+        return lines[0]
+
+    def release(self) -> None:
+        (self.dir / "release").write_text("")
+
+    @contextlib.contextmanager
+    def held(self, run: Train, timeout: float = 600) -> Iterator[str]:
+        """Wait until the program is held, let the caller put its fault in place, then release it
+        (also when the caller fails: the program is never left waiting)."""
+        line = self.wait(run, timeout)
+        try:
+            yield line
+        finally:
+            self.release()
+
+
 class Interruptible:
     """`dtf ARGS` in the background, in a process group of its own as a terminal runs it: wait
     for a line on its stderr, press Ctrl-C (SIGINT to the group), collect what it said."""
@@ -138,13 +203,18 @@ class Interruptible:
 
 def ssh_processes() -> list[tuple[int, list[str]]]:
     """ssh masters and channels dtf started on this machine: their ControlPath is below dtf-ssh-
-    (OpenSSH renames a master "ssh: PATH [mux]")."""
+    (OpenSSH renames a master "ssh: PATH [mux]"). Only this test run's (RUN_MARK in their
+    environment): another run testing at the same time has masters of its own."""
+    mark = f"{RUN_MARK}={os.environ[RUN_MARK]}".encode() if RUN_MARK in os.environ else None
     out = []
     for pid in Path("/proc").iterdir():
         try:
             argv = (pid / "cmdline").read_bytes().decode().split("\0")
+            if not ((Path(argv[0]).name == "ssh" or argv[0].startswith("ssh: ")) and any("dtf-ssh-" in a for a in argv)):
+                continue
+            if mark is not None and mark not in (pid / "environ").read_bytes().split(b"\0"):
+                continue
         except (OSError, ValueError):
             continue
-        if (Path(argv[0]).name == "ssh" or argv[0].startswith("ssh: ")) and any("dtf-ssh-" in a for a in argv):
-            out.append((int(pid.name), argv))
+        out.append((int(pid.name), argv))
     return out

@@ -12,8 +12,11 @@ and what the laptop keeps below /srv no host sees. `lab.laptop_dir()` is such a 
 laptop (a program run from there, with relative output paths, is a program whose files the hosts
 cannot see); `lab.exists(host, path)` looks at a path as that host sees it.
 
-Two labs side by side (two checkouts testing at once) need their own name and subnet:
-DTF_LAB_NAME=dtflabp DTF_LAB_SUBNET=10.213.41 in the environment (see lab_identity()).
+Two labs side by side (two checkouts testing at once) need their own name and subnet. Without
+DTF_LAB_NAME / DTF_LAB_SUBNET in the environment (see lab_identity()), a lab takes the first free
+pair of IDENTITIES (dtflab 10.213.37, then dtflabxa 10.213.200, dtflabxb 10.213.201, ...): its
+name's lock not held by another lab, its subnet not routed here. With them, it takes that pair or fails. In loopback mode the
+hosts' addresses are 127.0.X.11... with X the subnet's third number.
 
     with Lab(n_hosts=3, root=tmp) as lab:
         lab.run(lab.hosts[0], ["ip", "-br", "addr"], timeout=5)
@@ -47,10 +50,27 @@ PORT_RANGE = (21000, 29000)
 PRIVATE = "/srv"  # each host's own tmpfs (a mount namespace per sshd); the laptop's own /srv otherwise
 
 
-def lab_identity() -> dict[str, str]:
-    """The lab's name and subnet: DTF_LAB_NAME / DTF_LAB_SUBNET, else dtflab and 10.213.37."""
-    return {"name": os.environ.get("DTF_LAB_NAME") or PREFIX,
-            "subnet": os.environ.get("DTF_LAB_SUBNET") or "10.213.37"}
+# The (name, subnet) pairs a lab picks from when none is given: the first one free. After the
+# default, names and subnets of their own (dtflabx*, 10.213.200+), away from the short names and
+# low subnets people set by hand (DTF_LAB_NAME=dtflabp DTF_LAB_SUBNET=10.213.41): a lab that
+# picked one of those would make the person's next run fail on it.
+IDENTITIES = [(PREFIX, "10.213.37"), *((f"{PREFIX}x{c}", f"10.213.{200 + i}") for i, c in enumerate("abcdefghijklmnop"))]
+
+
+def lab_identity() -> dict[str, str] | None:
+    """The lab's name and subnet from DTF_LAB_NAME / DTF_LAB_SUBNET (either may be left out: the
+    other of its IDENTITIES pair, or the default's); None when neither is set: pick a free pair."""
+    name, subnet = os.environ.get("DTF_LAB_NAME"), os.environ.get("DTF_LAB_SUBNET")
+    if not name and not subnet:
+        return None
+    paired = dict(IDENTITIES)
+    return {"name": name or next((n for n, s in IDENTITIES if s == subnet), PREFIX),
+            "subnet": subnet or paired.get(name or "", IDENTITIES[0][1])}
+
+
+def _routed(subnet: str) -> str:
+    """How `subnet`.0/24 is routed here ("" if it is not)."""
+    return _sh(["ip", "-4", "route", "show", "root", f"{subnet}.0/24"], check=False).stdout.strip()
 
 
 def lab_mode(ci: bool) -> str:
@@ -172,12 +192,14 @@ def _ports_in_use(pid: int) -> set[int]:
 
 class Lab:
     def __init__(self, n_hosts: int = 3, root: str | Path = "/tmp/dtflab", mode: str = "auto",
-                 name: str | None = None, subnet: str | None = None) -> None:
-        """mode: "auto" (netns, else loopback), "netns" or "loopback". name/subnet: for a second
-        lab next to the default one (name must match dtflab[a-z]*, subnet a /24 prefix); default
-        lab_identity()."""
-        name = name or lab_identity()["name"]
-        subnet = subnet or lab_identity()["subnet"]
+                 name: str | None = None, subnet: str | None = None, pick: bool = False) -> None:
+        """mode: "auto" (netns, else loopback), "netns" or "loopback". name/subnet: this pair
+        (name must match dtflab[a-z]*, subnet a /24 prefix); default lab_identity(), and where
+        that is None, or with `pick` (a second lab beside the session's), the first free pair of
+        IDENTITIES, chosen when the lab is built (self.name and self.subnet then say which)."""
+        fixed = None if pick else ({"name": name, "subnet": subnet} if name and subnet else lab_identity())
+        self.pick = fixed is None
+        name, subnet = (fixed["name"], fixed["subnet"]) if fixed else IDENTITIES[0]
         assert mode in ("auto", "netns", "loopback") and NAME_RE.match(f"{name}0") and n_hosts <= 200
         self.name, self.subnet, self.bridge = name, subnet, f"{name}0"
         self.n_hosts = n_hosts
@@ -216,14 +238,15 @@ class Lab:
             key.unlink(missing_ok=True)
             _sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", key.name, "-f", str(key)])
         self.mode = "loopback" if self.requested_mode == "loopback" else self._try_netns()
+        loopback = f"127.0.{self.subnet.rsplit('.', 1)[1]}"  # another lab's subnet, other addresses
         if self.mode == "loopback":
-            self.unused_address = LOOPBACK_UNUSED
+            self.unused_address = f"{loopback}.{LOOPBACK_UNUSED.rsplit('.', 1)[1]}"
             self.unused_port = self.ports(1)[0]
         for i in range(self.n_hosts):
             if self.mode == "netns":
                 addr, port, ns = f"{self.subnet}.{11 + i}", 22, f"{self.name}-h{i}"
             else:
-                addr, ns = f"127.0.0.{11 + i}", None
+                addr, ns = f"{loopback}.{11 + i}", None
                 port = 22 if _bindable(addr, 22) else self.ports(1)[0]
             workdir = self.root / f"h{i}" / "home" / "dtf"
             workdir.mkdir(parents=True, exist_ok=True)
@@ -235,14 +258,37 @@ class Lab:
         for h in self.hosts:
             self._wait_sshd(h, deadline)
 
-    def _try_netns(self) -> str:
-        lock = open(f"/run/{self.name}.lock", "w")
+    def _take(self, name: str) -> bool:
+        """Hold the lock of lab `name` (then we own its namespace names); False if another lab does."""
+        lock = open(f"/run/{name}.lock", "w")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
+        except OSError:
             lock.close()  # and leave self._lock None: close() must not touch the other lab
-            raise LabError(f"another lab named {self.name} is running (/run/{self.name}.lock)") from e
+            return False
         self._lock = lock
+        return True
+
+    def _pick_identity(self) -> None:
+        """The first pair of IDENTITIES whose lock no other lab holds and whose subnet is not
+        routed here (another lab's, set by hand, or anything else's)."""
+        for name, subnet in IDENTITIES:
+            if not self._take(name):
+                continue
+            if _routed(subnet) and not _links_of(name):  # routed, and not by a stale lab of that name
+                assert self._lock is not None
+                self._lock.close()
+                self._lock = None
+                continue
+            self.name, self.subnet, self.bridge = name, subnet, f"{name}0"
+            return
+        raise LabError(f"no free lab identity: every one of {IDENTITIES[0]}...{IDENTITIES[-1]} is in use")
+
+    def _try_netns(self) -> str:
+        if self.pick:
+            self._pick_identity()
+        elif not self._take(self.name):
+            raise LabError(f"another lab named {self.name} is running (/run/{self.name}.lock)")
         Lab._cleanup_netns(self.name)
         sub, bridge = self.subnet, self.bridge
         ns0 = f"{self.name}-h0"
@@ -538,6 +584,11 @@ class Lab:
                     Lab._cleanup_netns(name)
             except BlockingIOError:
                 pass  # a live lab holds the lock: its namespaces are not stale
+
+
+def _links_of(name: str) -> list[str]:
+    """The links of lab `name` (its bridge and veths) that exist here."""
+    return [link for link in _links() if (m := NAME_RE.match(link)) and m.group(1) == name]
 
 
 def _links() -> list[str]:

@@ -264,7 +264,7 @@ def cmd_fake(args: argparse.Namespace) -> None:
     from dtf_server.fake import serve
 
     serve(args.job, args.index, args.port, args.ready, ready_delay=args.ready_delay,
-          ignore_term=args.ignore_term)
+          ignore_term=args.ignore_term, ready_file=args.ready_file)
 
 
 def task_status(root: str, job: str, index: int) -> TaskStatus:
@@ -466,6 +466,7 @@ def parser() -> argparse.ArgumentParser:
         if name == "fake":
             c.add_argument("--ready-delay", type=float, default=0.0)
             c.add_argument("--ignore-term", action="store_true")
+            c.add_argument("--ready-file")
     c = sub.add_parser("run")
     c.add_argument("--dir", required=True)
     c.add_argument("--task", action="append", default=[])

@@ -7,6 +7,8 @@ the real server does. It can be told to misbehave:
 - a file `crash` in its task directory (its working directory), present at start or created
   later: it exits with code 3, as a server that cannot start or dies would;
 - `--ready-delay S`: it binds and announces readiness only after S seconds (a slow import);
+- `--ready-file F`: ... and only once the file F exists (a barrier a test releases: the server
+  is still starting for as long as the test needs, however fast or slow the machine is);
 - `--ignore-term`: it ignores SIGTERM, so only KILL stops it (a hung server).
 """
 
@@ -42,11 +44,11 @@ def crash_requested() -> bool:
 
 
 def serve(job: str, index: int, port: int, ready: str, ready_delay: float = 0.0,
-          ignore_term: bool = False) -> None:
+          ignore_term: bool = False, ready_file: str | None = None) -> None:
     if ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     deadline = time.monotonic() + ready_delay
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline or (ready_file is not None and not os.path.exists(ready_file)):
         if crash_requested():
             break
         time.sleep(POLL)

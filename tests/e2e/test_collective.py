@@ -11,9 +11,7 @@ import subprocess
 
 import pytest
 
-from helpers import EXAMPLES, REPO, Train, dtf, status_json
-
-PROGRAMS = REPO / "tests" / "e2e" / "programs"
+from helpers import EXAMPLES, PROGRAMS, REPO, Barrier, Train, dtf, status_json, wait_gone
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 
@@ -22,6 +20,14 @@ def program_on_laptop(lab, name):
     where = lab.laptop_dir(name)
     shutil.copy(EXAMPLES / "simple_worker_mnist.py", where / "simple_worker_mnist.py")
     return where / "simple_worker_mnist.py"
+
+
+def held_program_on_laptop(lab, name, barrier, *args):
+    """simple_worker_mnist.py with tests/e2e/programs/barrier.py beside it, in a laptop directory
+    no host sees: the command line for `dtf train --collective` (the copies wait at `barrier`)."""
+    prog = program_on_laptop(lab, name)
+    shutil.copy(PROGRAMS / "barrier.py", prog.parent / "barrier.py")
+    return [str(prog.parent / "barrier.py"), *barrier.argv(prog.name, *args)[1:]]
 
 
 def program_from_tests(lab, name, program):
@@ -72,15 +78,17 @@ def test_collective_learns_on_three_hosts_and_brings_the_chief_output_back(lab, 
 
 def test_a_killed_worker_restarts_all_and_they_resume(lab, write_inventory, home, tmp_path):
     up_workers(lab, write_inventory, home, "h0", "h1")
-    prog = program_on_laptop(lab, "collective-resume")
+    barrier = Barrier(tmp_path / "barrier", r"^epoch 1 done")  # the chief waits there until the kill
     out = tmp_path / "out"
     run = Train(home, tmp_path / "train.out", "--collective", "--attempts", "2", "--output", str(out),
-                str(prog), "--epochs", "5", "--steps", "10", "--epoch-sleep", "2", cwd=REPO)
-    run.wait_for(re.escape("[worker:0 h0] epoch 1 done"), timeout=600)
-    victims = runner_processes(lab, "h1")
-    assert victims
-    for pid, _ in victims:
-        subprocess.run(["kill", "-9", str(pid)])
+                *held_program_on_laptop(lab, "collective-resume", barrier, "--epochs", "5", "--steps", "10"),
+                cwd=REPO)  # no --epoch-sleep to be killable in: the barrier holds the chief for the kill
+    with barrier.held(run):
+        victims = runner_processes(lab, "h1")
+        assert victims
+        for pid, _ in victims:
+            subprocess.run(["kill", "-9", str(pid)])
+        wait_gone([pid for pid, _ in victims])
     code, text = run.finish(timeout=600)
     dtf_lines = "\n".join(x for x in text.splitlines() if x.startswith("dtf:"))
     assert code == 0, text[-4000:]
@@ -165,12 +173,13 @@ def test_a_host_lost_mid_run_ends_the_run_naming_it_and_down_cleans_it(lab, writ
     if lab.mode != "netns":
         pytest.skip("needs network namespaces (a host's link cut)")
     up_workers(lab, write_inventory, home, "h0", "h1")
-    prog = program_on_laptop(lab, "collective-host-lost")
-    run = Train(home, tmp_path / "train.out", "--collective", "--output", str(tmp_path / "out"), str(prog),
-                "--epochs", "100", "--steps", "10", "--epoch-sleep", "1", cwd=REPO)
-    run.wait_for(re.escape("[worker:0 h0] epoch 1 done"), timeout=600)
-    lab.link_down("h1")  # the host is gone: no word from it, no TCP reset
+    barrier = Barrier(tmp_path / "barrier", r"^epoch 1 done")  # the chief waits there until the cut
+    run = Train(home, tmp_path / "train.out", "--collective", "--output", str(tmp_path / "out"),
+                *held_program_on_laptop(lab, "collective-host-lost", barrier, "--epochs", "100", "--steps", "10",
+                                        "--epoch-sleep", "1"), cwd=REPO)
     try:
+        with barrier.held(run):
+            lab.link_down("h1")  # the host is gone: no word from it, no TCP reset
         code, text = run.finish(timeout=300)
     finally:
         lab.link_up("h1")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, assert_one_line_error, dtf, leftovers
+from helpers import EXAMPLES, assert_one_line_error, dtf, leftovers, pids_alive
 
 BARE_PYTHON = "/usr/bin/python3"  # Debian's python: no TensorFlow, no pip packages
 
@@ -44,13 +44,18 @@ def _env_dirs(workdir: str) -> list[Path]:
 
 
 def _kill_build(lab, host: str, deadline: float) -> list[int]:
-    """Wait until uv installs packages on the host, then SIGKILL the build (launcher and uv),
-    as a reboot or the OOM killer would."""
+    """Wait until uv has installed some packages on the host (half-way), then SIGKILL the build
+    (launcher and uv), as a reboot or the OOM killer would. Not a fixed sleep: on a fast machine
+    the install could end first; a build that ended before the kill fails the test saying so."""
     needle = str(Path(lab.host(host).workdir, ".cache", "env"))
     while time.monotonic() < deadline:
         procs = [(pid, cmd) for pid, cmd in lab.processes(needle) if " install " in cmd or " env " in cmd]
         if any(" install " in cmd for _, cmd in procs):
-            time.sleep(3)  # half-way: some packages are in
+            while not list(Path(needle).glob("*/lib/python*/site-packages/*.dist-info")):
+                assert time.monotonic() < deadline, "uv installed nothing"
+                time.sleep(0.05)
+            alive = pids_alive([pid for pid, cmd in procs if " install " in cmd])
+            assert alive, "the environment build ended before the test could kill it half-way"
             for pid, _ in procs:
                 try:
                     os.kill(pid, signal.SIGKILL)

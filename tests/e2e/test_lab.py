@@ -187,28 +187,29 @@ def _netns_left(name: str) -> list[str]:
 def test_exit_cleans_up_even_on_keyboard_interrupt(lab: Lab, tmp_path: Path) -> None:
     if lab.mode != "netns":
         pytest.skip("needs network namespaces")
-    with pytest.raises(KeyboardInterrupt), Lab(2, root=tmp_path, mode="netns", name="dtflabc",
-                                               subnet="10.213.38") as other:
+    # A second lab beside the session's, on a free identity (another test run may hold others).
+    with pytest.raises(KeyboardInterrupt), Lab(2, root=tmp_path, mode="netns", pick=True) as other:
+        assert (other.name, other.subnet) != (lab.name, lab.subnet)
         pids = _lab_pids(other)
         assert len(pids) == 2 and not _gone(pids)
         assert ssh_run(other, "h1", "true")[0] == 0
         raise KeyboardInterrupt
-    assert _gone(pids) and _netns_left("dtflabc") == []
-    assert "10.213.38." not in subprocess.run(["ip", "route"], capture_output=True, text=True,
-                                              timeout=10).stdout
+    assert _gone(pids) and _netns_left(other.name + "-") == [] and _netns_left(other.bridge) == []
+    assert f"{other.subnet}." not in subprocess.run(["ip", "route"], capture_output=True, text=True,
+                                                    timeout=10).stdout
     other.close()  # idempotent
 
 
 def test_cleanup_stale_removes_a_crashed_labs_namespaces(lab: Lab, tmp_path: Path) -> None:
     if lab.mode != "netns":
         pytest.skip("needs network namespaces")
-    crashed = Lab(2, root=tmp_path, mode="netns", name="dtflabs", subnet="10.213.39").__enter__()
+    crashed = Lab(2, root=tmp_path, mode="netns", pick=True).__enter__()
     try:
         pids = _lab_pids(crashed)
         crashed._lock.close()  # as if its process had died: nobody holds its lock any more
         crashed._lock = None
         Lab.cleanup_stale()
-        assert _netns_left("dtflabs") == []
+        assert _netns_left(crashed.name + "-") == [] and _netns_left(crashed.bridge) == []
         deadline = time.monotonic() + 10
         while not _gone(pids) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -226,17 +227,20 @@ def test_a_second_lab_with_the_same_name_is_refused_and_harms_nothing(lab: Lab, 
     assert ssh_run(lab, "h0", "true")[0] == 0
 
 
-def test_loopback_mode_when_port_22_is_taken(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
+def test_loopback_mode_when_port_22_is_taken(lab: Lab, tmp_path: Path) -> None:
+    # On the loopback addresses of the session lab's identity (127.0.X.*, X its subnet's third
+    # number): no other test run uses them, and the session's lab neither when it is in netns.
+    if lab.mode != "netns":
+        pytest.skip("the session's lab already runs on these loopback addresses")
+    base = f"127.0.{lab.subnet.rsplit('.', 1)[1]}"
     blocker = socket.socket()
-    blocker.bind(("127.0.0.11", 22))  # h0 must move to another port; h1 keeps 22
+    blocker.bind((f"{base}.11", 22))  # h0 must move to another port; h1 keeps 22
     try:
-        with Lab(2, root=tmp_path, mode="loopback") as lo:
+        with Lab(2, root=tmp_path, mode="loopback", name=lab.name, subnet=lab.subnet) as lo:
             assert lo.mode == "loopback"
             h0, h1 = lo.hosts
-            assert (h0.address, h1.address, h1.port) == ("127.0.0.11", "127.0.0.12", 22)
-            assert h0.port != 22 and f"[127.0.0.11]:{h0.port} " in lo.known_hosts.read_text()
+            assert (h0.address, h1.address, h1.port) == (f"{base}.11", f"{base}.12", 22)
+            assert h0.port != 22 and f"[{base}.11]:{h0.port} " in lo.known_hosts.read_text()
             for h in lo.hosts:
                 assert h.netns is None and ssh_run(lo, h.name, "echo hi") == (0, "hi\n")
             r = subprocess.run(["ssh", "-F", str(lo.ssh_config), "-i", str(lo.key), "-o", "BatchMode=yes",

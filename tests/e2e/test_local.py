@@ -45,13 +45,29 @@ def always_down(tmp_path: Path):
         dtf("down", home=tmp_path / "home")
 
 
+def write_local_inventory(where: Path) -> Path:
+    ps, w0, w1 = free_ports(3)
+    path = where / "local.yaml"
+    path.write_text(f"cluster: loc\nhosts:\n  - host: localhost\n    connection: local\n"
+                    f"    workdir: {where / 'work'}\n    ps: [{ps}]\n    workers: [{w0}, {w1}]\n")
+    return path
+
+
 @pytest.fixture
 def local_inventory(tmp_path: Path) -> Path:
-    ps, w0, w1 = free_ports(3)
-    path = tmp_path / "local.yaml"
-    path.write_text(f"cluster: loc\nhosts:\n  - host: localhost\n    connection: local\n"
-                    f"    workdir: {tmp_path / 'work'}\n    ps: [{ps}]\n    workers: [{w0}, {w1}]\n")
-    return path
+    return write_local_inventory(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory):
+    """One local cluster, up for the tests that only use it (and leave it as it was: each checks
+    so): its inventory and DTF_HOME. Three TensorFlow servers started once, not once per test."""
+    where = tmp_path_factory.mktemp("running")
+    inventory, home = write_local_inventory(where), where / "home"
+    r = dtf("up", str(inventory), home=home)
+    assert r.returncode == 0, r.stderr
+    yield inventory, home
+    assert dtf("down", home=home).returncode == 0
 
 
 def test_local_cluster_up_train_status_logs_down(tmp_path: Path, local_inventory: Path):
@@ -140,16 +156,16 @@ SLOW = textwrap.dedent("""
     strategy, coordinator = dtf.strategy(), dtf.coordinator()
     try:
         print("training", flush=True)  # inside: Ctrl-C may come while print returns
-        time.sleep(120)
+        time.sleep(600)  # until the Ctrl-C: the test's own deadline (60 s) ends first
     except KeyboardInterrupt:
         print("program got Ctrl-C", flush=True)
         sys.exit(130)
 """)
 
 
-def test_ctrl_c_stops_the_program_and_leaves_the_cluster_up(tmp_path: Path, local_inventory: Path):
-    home = tmp_path / "home"
-    assert dtf("up", str(local_inventory), home=home).returncode == 0
+@pytest.mark.xdist_group("local-running")  # one worker: one `running` cluster
+def test_ctrl_c_stops_the_program_and_leaves_the_cluster_up(tmp_path: Path, running):
+    _, home = running
     program = tmp_path / "slow.py"
     program.write_text(SLOW)
     # Its own session, like a terminal's foreground job: Ctrl-C is SIGINT to the whole group.
@@ -217,12 +233,12 @@ BACKUP = textwrap.dedent("""
 """)
 
 
-def test_backup_and_restore_writes_and_reads_on_the_coordinator(tmp_path: Path, local_inventory: Path):
+@pytest.mark.xdist_group("local-running")  # one worker: one `running` cluster
+def test_backup_and_restore_writes_and_reads_on_the_coordinator(tmp_path: Path, running):
     """A relative backup_dir shows who does the file I/O: the coordinator writes below ITS working
     directory, a ps would write below its own (its task directory). A second run restores from
     the backup: the epochs are done, so it trains no more."""
-    home = tmp_path / "home"
-    assert dtf("up", str(local_inventory), home=home).returncode == 0
+    inventory, home = running
     program = tmp_path / "backup.py"
     program.write_text(BACKUP)
     laptop = tmp_path / "laptop"
@@ -232,14 +248,15 @@ def test_backup_and_restore_writes_and_reads_on_the_coordinator(tmp_path: Path, 
         assert r.returncode == 0, r.stderr[-3000:]
         assert "iterations 10" in r.stdout
     assert list((laptop / "relative" / "backup" / "chief").glob("ckpt-*.index"))
-    assert not list((tmp_path / "work").rglob("relative"))
+    assert not list((inventory.parent / "work").rglob("relative"))  # the tasks' workdir
 
 
-def test_a_second_dtf_home_cannot_take_over_a_running_cluster(tmp_path: Path, local_inventory: Path):
+@pytest.mark.xdist_group("local-running")  # one worker: one `running` cluster
+def test_a_second_dtf_home_cannot_take_over_a_running_cluster(tmp_path: Path, running):
     """Same inventory, another DTF_HOME (another laptop, another user): refused, and its rollback
     leaves the running cluster alone."""
-    home, other = tmp_path / "home", tmp_path / "other"
-    assert dtf("up", str(local_inventory), home=home).returncode == 0
+    local_inventory, home = running
+    other = tmp_path / "other"
     pids = {r["task"]: r["server_pid"] for r in status_json(home)["tasks"]}
     r = dtf("up", str(local_inventory), home=other)
     assert_one_line_error(r, 4, "cluster 'loc' already runs here (ps:0, worker:0, worker:1",

@@ -10,12 +10,23 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, Interruptible, Train, assert_one_line_error, dtf, leftovers, status_json
+from helpers import (
+    EXAMPLES,
+    Barrier,
+    Interruptible,
+    Train,
+    assert_one_line_error,
+    dtf,
+    leftovers,
+    status_json,
+    wait_gone,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
@@ -41,9 +52,11 @@ def epochs_done(text: str) -> list[tuple[int, int]]:
 
 
 def kill_server(home: Path, task: str) -> int:
+    """SIGKILL the task's server; returns once it is gone."""
     pid = task_row(home, task)["server_pid"]
     assert pid
     os.kill(pid, signal.SIGKILL)
+    wait_gone([pid])
     return pid
 
 
@@ -125,14 +138,39 @@ def test_up_on_a_partly_dead_cluster_and_on_a_changed_inventory(lab, write_inven
     assert task_row(home, "ps:0")["server_pid"] != ps_pid
 
 
+HELD_PYTHON = """#!{python}
+# This test's python on the hosts: as the real one, except that a TensorFlow server's start waits
+# (before TensorFlow is imported) until the test has pressed Ctrl-C: a barrier, not a race with
+# how fast the servers start.
+import os, sys, time
+if sys.argv[2:3] == ["serve"]:
+    open(os.path.join({where!r}, f"reached-{{os.getpid()}}"), "w").close()
+    deadline = time.monotonic() + 600
+    while not os.path.exists(os.path.join({where!r}, "release")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+os.execv({python!r}, [{python!r}, *sys.argv[1:]])
+"""
+
+
 def test_ctrl_c_during_up_rolls_back(lab, write_inventory, home, tmp_path):
+    held = tmp_path / "held"
+    held.mkdir()
+    python = tmp_path / "python"
+    python.write_text(HELD_PYTHON.format(python=sys.executable, where=str(held)))
+    python.chmod(0o755)
     ports = lab.ports(3)
     inv = write_inventory([{"host": h, "workers" if i else "ps": [p]}
-                           for i, (h, p) in enumerate(zip(("h0", "h1", "h2"), ports))])
+                           for i, (h, p) in enumerate(zip(("h0", "h1", "h2"), ports))], python=str(python))
     up = Interruptible("up", str(inv), env={**os.environ, "DTF_HOME": str(home)})
-    up.wait_for("starting 1 server(s)")  # the servers are being started: Ctrl-C now
-    time.sleep(0.5)
-    up.ctrl_c()
+    try:
+        up.wait_for("starting 1 server(s)")
+        deadline = time.monotonic() + 120
+        while not list(held.glob("reached-*")):  # a server is being started: Ctrl-C now
+            assert up.proc.poll() is None and time.monotonic() < deadline, up.seen
+            time.sleep(0.05)
+        up.ctrl_c()
+    finally:
+        (held / "release").write_text("")  # the servers start (and `up` rolls them back) now
     code, err = up.finish(timeout=120)
     assert code == 130, err
     assert "Traceback" not in err and "dtf: error: interrupted" in err
@@ -152,11 +190,12 @@ def test_a_worker_killed_mid_training_costs_only_time(lab, write_inventory, home
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
                            {"host": "h2", "workers": [w1]}])
     assert dtf("up", "--ttl", "8s", str(inv), home=home, timeout=120).returncode == 0
+    barrier = Barrier(tmp_path / "barrier", r"^epoch 2/6 done")  # the kill lands mid-training
     run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "fit"),
-                str(EXAMPLES / "mnist_fit.py"), "--epochs", "6", "--steps-per-epoch", "40")
-    run.wait_for(r"^epoch 2/6 done")
-    t0 = time.monotonic()
-    killed = kill_server(home, "worker:1")
+                *barrier.argv(EXAMPLES / "mnist_fit.py", "--epochs", "6", "--steps-per-epoch", "40"))
+    with barrier.held(run):
+        t0 = time.monotonic()
+        killed = kill_server(home, "worker:1")
     row = wait_serving(home, "worker:1", killed)
     print(f"worker:1 serving again {time.monotonic() - t0:.1f}s after SIGKILL")
     code, text = run.finish()
@@ -179,11 +218,14 @@ def test_a_lost_ps_resumes_from_the_last_checkpoint(lab, write_inventory, home, 
                            {"host": "h2", "workers": [w1]}])
     assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
     epochs, steps = 6, 40
-    run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"), str(EXAMPLES / example),
-                "--epochs", str(epochs), "--steps-per-epoch", str(steps))
-    run.wait_for(r"^epoch 2/6 done")
-    t_kill = time.monotonic()
-    kill_server(home, "ps:0")
+    # The program waits at the end of epoch 2 until the ps is dead (with automatic packing, a fast
+    # machine finished all 6 epochs before the kill).
+    barrier = Barrier(tmp_path / "barrier", r"^epoch 2/6 done")
+    run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"),
+                *barrier.argv(EXAMPLES / example, "--epochs", str(epochs), "--steps-per-epoch", str(steps)))
+    with barrier.held(run):
+        t_kill = time.monotonic()
+        kill_server(home, "ps:0")
     t_back = run.wait_for(r"running the program again \(attempt 2 of 3\)")
     code, text = run.finish()
     assert code == 0, text[-5000:]
@@ -263,15 +305,20 @@ def test_a_worker_host_cut_off_for_20s_mid_training(lab, write_inventory, home, 
                            {"host": "h2", "workers": [w1]}])
     assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
     epochs, steps = 8, 40
+    # The cut lands after epoch 1 and ends before epoch 7: the program waits at each point until
+    # the test has cut the link, or brought it back (training on alone meanwhile).
+    cut, back = Barrier(tmp_path / "cut", r"^epoch 1/8 done"), Barrier(tmp_path / "back", r"^epoch 6/8 done")
     run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"),
-                str(EXAMPLES / "custom_loop.py"), "--epochs", str(epochs), "--steps-per-epoch", str(steps))
-    run.wait_for(r"^epoch 1/8 done")
-    lab.link_down("h2")
+                *cut.argv(EXAMPLES / "custom_loop.py", "--epochs", str(epochs), "--steps-per-epoch", str(steps),
+                          then=(back,)))
     try:
+        with cut.held(run):
+            lab.link_down("h2")
         time.sleep(20)
         assert run.proc.poll() is None, run.text()[-4000:]  # still training, on the other worker
     finally:
         lab.link_up("h2")
+        back.release()
     code, text = run.finish(timeout=400)
     assert code == 0, text[-5000:]
     assert "lost during attempt" not in text

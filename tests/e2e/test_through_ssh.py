@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dtf.hosts.tunnel import control_path
-from helpers import EXAMPLES, Train, dtf, leftovers, ssh_processes, status_json
+from helpers import EXAMPLES, Barrier, Train, dtf, leftovers, ssh_processes, status_json, wait_gone
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
@@ -35,15 +35,19 @@ def test_laptop_behind_port_22_trains_through_ssh_and_survives_a_killed_master(l
 
         # The fit example, relative output path: checkpoints and SavedModel land on the laptop.
         epochs = 6
-        run = Train(home, tmp_path / "train.out", "--output", "fit", str(EXAMPLES / "mnist_fit.py"),
-                    "--epochs", str(epochs), "--steps-per-epoch", "30", cwd=tmp_path)
-        run.wait_for(r"^epoch 2/\d+ done")
-        masters = [(pid, argv) for pid, argv in ssh_processes() if "-W" not in argv]
-        assert len(masters) == 3, masters  # one per host
-        path = control_path(home, "lab", "h1")
-        victim = next(pid for pid, argv in masters if any(path in a for a in argv))
-        os.kill(victim, signal.SIGKILL)  # a dropped SSH connection: its channels go with it
-        killed = time.monotonic()
+        # The program waits at the end of epoch 2 until the master is dead: the kill lands mid-training.
+        barrier = Barrier(tmp_path / "barrier", r"^epoch 2/\d+ done")
+        run = Train(home, tmp_path / "train.out", "--output", "fit",
+                    *barrier.argv(EXAMPLES / "mnist_fit.py", "--epochs", str(epochs), "--steps-per-epoch", "30"),
+                    cwd=tmp_path)
+        with barrier.held(run):
+            masters = [(pid, argv) for pid, argv in ssh_processes() if "-W" not in argv]
+            assert len(masters) == 3, masters  # one per host
+            path = control_path(home, "lab", "h1")
+            victim = next(pid for pid, argv in masters if any(path in a for a in argv))
+            os.kill(victim, signal.SIGKILL)  # a dropped SSH connection: its channels go with it
+            wait_gone([victim])
+            killed = time.monotonic()
         seen = len(re.findall(r"^epoch \d+/\d+ done", run.text(), re.M))
         run.wait_for(rf"^epoch {seen + 1}/\d+ done", timeout=300)
         print(f"training flowing again {time.monotonic() - killed:.1f}s after the SSH master of h1 was killed")

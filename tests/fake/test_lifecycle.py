@@ -125,13 +125,18 @@ def test_busy_port_is_refused_and_nothing_is_left(site: Site):
 
 
 def test_ctrl_c_twice_during_up_still_rolls_back(site: Site):
-    # Servers that take 1.5 s to serve and ignore TERM: the first Ctrl-C lands while they start,
-    # the second during the rollback, which must still stop everything (KILL after the grace).
+    # Servers that serve only once the test has pressed Ctrl-C (a barrier: a file, not a race with
+    # how fast they start) and ignore TERM: the first Ctrl-C lands while they start, the second
+    # during the rollback, which must still stop everything (KILL after the grace).
     inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
-    up = Interruptible("up", str(inv), env=site.env({"DTF_SERVER": "fake:ready_delay=1.5,ignore_term"}))
-    up.wait_for("starting ")
-    time.sleep(0.3)
-    up.ctrl_c()
+    release = site.tmp / "release"
+    up = Interruptible("up", str(inv), env=site.env({"DTF_SERVER": f"fake:ready_file={release},ignore_term"}))
+    try:
+        up.wait_for("starting ")
+        wait_until(lambda: [p for p in site.processes() if " fake " in p[1]], timeout=60)  # a server started
+        up.ctrl_c()
+    finally:
+        release.write_text("")
     up.wait_for("stopping servers")  # the rollback has begun
     up.ctrl_c()
     code, err = up.finish(timeout=60)
