@@ -78,6 +78,15 @@ def wait_gone(pids: list[int], timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
+def wait_until(what, timeout: float = 20.0, every: float = 0.1):
+    """what()'s first true value, polled until `timeout` (then the test fails)."""
+    deadline = time.monotonic() + timeout
+    while not (value := what()):
+        assert time.monotonic() < deadline, f"not true after {timeout}s"
+        time.sleep(every)
+    return value
+
+
 def leftovers(lab) -> dict[str, list]:
     """Processes still running from any lab host's dtf workdir."""
     return {h.name: p for h in lab.hosts if (p := lab.processes(h))}

@@ -184,18 +184,22 @@ def test_ctrl_c_during_up_rolls_back(lab, write_inventory, home, tmp_path):
 
 def test_a_worker_killed_mid_training_costs_only_time(lab, write_inventory, home, tmp_path):
     """The coordinator retries the lost worker's steps elsewhere; the supervisor restarts it on
-    its port; the coordinator takes it back. Also: the lease (ttl 8s) is renewed by `dtf train`
-    for the whole run, which lasts longer than that."""
+    its port; the coordinator takes it back. Also: the lease (ttl 20s) is renewed by `dtf train`
+    for the whole run, which lasts longer than that (the program is held at the barrier until it
+    has run for more than the ttl: on any machine, not only a slow one)."""
+    ttl = 20
     ps, w0, w1 = lab.ports(3)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
                            {"host": "h2", "workers": [w1]}])
-    assert dtf("up", "--ttl", "8s", str(inv), home=home, timeout=120).returncode == 0
+    assert dtf("up", "--ttl", f"{ttl}s", str(inv), home=home, timeout=120).returncode == 0
     barrier = Barrier(tmp_path / "barrier", r"^epoch 2/6 done")  # the kill lands mid-training
+    t_train = time.monotonic()
     run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "fit"),
                 *barrier.argv(EXAMPLES / "mnist_fit.py", "--epochs", "6", "--steps-per-epoch", "40"))
     with barrier.held(run):
         t0 = time.monotonic()
         killed = kill_server(home, "worker:1")
+        time.sleep(max(0.0, t_train + ttl + 2 - time.monotonic()))  # the run outlasts a lease
     row = wait_serving(home, "worker:1", killed)
     print(f"worker:1 serving again {time.monotonic() - t0:.1f}s after SIGKILL")
     code, text = run.finish()
@@ -269,23 +273,25 @@ def test_a_program_that_fails_on_its_own_is_not_run_again(lab, write_inventory, 
 def test_an_abandoned_cluster_stops_itself_when_its_lease_lapses(lab, write_inventory, home):
     ps, w0 = lab.ports(2)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
-    t_up = time.monotonic()
-    assert dtf("up", "--ttl", "6s", str(inv), home=home, timeout=120).returncode == 0
-    # A laptop that comes back in time finds its cluster intact: any dtf command renews.
-    time.sleep(max(0.0, t_up + 4 - time.monotonic()))
+    ttl = 20
+    assert dtf("up", "--ttl", f"{ttl}s", str(inv), home=home, timeout=120).returncode == 0
+    t_up = time.monotonic()  # the lease was renewed at the end of `up`: before this
+    # A laptop that comes back in time finds its cluster intact: any dtf command renews (half a
+    # lease after `up`: the other half is the slack for `dtf status` to start on a busy machine).
+    time.sleep(max(0.0, t_up + ttl / 2 - time.monotonic()))
     assert [r["state"] for r in status_json(home)["tasks"]] == ["alive", "alive"]
-    t_renewed = time.monotonic()
-    time.sleep(max(0.0, t_up + 9 - time.monotonic()))  # past the first lease, not the renewed one
+    # Past the first lease (it lapsed by t_up + ttl), not the renewed one (renewed after t_up + ttl/2).
+    time.sleep(max(0.0, t_up + ttl + 1 - time.monotonic()))
     assert lab.processes("h0") and lab.processes("h1")
     assert [r["state"] for r in status_json(home)["tasks"]] == ["alive", "alive"]
     t_renewed = time.monotonic()
 
     # Then nothing renews it: each task stops itself and the last one removes dtf's files.
-    deadline = t_renewed + 6 + 20
+    deadline = t_renewed + ttl + 20
     while leftovers(lab) or any(Path(h.workdir, "lab").exists() for h in lab.hosts[:2]):
         assert time.monotonic() < deadline, (leftovers(lab), [list(Path(h.workdir).rglob("*")) for h in lab.hosts])
         time.sleep(0.1)
-    print(f"hosts cleared {time.monotonic() - (t_renewed + 6):.1f}s after the lease lapsed")
+    print(f"hosts cleared {time.monotonic() - (t_renewed + ttl):.1f}s after the lease lapsed")
     r = dtf("status", home=home, timeout=60)
     assert r.returncode == 7 and "dtf's files are gone" in r.stderr and "lease lapsed" in r.stderr
     # `dtf up` brings it back from the same record; `dtf down` then stops it as usual.

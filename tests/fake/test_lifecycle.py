@@ -19,20 +19,12 @@ from typing import Any
 import pytest
 
 from dtf.files.shipping import launcher_bytes, launcher_name
-from helpers import Interruptible, assert_one_line_error, status_json
+from helpers import Interruptible, assert_one_line_error, status_json, wait_until
 from sites import Site
 
 
 def rows(site: Site) -> dict[str, dict]:
     return {r["task"]: r for r in status_json(site.home)["tasks"]}
-
-
-def wait_until(what, timeout: float = 20.0, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while not (value := what()):
-        assert time.monotonic() < deadline, f"not true after {timeout}s"
-        time.sleep(every)
-    return value
 
 
 def test_up_status_down(site: Site):
@@ -165,14 +157,23 @@ def test_up_again_restarts_only_the_dead_tasks(local_site: Site):
 
 def test_the_lease_lapses_and_the_hosts_clear_themselves(site: Site):
     inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}})
-    # Servers slower to serve than the lease is long (TensorFlow's import on a busy host): the
-    # start holds the lease, and it counts from when they serve.
-    r = site.dtf("up", "--ttl", "2s", str(inv), env={"DTF_SERVER": "fake:ready_delay=2.5"})
-    assert r.returncode == 0, r.stderr
-    t_up = time.monotonic()
-    wait_until(lambda: not site.processes() and not site.files(), timeout=20)
-    # It counts from the end of `up`, not from when the servers were started.
-    assert time.monotonic() - t_up >= 1.5
+    # Servers slower to serve than the lease is long (TensorFlow's import on a busy host): they
+    # serve only once the test releases them, a lease (2 s) and more after they were started. The
+    # start holds the lease, and it counts from when they serve: after the release, so the hosts
+    # cannot clear before release + ttl, however fast or slow this machine is.
+    release = site.tmp / "release"
+    up = Interruptible("up", "--ttl", "2s", str(inv), env=site.env({"DTF_SERVER": f"fake:ready_file={release}"}))
+    try:
+        up.wait_for("starting ")
+        wait_until(lambda: len([p for p in site.processes() if " fake " in p[1]]) == 2, timeout=60)
+        time.sleep(3)  # past a lease counted from the start
+    finally:
+        t_release = time.monotonic()
+        release.write_text("")
+    code, err = up.finish(timeout=120)
+    assert code == 0, err
+    wait_until(lambda: not site.processes() and not site.files(), timeout=30)
+    assert time.monotonic() - t_release >= 2
     r = site.dtf("status")
     assert r.returncode == 7 and "dtf's files are gone" in r.stderr
     # (`dtf up` then starts it again: tests/e2e/test_survival.py, with TensorFlow.)

@@ -18,7 +18,7 @@ import pytest
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.tunnel import Master, PythonRoute, control_path, ssh_binary
-from helpers import ssh_processes, status_json
+from helpers import Interruptible, ssh_processes, status_json, wait_until
 from lab import Lab
 from sites import LabSite
 
@@ -208,8 +208,18 @@ def test_firewall_members_closes_the_tf_ports_to_everyone_else_until_down(site: 
 def test_firewall_rules_go_when_the_lease_lapses(site: LabSite):
     inv = site.inventory({"a": {"ps": 1, "workers": 1}})
     inv.write_text(inv.read_text() + "firewall: members\n")
-    assert site.dtf("up", str(inv), "--ttl", "3").returncode == 0
-    assert any(t.startswith("inet dtf_") for t in site.lab.tables("h0"))
+    # The rules are seen while the start holds the lease (servers that serve only once released),
+    # not in the 3 s after `up` (a busy machine could look too late).
+    release = site.tmp / "release"
+    up = Interruptible("up", str(inv), "--ttl", "3", env=site.env({"DTF_SERVER": f"fake:ready_file={release}"}))
+    try:
+        up.wait_for("starting ")
+        wait_until(lambda: len([p for p in site.processes() if " fake " in p[1]]) == 2, timeout=60)
+        assert any(t.startswith("inet dtf_") for t in site.lab.tables("h0"))
+    finally:
+        release.write_text("")
+    code, err = up.finish(timeout=120)
+    assert code == 0, err
     deadline = time.monotonic() + 30
     while any(t.startswith("inet dtf_") for t in site.lab.tables("h0")) or site.files() or site.processes():
         assert time.monotonic() < deadline, (site.lab.tables("h0"), site.files(), site.processes())
