@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -200,14 +201,25 @@ class Interruptible:
         os.killpg(self.proc.pid, signal.SIGINT)
 
     def finish(self, timeout: float = 120) -> tuple[int, str]:
-        """Its exit code and all it wrote on stderr."""
+        """Its exit code and all it wrote on stderr. The rest of stderr is read through the same
+        file object `wait_for` read from: `communicate` reads the pipe itself and would lose the
+        lines already in that object's buffer (a rollback's per-host lines, its failures)."""
+        out, err = self.proc.stdout, self.proc.stderr
+        assert out is not None and err is not None
+        rest: list[str] = []
+        readers = [threading.Thread(target=out.read, daemon=True),
+                   threading.Thread(target=lambda: rest.append(err.read()), daemon=True)]
+        for r in readers:
+            r.start()
         try:
-            _, err = self.proc.communicate(timeout=timeout)
+            self.proc.wait(timeout=timeout)
         finally:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        return self.proc.returncode, self.seen + err
+            for r in readers:
+                r.join(timeout=10)
+        return self.proc.returncode, self.seen + "".join(rest)
 
 
 def ssh_processes() -> list[tuple[int, list[str]]]:

@@ -119,6 +119,7 @@ def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.P
     plan = ops.plan
     starter = Starter(ops)
     failed: dict[str, str] = {}
+    undo_failed: dict[str, str] = {}  # the hosts where the rollback failed
     succeeded = False
     sent: dict[str, Outcome[sync.HostSynced]] = {}
 
@@ -138,9 +139,12 @@ def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.P
             succeeded = going()
         finally:
             if not succeeded:
-                for host, why in rollback(ops, starter, only).items():
+                undo_failed = rollback(ops, starter, only)
+                for host, why in undo_failed.items():
                     failed[host] = f"{failed.get(host, 'started')}; rollback failed: {why}"
     if ops.cancel.is_set():
+        if undo_failed:  # never hidden behind "interrupted": tasks or files may be left there
+            raise HostFailure("dtf up (interrupted)", {h: failed[h] for h in undo_failed})
         raise KeyboardInterrupt
     if failed:
         raise HostFailure("dtf up", failed)
@@ -198,8 +202,14 @@ def rollback(ops: HostOps, done: Starter, only: dict[str, set[str]] | None) -> d
         started = tuple(hp for hp in ops.plan.hosts if hp.name in done.started)
         uploaded = tuple(hp for hp in ops.plan.hosts if hp.name in done.touched - done.started)
         undone = {**stop.down(undo, hosts=started), **stop.remove_launcher(undo, uploaded)}
+        again = tuple(hp for hp in started if not undone[hp.name].ok)
+        if again:  # a stop cut short (its command's deadline on a loaded host): once more, KILL at once
+            undone.update(stop.down(undo, grace=0, hosts=again))
     else:
         undone = stop.stop_tasks(undo, {h: only[h] for h in only if h in done.started})
+        again_only = {h: only[h] for h in only if h in undone and not undone[h].ok}
+        if again_only:
+            undone.update(stop.stop_tasks(undo, again_only, grace=0))
     return failures(undone)
 
 
