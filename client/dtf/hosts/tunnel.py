@@ -33,6 +33,7 @@ import contextlib
 import glob
 import hashlib
 import os
+import re
 import select
 import shlex
 import socket
@@ -67,6 +68,7 @@ def control_path(home: Path, cluster: str, host: str) -> str:
 
 
 MAX_HOPS = 8  # jump hosts followed (ssh_config can loop)
+STOP_WAIT = 5.0  # seconds a master has to exit after `-O exit`
 
 
 def parse_jump(text: str, spec: HostSpec) -> HostSpec:
@@ -83,6 +85,25 @@ def parse_jump(text: str, spec: HostSpec) -> HostSpec:
     return replace(spec, host=host, user=user or None, port=port, identity_file=None)
 
 
+def _wait_exited(pid: int, timeout: float) -> bool:
+    """Until process `pid` has ended (or is a zombie, where /proc says so); False at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                return True
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.02)
+    return False
+
+
 class Master:
     """One OpenSSH master connection to a host; `ssh -W` channels share it. Where ssh_config
     names jump hosts, each hop gets a master of its own (`hops`), the next reached through it."""
@@ -97,16 +118,22 @@ class Master:
         self.depth = depth
         self.lock = threading.Lock()
 
-    def _control(self, command: str, timeout: float = 10.0) -> bool:
+    def _control(self, command: str, timeout: float = 10.0) -> subprocess.CompletedProcess[str] | None:
         try:
             r = subprocess.run([self.ssh, "-S", self.path, "-O", command, self.spec.host],
-                               capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired):
-            return False
-        return r.returncode == 0
+            return None
+        return r if r.returncode == 0 else None
+
+    def pid(self) -> int | None:
+        """The master's process id (`ssh -O check` says "Master running (pid=N)"); None if none runs."""
+        r = self._control("check") if os.path.exists(self.path) else None
+        m = re.search(r"pid=(\d+)", r.stderr + r.stdout) if r else None
+        return int(m.group(1)) if m else None
 
     def alive(self) -> bool:
-        return os.path.exists(self.path) and self._control("check")
+        return os.path.exists(self.path) and self._control("check") is not None
 
     def jumps(self) -> list[HostSpec]:
         """The jump hosts ssh would go through to this host (`ssh -G`: ssh_config resolved), first
@@ -177,9 +204,12 @@ class Master:
                 self.start()
 
     def stop(self) -> None:
-        """Close this master, then the masters of its jump hosts (last hop first)."""
-        if os.path.exists(self.path):
-            self._control("exit")
+        """Close this master, then the masters of its jump hosts (last hop first). Each is waited
+        for: `-O exit` answers before the master has gone, and a jump host's master still carries
+        the channel of the master behind it until that one has exited."""
+        pid = self.pid()
+        if pid is not None and self._control("exit") is not None:
+            _wait_exited(pid, STOP_WAIT)
         with contextlib.suppress(OSError):
             os.unlink(self.path + ".log")
         hops = sorted((p for p in glob.glob(glob.escape(self.path) + "-j*") if not p.endswith(".log")), reverse=True)
