@@ -22,16 +22,19 @@ FIT = textwrap.dedent("""
     import dtf
     import numpy as np
     import tensorflow as tf
-    setting = sys.argv[1]  # "none", "auto", or a number: the program's steps_per_execution
     strategy = dtf.strategy()
-    with strategy.scope():
-        model = tf.keras.Sequential([tf.keras.layers.Input(shape=(8,)), tf.keras.layers.Dense(1)])
-        chosen = {} if setting == "none" else {"steps_per_execution": setting if setting == "auto" else int(setting)}
-        model.compile(optimizer="sgd", loss="mse", **chosen)
     x = np.random.default_rng(0).random((256, 8)).astype("float32")
     data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).repeat().batch(16)
-    model.fit(data, epochs=2, steps_per_epoch=100, verbose=0)
-    print("iterations", int(model.optimizer.iterations.numpy()), "after", int(model.steps_per_execution.numpy()))
+    for setting in sys.argv[1:]:  # "none", "auto", or a number: the program's steps_per_execution
+        print("fit with", setting, file=sys.stderr, flush=True)  # dtf's packing line follows, on stderr
+        with strategy.scope():
+            model = tf.keras.Sequential([tf.keras.layers.Input(shape=(8,)), tf.keras.layers.Dense(1)])
+            chosen = {} if setting == "none" else {"steps_per_execution": setting if setting == "auto" else int(setting)}
+            model.compile(optimizer="sgd", loss="mse", **chosen)
+        # 100 steps an epoch where dtf measures and packs; 20 where the program's own value holds
+        # (had dtf measured, it would say so: "packing: fit ended while dtf was still measuring").
+        model.fit(data, epochs=2, steps_per_epoch=100 if setting in ("none", "auto") else 20, verbose=0)
+        print(setting, "iterations", int(model.optimizer.iterations.numpy()), "after", int(model.steps_per_execution.numpy()))
 """)
 
 
@@ -48,20 +51,23 @@ def test_a_long_round_trip_packs_steps_and_an_explicit_value_wins(lab, write_inv
     program = tmp_path / "fit.py"
     program.write_text(FIT)
 
-    def train(setting: str) -> tuple[str, str]:
-        run = dtf("train", str(program), setting, home=home, timeout=400)
+    def train(*settings: str) -> dict[str, tuple[str, str]]:
+        """Each setting's fit in one program (one TensorFlow start): {setting: (its stdout line, its stderr)}."""
+        run = dtf("train", str(program), *settings, home=home, timeout=400)
         assert run.returncode == 0, run.stderr[-4000:]
-        assert "iterations 200 after" in run.stdout, run.stdout  # every step, and no more
-        return run.stdout, run.stderr
+        errs = dict(part.split("\n", 1) for part in run.stderr.split("fit with ")[1:])
+        outs = {line.split()[0]: line for line in run.stdout.splitlines() if " iterations " in line}
+        assert set(errs) == set(outs) == set(settings), (run.stdout[-3000:], run.stderr[-3000:])
+        for setting in settings:  # every step, and no more
+            assert f" iterations {200 if setting in ('none', 'auto') else 40} after " in outs[setting], run.stdout
+        return {setting: (outs[setting], errs[setting]) for setting in settings}
 
-    for setting in ("none", "auto"):
-        out, err = train(setting)
+    for setting, (out, err) in train("none", "auto").items():
         chosen = re.search(r"^dtf: packing (\d+) steps? per closure \(round trip ([\d.]+) ms", err, re.M)
         assert chosen, err[-3000:]
         print(f"{setting}: {chosen.group(0)}")
         assert int(chosen.group(1)) > 1 and float(chosen.group(2)) >= 20  # 24 ms added per round trip
-        assert "after 1" in out  # the program's own value is back after fit
-    for setting in ("1", "5"):
-        out, err = train(setting)
+        assert out.endswith(" after 1")  # the program's own value is back after fit
+    for setting, (out, err) in train("1", "5").items():
         assert "dtf: packing" not in err
-        assert f"after {setting}" in out
+        assert out.endswith(f" after {setting}")
