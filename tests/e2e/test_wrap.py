@@ -13,12 +13,14 @@ from helpers import EXAMPLES, dtf
 
 PROGRAMS = Path(__file__).parent / "programs"
 
-pytestmark = [pytest.mark.tf, pytest.mark.slow]
+# The tests share one cluster (they only train on it): one worker runs them all.
+pytestmark = [pytest.mark.tf, pytest.mark.slow, pytest.mark.xdist_group("wrap")]
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    """A local cluster (1 ps, 2 workers) up for the test; its DTF_HOME."""
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A local cluster (1 ps, 2 workers) up for this module's tests; its DTF_HOME."""
+    tmp_path = tmp_path_factory.mktemp("wrap-cluster")
     ps, w0, w1 = free_ports(3)
     inventory = tmp_path / "local.yaml"
     inventory.write_text(f"cluster: wrap\nhosts:\n  - host: localhost\n    connection: local\n"
