@@ -273,7 +273,7 @@ def test_a_program_that_fails_on_its_own_is_not_run_again(lab, write_inventory, 
 def test_an_abandoned_cluster_stops_itself_when_its_lease_lapses(lab, write_inventory, home):
     ps, w0 = lab.ports(2)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
-    ttl = 14
+    ttl = 20
     assert dtf("up", "--ttl", f"{ttl}s", str(inv), home=home, timeout=120).returncode == 0
     t_up = time.monotonic()  # the lease was renewed at the end of `up`: before this
     # A laptop that comes back in time finds its cluster intact: any dtf command renews (half a
