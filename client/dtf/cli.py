@@ -137,6 +137,14 @@ def up(
     if network is not None and network not in NETWORKS:
         raise UsageError(f"--network: expected one of {', '.join(NETWORKS)}, got {network!r}")
     ttl_seconds = None if ttl is None else parse_duration(ttl, "--ttl")
+    from dtf.cluster.inventory import load as load_inventory
+
+    inv = load_inventory(inventory)
+    if inv.slurm is not None:
+        if dry_run:
+            ui.show_slurm_plan(inv)
+            return
+        raise UsageError(f"{inventory}: `dtf up` on Slurm is not built yet (try --dry-run)")
     plan = lifecycle.load_plan(inventory, ttl_seconds, os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
                                network=network)
     if dry_run:

@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from dtf.cluster.inventory import Inventory
 from dtf.cluster.plan import Plan
 from dtf.hostops.environments import env_summary
 from dtf.hostops.parallel import Outcome, Progress
@@ -103,6 +104,29 @@ def show_plan(plan: Plan) -> None:
                   "connections only from " + ", ".join(plan.members()) + " and loopback"
                   + (" and this machine's address as the host sees it" if plan.network == "direct" else "")
                   + " (root or passwordless sudo needed)", markup=False)
+
+
+def show_slurm_plan(inv: Inventory) -> None:
+    """--dry-run of a Slurm inventory: what `up` submits through the login host, and the layout."""
+    from dtf.cluster import slurm
+
+    spec = inv.slurm
+    assert spec is not None
+    login = spec.login
+    target = "ssh " + " ".join(filter(None, [f"-l {login.user}" if login.user else "",
+                                             f"-p {login.port}" if login.port else "",
+                                             f"-i {login.identity_file}" if login.identity_file else "", login.host]))
+    out.print(f"cluster {inv.cluster} (from {inv.path}): a Slurm allocation, through the login host ({target})",
+              markup=False)
+    if spec.submits:
+        out.print(f"  submit   {render(slurm.sbatch_argv(spec, inv.cluster))}", markup=False)
+        out.print("           (cancelled by `dtf down`, and by Ctrl-C or the start deadline while it pends)",
+                  markup=False)
+    else:
+        out.print(f"  use      job {spec.job}, an allocation you made: never cancelled by dtf", markup=False)
+    out.print("  each task: a job step, " + render(slurm.step_argv(spec.job or "ID", "NODE", ["..."])), markup=False)
+    for line in slurm.layout_lines(inv):
+        out.print(line, markup=False)
 
 
 def network_plan(plan: Plan) -> str:

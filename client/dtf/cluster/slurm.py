@@ -1,0 +1,118 @@
+"""The Slurm commands dtf runs on a cluster's login host, as argv lists, and how it reads their
+answers. Pure: no I/O (dtf.hostops.slurm runs them).
+
+What dtf submits is an allocation that holds its nodes and does nothing else (a batch script that
+sleeps until it is cancelled); every task then runs as a job step of it (`srun --jobid=ID
+--overlap -N1 -n1 -w NODE ...`), so Slurm accounts for the tasks and ends them with the job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dtf.cluster.inventory import Inventory, SlurmSpec
+
+# The batch script of the allocation dtf submits: hold the nodes until scancel (or the time limit).
+HOLD = "exec sleep infinity"
+
+
+def job_name(cluster: str) -> str:
+    return f"dtf-{cluster}"
+
+
+def sbatch_argv(spec: SlurmSpec, cluster: str) -> list[str]:
+    """Submit the allocation: prints `ID` (or `ID;CLUSTER` on a federation) and returns at once."""
+    assert spec.nodes is not None, "an existing job is never submitted"
+    argv = ["sbatch", "--parsable", f"--job-name={job_name(cluster)}", f"--nodes={spec.nodes}",
+            "--ntasks-per-node=1", "--output=/dev/null"]
+    for option, value in (("partition", spec.partition), ("time", spec.time), ("account", spec.account),
+                          ("qos", spec.qos)):
+        if value is not None:
+            argv.append(f"--{option}={value}")
+    if spec.gpus_per_node:
+        argv.append(f"--gpus-per-node={spec.gpus_per_node}")
+    return [*argv, *spec.sbatch, f"--wrap={HOLD}"]
+
+
+def parse_job_id(out: str) -> str:
+    """The job id in sbatch --parsable's answer (ValueError if there is none)."""
+    job = out.strip().split(";", 1)[0]
+    if not job.isdigit():
+        raise ValueError(f"sbatch answered {out.strip()[:200]!r}, not a job id")
+    return job
+
+
+# squeue's view of one job: state, reason, node list, time used and left (one line, '|' between).
+SQUEUE_FORMAT = "%T|%r|%N|%M|%L"
+
+
+def squeue_argv(job: str) -> list[str]:
+    return ["squeue", "--noheader", f"--jobs={job}", f"--format={SQUEUE_FORMAT}"]
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str  # PENDING, RUNNING, COMPLETING, ...; "" once squeue no longer lists the job
+    reason: str  # Slurm's reason (pending: Resources, Priority, ReqNodeNotAvail...); "None" when running
+    nodelist: str  # compressed (node[1-3]); "" while pending
+    used: str = ""
+    left: str = ""
+
+    @property
+    def gone(self) -> bool:
+        return not self.state
+
+
+def parse_squeue(out: str) -> JobState:
+    """squeue_argv's answer. squeue of a job it no longer knows prints nothing (or fails with
+    'Invalid job id specified': the caller passes "" then)."""
+    line = next((x for x in out.splitlines() if x.strip()), "")
+    if not line:
+        return JobState("", "", "")
+    parts = (line.split("|") + [""] * 5)[:5]
+    return JobState(*(p.strip() for p in parts))
+
+
+def hostnames_argv(nodelist: str) -> list[str]:
+    """Expand a node list (node[1-3]) into one name a line."""
+    return ["scontrol", "show", "hostnames", nodelist]
+
+
+def scancel_argv(job: str) -> list[str]:
+    return ["scancel", job]
+
+
+def step_argv(job: str, node: str, argv: list[str] | tuple[str, ...], name: str = "dtf") -> list[str]:
+    """`argv` as a job step of `job` on `node` alone, beside the other steps there (--overlap)."""
+    return ["srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            f"--job-name={name}", "--kill-on-bad-exit=0", *argv]
+
+
+def layout_lines(inv: Inventory) -> list[str]:
+    """The task layout of a Slurm inventory, for --dry-run: node names come with the allocation,
+    so nodes are numbered in Slurm's order (as `up` will assign the task indexes)."""
+    spec = inv.slurm
+    assert spec is not None
+    node = spec.node
+    n_ps, n_workers = len(node.ps_ports), len(node.worker_ports)
+    head = (f"each node: {n_ps} ps, {n_workers} workers (python {node.python}, workdir {node.workdir})"
+            + (f", {len(node.gpus)} GPUs shared among its workers" if node.gpus else ""))
+    if spec.nodes is None:
+        return [f"{head}; the nodes are job {spec.job}'s", *_node_line("node i", node.ps_ports, node.worker_ports,
+                                                                          "i", n_ps, n_workers)]
+    lines = [f"{head}; {spec.nodes} nodes: {spec.nodes * n_ps} ps, {spec.nodes * n_workers} workers"]
+    for i in range(min(spec.nodes, 8)):
+        lines += _node_line(f"node {i}", node.ps_ports, node.worker_ports, i, n_ps, n_workers)
+    if spec.nodes > 8:
+        lines.append(f"  ... and so on to node {spec.nodes - 1}")
+    return lines
+
+
+def _node_line(label: str, ps: tuple[int, ...], workers: tuple[int, ...], i: int | str, n_ps: int,
+               n_workers: int) -> list[str]:
+    def index(k: int, n: int) -> str:
+        return str(i * n + k) if isinstance(i, int) else f"{n}i+{k}" if n > 1 else f"i+{k}" if k else "i"
+
+    tasks = [f"ps:{index(k, n_ps)} :{p}" for k, p in enumerate(ps)]
+    tasks += [f"worker:{index(k, n_workers)} :{p}" for k, p in enumerate(workers)]
+    return [f"  {label}: " + ", ".join(tasks)]
