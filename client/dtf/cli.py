@@ -123,6 +123,8 @@ def up(
              "laptops behind NAT and hosts that open only port 22), or auto (test, then pick). "
              "Default: the inventory's network, else auto."),
     connect_timeout: float = ConnectTimeoutOpt,
+    slurm_wait: float = typer.Option(600.0, "--slurm-wait",
+                                     help="Slurm: seconds the allocation may pend before dtf cancels it."),
 ) -> None:
     """Start one TensorFlow server per ps and worker task of INVENTORY, and wait until all serve.
 
@@ -140,22 +142,31 @@ def up(
     from dtf.cluster.inventory import load as load_inventory
 
     inv = load_inventory(inventory)
-    if inv.slurm is not None:
-        if dry_run:
-            ui.show_slurm_plan(inv)
-            return
-        raise UsageError(f"{inventory}: `dtf up` on Slurm is not built yet (try --dry-run)")
-    plan = lifecycle.load_plan(inventory, ttl_seconds, os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
-                               network=network)
-    if dry_run:
-        ui.show_plan(plan)
+    if inv.slurm is not None and dry_run:
+        ui.show_slurm_plan(inv)
         return
-    from dtf.files import sync
+    allocation, fresh = None, False
+    if inv.slurm is not None:
+        allocation, fresh = lifecycle.slurm_allocation(inv, wait=slurm_wait, say=ui.say,
+                                                       connect_timeout=connect_timeout)
+    try:
+        plan = lifecycle.load_plan(inventory, ttl_seconds, os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
+                                   network=network, slurm=allocation)
+        if dry_run:
+            ui.show_plan(plan)
+            return
+        from dtf.files import sync
 
-    with sync.packed([(item.name, item.path) for item in plan.sync]) as packs:
-        ui.show_packs(packs)
-        result = lifecycle.up(plan, inventory, ttl=ttl_seconds, replace=replace,
-                              connect_timeout=connect_timeout, view=ui.host_progress, packs=packs)
+        with sync.packed([(item.name, item.path) for item in plan.sync]) as packs:
+            ui.show_packs(packs)
+            result = lifecycle.up(plan, inventory, ttl=ttl_seconds, replace=replace,
+                                  connect_timeout=connect_timeout, view=ui.host_progress, packs=packs)
+    except BaseException:
+        if allocation is not None and fresh:  # an allocation made for an `up` that failed is not kept
+            from dtf.hostops.slurm import release
+
+            release(allocation, inv.ssh_config, ui.say, connect_timeout)
+        raise
     ui.show_up_result(result)
 
 
@@ -306,7 +317,7 @@ def down(
     from dtf.hostops import lifecycle
 
     result = lifecycle.down(cluster, keep_logs=keep_logs, grace=grace, connect_timeout=connect_timeout,
-                            view=ui.host_progress, purge=purge)
+                            view=ui.host_progress, purge=purge, say=ui.say)
     ui.out.print(f"cluster {result.cluster} is down: {result.stopped} server(s) stopped on "
                  f"{len(result.outcomes)} host(s) in {result.seconds:.1f}s", markup=False)
     if purge:

@@ -106,6 +106,11 @@ def show_plan(plan: Plan) -> None:
                   + " (root or passwordless sudo needed)", markup=False)
 
 
+def say(line: str) -> None:
+    """One line of progress (a Slurm job's state while `up` waits for it, its cancellation)."""
+    out.print(line, markup=False)
+
+
 def show_slurm_plan(inv: Inventory) -> None:
     """--dry-run of a Slurm inventory: what `up` submits through the login host, and the layout."""
     from dtf.cluster import slurm

@@ -137,3 +137,20 @@ def test_squeue_answers() -> None:
     assert slurm.parse_job_id("123;cluster\n") == "123"
     with pytest.raises(ValueError):
         slurm.parse_job_id("sbatch: error: Batch job submission failed")
+
+
+def test_a_plan_on_an_allocation_round_trips() -> None:
+    from dtf.cluster.plan import Plan, make_plan
+
+    inv = parse(FULL)
+    assert inv.slurm is not None
+    alloc = slurm.Allocation(job="77", submitted=True, login=inv.slurm.login, nodes=("n1", "n2", "n3"),
+                             addresses=("10.0.0.1", "10.0.0.2", "10.0.0.3"))
+    plan = make_plan(inv.with_nodes(alloc.nodes), slurm=alloc)
+    assert plan.cluster_spec()["worker"][2:4] == ["10.0.0.2:3001", "10.0.0.2:3002"]
+    assert Plan.from_dict(plan.to_dict()) == plan
+    step = plan.hosts[1].supervise_step_argv(plan.hosts[1].tasks[0], "tok")
+    assert step[2:6] == ["supervise-step", "--dir", "~/.dtf/hpc", "--task"] and "--token" in step
+    assert slurm.supervise_step_argv("77", "n2", "hpc", "ps:1", ["x"]) == [
+        "srun", "--quiet", "--jobid=77", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2",
+        "--job-name=dtf-hpc-ps:1", "--kill-on-bad-exit=0", "x"]

@@ -9,8 +9,9 @@ sleeps until it is cancelled); every task then runs as a job step of it (`srun -
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from dtf.cluster.inventory import Inventory, SlurmSpec
+from dtf.cluster.inventory import HostSpec, Inventory, SlurmSpec
 
 # The batch script of the allocation dtf submits: hold the nodes until scancel (or the time limit).
 HOLD = "exec sleep infinity"
@@ -84,7 +85,7 @@ def scancel_argv(job: str) -> list[str]:
 
 def step_argv(job: str, node: str, argv: list[str] | tuple[str, ...], name: str = "dtf") -> list[str]:
     """`argv` as a job step of `job` on `node` alone, beside the other steps there (--overlap)."""
-    return ["srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+    return ["srun", "--quiet", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
             f"--job-name={name}", "--kill-on-bad-exit=0", *argv]
 
 
@@ -116,3 +117,45 @@ def _node_line(label: str, ps: tuple[int, ...], workers: tuple[int, ...], i: int
     tasks = [f"ps:{index(k, n_ps)} :{p}" for k, p in enumerate(ps)]
     tasks += [f"worker:{index(k, n_workers)} :{p}" for k, p in enumerate(workers)]
     return [f"  {label}: " + ", ".join(tasks)]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A running Slurm job that holds a cluster's nodes, reached through its login host."""
+
+    job: str
+    submitted: bool  # dtf submitted it (and cancels it at `down`); False: the inventory's `job:`
+    login: HostSpec
+    nodes: tuple[str, ...] = ()  # in Slurm's order
+    addresses: tuple[str, ...] = ()  # each node's NodeAddr: where the other tasks reach its servers
+
+    def address_of(self, node: str) -> str:
+        return self.addresses[self.nodes.index(node)]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Allocation:
+        login = dict(data["login"])
+        for key in ("ps_ports", "worker_ports", "packages"):
+            login[key] = tuple(login.get(key, ()))
+        return cls(job=data["job"], submitted=data["submitted"], login=HostSpec(**login),
+                   nodes=tuple(data["nodes"]), addresses=tuple(data["addresses"]))
+
+
+def show_nodes_argv(nodes: tuple[str, ...] | list[str]) -> list[str]:
+    """One line per node, `NodeName=... NodeAddr=...` among its fields."""
+    return ["scontrol", "--oneliner", "show", "node", ",".join(nodes)]
+
+
+def parse_node_addresses(out: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "NodeName" in fields:
+            found[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
+    return found
+
+
+def supervise_step_argv(job: str, node: str, cluster: str, task: str, launcher_argv: list[str]) -> list[str]:
+    """A task's supervisor (and its server) as a job step of its own, started from the login host
+    and left running there (detached: the step lives while its srun does)."""
+    return step_argv(job, node, launcher_argv, name=f"dtf-{cluster}-{task}")

@@ -1,0 +1,126 @@
+"""`dtf up` / `dtf down` on the Slurm lab, with fake servers (DTF_SERVER=fake): the allocation,
+tasks as job steps on nodes the laptop cannot reach, and a queue left empty."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from helpers import REPO, as_in_a_terminal, assert_one_line_error, dtf
+from slurmlab import STUCK, SlurmLab
+
+FAKE = {"DTF_SERVER": "fake"}
+WORKDIR = "/srv/dtf"  # each node's own disk (a tmpfs of its slurmd's): nothing shared with the laptop
+
+
+def inventory(lab: SlurmLab, path: Path, cluster: str = "sl", **slurm: Any) -> Path:
+    doc = {"cluster": cluster, "ssh_config": str(lab.ssh_config),
+           "defaults": {"identity_file": str(lab.key), "python": sys.executable, "workdir": WORKDIR},
+           "slurm": {"login": lab.login.name, **({"nodes": 2} if "job" not in slurm else {}),
+                     "ps": 1, "workers": 1, **slurm}}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def ours(lab: SlurmLab, job: str) -> list[str]:
+    return [line for line in lab.queue() if line.split()[0] == job]
+
+
+def node_processes(lab: SlurmLab) -> list[str]:
+    """dtf's processes on the compute nodes (their command lines name the workdir)."""
+    return [cmd for _, cmd in lab.processes(WORKDIR)]
+
+
+def steps(lab: SlurmLab, job: str) -> list[str]:
+    r = lab.slurm(["squeue", "-h", "-s", f"--jobs={job}", "-o", "%i %j %N"])
+    return r.stdout.split("\n")[:-1]
+
+
+def job_of(output: str) -> str:
+    line = next(x for x in output.splitlines() if x.startswith("job ") and "submitted" in x)
+    return line.split()[1]
+
+
+def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml")
+    home = tmp_path / "home"
+    t0 = time.monotonic()
+    r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
+    up_s = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = job_of(r.stdout)
+    assert ours(slurm_lab, job) == [f"{job} RUNNING"]
+    names = sorted(line.split()[1] for line in steps(slurm_lab, job) if "dtf-sl-" in line)
+    assert names == ["dtf-sl-ps:0", "dtf-sl-ps:1", "dtf-sl-worker:0", "dtf-sl-worker:1"], steps(slurm_lab, job)
+    # the tasks serve on the compute nodes, at their own addresses
+    assert all(h.address in r.stdout for h in slurm_lab.computes), r.stdout
+    r = dtf("status", home=home, env=FAKE, timeout=60)
+    assert r.returncode == 0 and r.stdout.count(" alive ") == 4, r.stdout + r.stderr
+    t0 = time.monotonic()
+    r = dtf("down", home=home, env=FAKE, timeout=120)
+    down_s = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the queue no longer lists it" in r.stdout, r.stdout
+    assert ours(slurm_lab, job) == []
+    assert node_processes(slurm_lab) == []
+    print(f"\nslurm lab, fake servers, 2 nodes x (1 ps, 1 worker): up {up_s:.1f}s, down {down_s:.1f}s")
+
+
+def test_ctrl_c_while_pending_cancels_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="pend", partition=STUCK, nodes=1)
+    env = {**os.environ, "DTF_HOME": str(tmp_path / "home"), "COLUMNS": "200", **FAKE}
+    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "up", str(inv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, preexec_fn=as_in_a_terminal)
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen.append(line)
+        if "PENDING" in line or not line:
+            break
+    assert "PENDING" in seen[-1] and "waited" in seen[-1], seen
+    job = job_of("".join(seen))
+    assert ours(slurm_lab, job) == [f"{job} PENDING"]
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err, err
+    assert f"job {job} cancelled; the queue no longer lists it" in out, out
+    assert ours(slurm_lab, job) == []
+
+
+def test_a_deadline_while_pending_cancels_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="late", partition=STUCK, nodes=1)
+    r = dtf("up", "--slurm-wait", "3", str(inv), home=tmp_path / "home", env=FAKE, timeout=60)
+    assert_one_line_error(r, 4, "still PENDING after 3s", "cancelled")
+    job = job_of(r.stdout)
+    assert ours(slurm_lab, job) == []
+    assert not (tmp_path / "home" / "state" / "late.json").exists()
+
+
+def test_an_existing_allocation_is_used_and_left_running(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    r = slurm_lab.slurm(["sbatch", "--parsable", "-N2", "--output=/dev/null", "--wrap", "exec sleep infinity"])
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    try:
+        inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="mine", job=int(job))
+        home = tmp_path / "home"
+        r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert len([s for s in steps(slurm_lab, job) if "dtf-mine-" in s]) == 4
+        r = dtf("down", home=home, env=FAKE, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"job {job} is yours" in r.stdout
+        assert ours(slurm_lab, job) == [f"{job} RUNNING"]
+        assert not [s for s in steps(slurm_lab, job) if "dtf-mine-" in s]
+        assert node_processes(slurm_lab) == []
+    finally:
+        slurm_lab.slurm(["scancel", job])
