@@ -25,14 +25,16 @@ for connections from the laptop's address only), as on a site where compute node
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from lab import PRIVATE, Host, Lab, LabError, LabUnsupported
+from lab import PRIVATE, Host, Lab, LabError, LabUnsupported, _sh
 
 PACKAGES = ("slurmctld", "slurmd", "srun", "sbatch", "squeue", "scancel", "sinfo", "munged")
 PARTITION = "main"
@@ -210,14 +212,23 @@ class SlurmLab(Lab):
 
     def close(self) -> None:
         try:
-            for proc in self._daemons:  # munged (the others die with their namespaces, in Lab.close)
+            # SIGKILL: the lab's Slurm state is thrown away, and a slurmd told to stop waits for the
+            # steps it still tracks (seconds); what they leave dies with the namespaces (Lab.close).
+            for proc in self._daemons:
                 if proc.poll() is None:
-                    proc.terminate()
+                    proc.kill()
             for proc in self._daemons:
                 try:
                     proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     proc.kill()
             self._daemons = []
+            # slurmstepd ignores SIGTERM: Lab.close would wait 5 s for each before its SIGKILL.
+            for h in self.hosts:
+                if h.netns:
+                    for pid in _sh(["ip", "netns", "pids", h.netns], check=False).stdout.split():
+                        with contextlib.suppress(OSError):
+                            if Path(f"/proc/{pid}/comm").read_text().strip() == "slurmstepd":
+                                os.kill(int(pid), signal.SIGKILL)
         finally:
             super().close()

@@ -63,14 +63,27 @@ def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     assert all(h.address in r.stdout for h in slurm_lab.computes), r.stdout
     r = dtf("status", home=home, env=FAKE, timeout=60)
     assert r.returncode == 0 and r.stdout.count(" alive ") == 4, r.stdout + r.stderr
+    # `up` again: the recorded allocation still runs, every task serves: nothing submitted, nothing changed
+    r = dtf("up", str(inv), home=home, env=FAKE, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "submitted" not in r.stdout and ours(slurm_lab, job) == [f"{job} RUNNING"] and len(slurm_lab.queue()) == 1
     t0 = time.monotonic()
     r = dtf("down", home=home, env=FAKE, timeout=120)
     down_s = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "the queue no longer lists it" in r.stdout, r.stdout
+    left = next(line for line in r.stdout.splitlines() if "the queue no longer lists it" in line)
     assert ours(slurm_lab, job) == []
     assert node_processes(slurm_lab) == []
-    print(f"\nslurm lab, fake servers, 2 nodes x (1 ps, 1 worker): up {up_s:.1f}s, down {down_s:.1f}s")
+    print(f"\nslurm lab, fake servers, 2 nodes x (1 ps, 1 worker): up {up_s:.1f}s, down {down_s:.1f}s; {left}")
+
+
+def test_an_up_that_fails_cancels_the_job_it_submitted(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="bad", python="/nonexistent/python3")
+    r = dtf("up", str(inv), home=tmp_path / "home", env=FAKE, timeout=120)
+    assert_one_line_error(r, 4, "h1: python missing", "h2: python missing")
+    job = job_of(r.stdout)
+    assert f"job {job} cancelled; the queue no longer lists it" in r.stdout
+    assert ours(slurm_lab, job) == []
 
 
 def test_ctrl_c_while_pending_cancels_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:

@@ -30,7 +30,9 @@ class SlurmStepTransport(Transport):
         self.login = SSHTransport(allocation.login, ssh_config, connect_timeout)
 
     def step(self, argv: Sequence[str]) -> list[str]:
-        return step_argv(self.allocation.job, self.spec.host, list(argv))
+        # Through a shell on the node: a program that is not there exits 127, as over SSH (srun's
+        # own execve failure exits 2, which reads as python's "cannot open the launcher").
+        return step_argv(self.allocation.job, self.spec.host, ["sh", "-c", 'exec "$@"', "sh", *argv])
 
     def open(self) -> None:
         self.login.open()
