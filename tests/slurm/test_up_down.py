@@ -137,3 +137,23 @@ def test_an_existing_allocation_is_used_and_left_running(slurm_lab: SlurmLab, tm
         assert node_processes(slurm_lab) == []
     finally:
         slurm_lab.slurm(["scancel", job])
+
+
+def test_the_tasks_end_with_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """Every task runs inside the allocation: cancelling the job by hand ends them all (Slurm
+    accounts for them, and nothing of dtf's outlives the job on the nodes)."""
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="ends")
+    home = tmp_path / "home"
+    r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = job_of(r.stdout)
+    assert len([c for c in node_processes(slurm_lab) if c.startswith(f"{sys.executable} ") and "supervise-step" in c]) == 4
+    slurm_lab.slurm(["scancel", job])
+    deadline = time.monotonic() + 30
+    while (node_processes(slurm_lab) or ours(slurm_lab, job)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert node_processes(slurm_lab) == [] and ours(slurm_lab, job) == []
+    r = dtf("down", home=home, env=FAKE, timeout=120)  # the job is gone already: down says so, and forgets it
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"job {job} is no longer in the queue: its tasks ended with it" in r.stdout
+    assert not (home / "state" / "ends.json").exists()

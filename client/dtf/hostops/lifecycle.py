@@ -355,6 +355,19 @@ def down(name: str | None, *, keep_logs: bool, grace: float, connect_timeout: fl
     return DownResult(record.cluster, outcomes, time.monotonic() - t0)
 
 
+def _job_runs(plan: Plan, connect_timeout: float) -> bool:
+    """Whether the plan's Slurm job is still in the queue (HostFailure: the login host says nothing)."""
+    from dtf.hostops import slurm as slurm_ops
+    from dtf.hosts.transport import HostError, SSHTransport
+
+    assert plan.slurm is not None
+    try:
+        with SSHTransport(plan.slurm.login, plan.ssh_config, connect_timeout) as t:
+            return not slurm_ops.job_state(t, plan.slurm.job).gone
+    except HostError as e:
+        raise HostFailure("dtf down (Slurm)", {plan.slurm.login.host: str(e)})
+
+
 def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: float,
              view: ProgressView = no_view, purge: bool = False,
              say: Callable[[str], None] = lambda line: None) -> dict[str, Outcome[HostStopped]]:
@@ -363,6 +376,12 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
     plan = record.plan
     record = record.replace(taking_down=True)
     state.save(record)  # a `dtf train` on this cluster sees it and stops its program
+    if plan.slurm is not None and not _job_runs(plan, connect_timeout):
+        # Slurm ended every step with the job (cancelled, timed out): nothing of dtf's runs there,
+        # and the nodes are no longer ours to reach.
+        say(f"job {plan.slurm.job} is no longer in the queue: its tasks ended with it")
+        state.remove(plan.cluster)
+        return {}
     ops = HostOps(plan, connect_timeout=connect_timeout, view=view)
     with ops.shown(f"dtf down {plan.cluster}"):
         outcomes = stop.down(ops, keep_logs=keep_logs, grace=grace, purge=purge)
@@ -371,11 +390,14 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
     close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts])  # a killed `dtf train`'s
     failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
     if plan.slurm is not None:
-        # The job dtf submitted goes, whatever the nodes said: cancelling it ends every step on them.
         from dtf.hostops import slurm as slurm_ops
 
         slurm_ops.release(plan.slurm, plan.ssh_config, say, connect_timeout)
         if plan.slurm.submitted:
+            # The job dtf submitted is gone, whatever the nodes said: its cancellation ended every step.
+            for host, reason in failures.items():
+                say(f"{host}: {reason} (its steps ended with the job)")
+            outcomes = {h: o for h, o in outcomes.items() if o.ok}
             failures = {}
     if failures:
         kept = tuple(hp for hp in plan.hosts if hp.name in failures)
