@@ -3,7 +3,8 @@
 Every test here is marked `slurm` and `lab`. Outside CI, a machine without root, sshd or the Slurm
 packages skips them with the reason; under CI=true a Slurm lab that cannot start fails them.
 Its name and subnet: DTF_SLURM_LAB_NAME / DTF_SLURM_LAB_SUBNET where set (a lab of your own beside
-the session's SSH lab), else the first free pair of tests/lab.py's IDENTITIES.
+the session's SSH lab; under pytest-xdist, for the first worker only), else the first free pair of
+tests/lab.py's IDENTITIES.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureR
     Lab.cleanup_stale()
     name, subnet = os.environ.get("DTF_SLURM_LAB_NAME"), os.environ.get("DTF_SLURM_LAB_SUBNET")
     try:
+        # As the SSH lab's fixture: under pytest-xdist only the first worker takes the given pair.
+        first = os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0"
         lab = SlurmLab(root=tmp_path_factory.mktemp("slurmlab"), name=name, subnet=subnet,
-                       pick=not (name and subnet)).__enter__()
+                       pick=not (name and subnet and first)).__enter__()
     except LabError as e:
         pytest.fail(f"Slurm lab failed: {e}")
     try:

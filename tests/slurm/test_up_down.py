@@ -17,12 +17,17 @@ from helpers import REPO, as_in_a_terminal, assert_one_line_error, dtf
 from slurmlab import STUCK, SlurmLab
 
 FAKE = {"DTF_SERVER": "fake"}
-WORKDIR = "/srv/dtf"  # each node's own disk (a tmpfs of its slurmd's): nothing shared with the laptop
+
+
+def workdir(lab: SlurmLab) -> str:
+    """On each node's own disk (a tmpfs of its slurmd's: nothing shared with the laptop), named
+    for the lab (a process of another lab's is never counted as this one's)."""
+    return f"/srv/dtf-{lab.name}"
 
 
 def inventory(lab: SlurmLab, path: Path, cluster: str = "sl", **slurm: Any) -> Path:
     doc = {"cluster": cluster, "ssh_config": str(lab.ssh_config),
-           "defaults": {"identity_file": str(lab.key), "python": sys.executable, "workdir": WORKDIR},
+           "defaults": {"identity_file": str(lab.key), "python": sys.executable, "workdir": workdir(lab)},
            "slurm": {"login": lab.login.name, **({"nodes": 2} if "job" not in slurm else {}),
                      "ps": 1, "workers": 1, **slurm}}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -35,7 +40,16 @@ def ours(lab: SlurmLab, job: str) -> list[str]:
 
 def node_processes(lab: SlurmLab) -> list[str]:
     """dtf's processes on the compute nodes (their command lines name the workdir)."""
-    return [cmd for _, cmd in lab.processes(WORKDIR)]
+    return [cmd for _, cmd in lab.processes(workdir(lab))]
+
+
+def left_behind(lab: SlurmLab, timeout: float = 10) -> list[str]:
+    """dtf's processes on the nodes (and its srun clients on the login host) once they are gone, or
+    at the deadline: an srun client's helper process exits a moment after the command's answer."""
+    deadline = time.monotonic() + timeout
+    while (found := node_processes(lab)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
 
 
 def steps(lab: SlurmLab, job: str) -> list[str]:
@@ -73,7 +87,7 @@ def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     left = next(line for line in r.stdout.splitlines() if "the queue no longer lists it" in line)
     assert ours(slurm_lab, job) == []
-    assert node_processes(slurm_lab) == []
+    assert left_behind(slurm_lab) == []
     print(f"\nslurm lab, fake servers, 2 nodes x (1 ps, 1 worker): up {up_s:.1f}s, down {down_s:.1f}s; {left}")
 
 
@@ -134,7 +148,7 @@ def test_an_existing_allocation_is_used_and_left_running(slurm_lab: SlurmLab, tm
         assert f"job {job} is yours" in r.stdout
         assert ours(slurm_lab, job) == [f"{job} RUNNING"]
         assert not [s for s in steps(slurm_lab, job) if "dtf-mine-" in s]
-        assert node_processes(slurm_lab) == []
+        assert left_behind(slurm_lab) == []
     finally:
         slurm_lab.slurm(["scancel", job])
 
@@ -149,10 +163,8 @@ def test_the_tasks_end_with_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None
     job = job_of(r.stdout)
     assert len([c for c in node_processes(slurm_lab) if c.startswith(f"{sys.executable} ") and "supervise-step" in c]) == 4
     slurm_lab.slurm(["scancel", job])
-    deadline = time.monotonic() + 30
-    while (node_processes(slurm_lab) or ours(slurm_lab, job)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert node_processes(slurm_lab) == [] and ours(slurm_lab, job) == []
+    assert left_behind(slurm_lab, timeout=30) == []
+    assert ours(slurm_lab, job) == []
     r = dtf("down", home=home, env=FAKE, timeout=120)  # the job is gone already: down says so, and forgets it
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"job {job} is no longer in the queue: its tasks ended with it" in r.stdout
