@@ -268,8 +268,13 @@ def status(
     from dtf.hostops.parallel import HostOps
 
     record = _recorded(cluster)
+    job = None
+    if record.plan.slurm is not None:
+        from dtf.hostops.slurm import allocation_state
+
+        job = allocation_state(record.plan.slurm, record.plan.ssh_config, connect_timeout)
     rows = ui.status_rows(status.states(HostOps(record.plan, connect_timeout=connect_timeout)))
-    ui.show_status(record, rows, json_out)
+    ui.show_status(record, rows, json_out, job)
     if any(r["state"] != "alive" for r in rows):
         raise typer.Exit(int(ExitCode.CLUSTER_DOWN))
 
@@ -283,7 +288,8 @@ def logs(
     cluster: str | None = ClusterOpt,
 ) -> None:
     """Print a task's log from its host."""
-    from dtf.hosts.transport import HostError, transport_for
+    from dtf.hostops.parallel import HostOps
+    from dtf.hosts.transport import HostError
 
     plan = _recorded(cluster).plan
     t = plan.task(task)
@@ -293,7 +299,7 @@ def logs(
     hp = plan.host_of(t)
     argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), t.log]
     try:
-        with transport_for(hp.spec, plan.ssh_config) as conn:
+        with HostOps(plan).transport(hp) as conn:  # a Slurm node's: a job step, through the login host
             conn.run(hp.renew_argv(), timeout=15)  # reading a log is using the cluster
             code = conn.stream(argv)
     except HostError as e:

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from dtf.cluster.inventory import Inventory
 from dtf.cluster.plan import Plan
+from dtf.cluster.slurm import JobState
 from dtf.hostops.environments import env_summary
 from dtf.hostops.parallel import Outcome, Progress
 from dtf.hostops.start import HostStarted
@@ -236,12 +237,22 @@ def status_rows(states: list[TaskState]) -> list[dict[str, Any]]:
     return rows
 
 
-def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool) -> None:
+def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: JobState | None = None) -> None:
     plan = record.plan
+    slurm = None
+    if plan.slurm is not None and job is not None:
+        slurm = {"job": plan.slurm.job, "submitted_by_dtf": plan.slurm.submitted, "state": job.state or "gone",
+                 "reason": job.reason, "time_used": job.used, "time_left": job.left, "nodes": list(plan.slurm.nodes)}
     if as_json:
         out.print_json(json.dumps({"schema": STATUS_SCHEMA, "cluster": plan.cluster, "network": record.network,
-                                   "firewall": plan.firewall, "tasks": rows}))
+                                   "firewall": plan.firewall, "tasks": rows,
+                                   **({"slurm": slurm} if slurm else {})}))
         return
+    if slurm is not None and job is not None:
+        whose = "submitted by dtf" if slurm["submitted_by_dtf"] else "yours"
+        out.print(f"slurm job {slurm['job']} ({whose}): " + (
+            f"{job.state}, time used {job.used}, left {job.left}" if not job.gone else
+            "no longer in the queue: its tasks ended with it (`dtf down` forgets it)"), markup=False)
     tab = Table(title=f"cluster {plan.cluster} (network: {record.network}, firewall: {plan.firewall})",
                 title_justify="left")
     for col in ("host", "role", "index", "address", "pid", "state", "uptime", "restarts", "last exit"):

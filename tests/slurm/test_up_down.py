@@ -3,6 +3,7 @@ tasks as job steps on nodes the laptop cannot reach, and a queue left empty."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -77,6 +78,12 @@ def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     assert all(h.address in r.stdout for h in slurm_lab.computes), r.stdout
     r = dtf("status", home=home, env=FAKE, timeout=60)
     assert r.returncode == 0 and r.stdout.count(" alive ") == 4, r.stdout + r.stderr
+    assert f"slurm job {job} (submitted by dtf): RUNNING, time used " in r.stdout
+    r = dtf("status", "--json", home=home, env=FAKE, timeout=60)
+    slurm = json.loads(r.stdout)["slurm"]
+    assert (slurm["job"], slurm["state"], slurm["nodes"]) == (job, "RUNNING", ["h1", "h2"])
+    r = dtf("logs", "worker:1", home=home, env=FAKE, timeout=60)  # from h2's own disk, through a job step
+    assert r.returncode == 0 and r.stdout.strip(), r.stdout + r.stderr
     # `up` again: the recorded allocation still runs, every task serves: nothing submitted, nothing changed
     r = dtf("up", str(inv), home=home, env=FAKE, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -128,6 +128,16 @@ def release(allocation: Allocation, ssh_config: str | None, say: Say,
         raise HostFailure("dtf down (Slurm)", {allocation.login.host: str(e)})
 
 
+def allocation_state(allocation: Allocation, ssh_config: str | None,
+                     connect_timeout: float = CONNECT_TIMEOUT) -> JobState:
+    """The job's state as squeue shows it (`status`)."""
+    try:
+        with SSHTransport(allocation.login, ssh_config, connect_timeout) as t:
+            return job_state(t, allocation.job)
+    except HostError as e:
+        raise HostFailure("dtf status (Slurm)", {allocation.login.host: str(e)})
+
+
 def detach_steps(t: Transport, argvs: list[list[str]]) -> None:
     """Start each argv (an `srun` of a job step) on the login host, detached from the SSH session:
     the step lives as long as its srun does, and ends with the job."""
