@@ -171,8 +171,28 @@ def test_the_tasks_end_with_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None
     assert len([c for c in node_processes(slurm_lab) if c.startswith(f"{sys.executable} ") and "supervise-step" in c]) == 4
     slurm_lab.slurm(["scancel", job])
     assert left_behind(slurm_lab, timeout=30) == []
+    deadline = time.monotonic() + 30
+    while ours(slurm_lab, job) and time.monotonic() < deadline:  # COMPLETING a moment longer
+        time.sleep(0.2)
     assert ours(slurm_lab, job) == []
     r = dtf("down", home=home, env=FAKE, timeout=120)  # the job is gone already: down says so, and forgets it
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"job {job} is no longer in the queue: its tasks ended with it" in r.stdout
     assert not (home / "state" / "ends.json").exists()
+
+
+def test_the_lease_lapsing_ends_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """No dtf command uses the cluster for its --ttl: its tasks stop themselves, and the batch
+    script, seeing the lease lapse on the first node, ends the job (the laptop is gone: no scancel)."""
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="lapse")
+    home = tmp_path / "home"
+    r = dtf("up", "--ttl", "6s", str(inv), home=home, env=FAKE, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = job_of(r.stdout)
+    deadline = time.monotonic() + 60
+    while ours(slurm_lab, job) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ours(slurm_lab, job) == []
+    assert left_behind(slurm_lab) == []
+    r = dtf("down", home=home, env=FAKE, timeout=60)
+    assert r.returncode == 0 and f"job {job} is no longer in the queue" in r.stdout, r.stdout + r.stderr

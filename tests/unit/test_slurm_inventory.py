@@ -62,16 +62,57 @@ def test_the_nodes_become_hosts_in_slurms_order() -> None:
 def test_sbatch_command() -> None:
     inv = parse(FULL)
     assert inv.slurm is not None
-    assert slurm.sbatch_argv(inv.slurm, inv.cluster) == [
+    argv = slurm.sbatch_argv(inv)
+    assert argv[:-1] == [
         "sbatch", "--parsable", "--job-name=dtf-hpc", "--nodes=3", "--ntasks-per-node=1", "--output=/dev/null",
         "--partition=gpu", "--time=1:30:00", "--account=proj42", "--qos=normal", "--gpus-per-node=4",
-        "--constraint=a100", "--exclusive", "--wrap=exec sleep infinity"]
+        "--constraint=a100", "--exclusive"]
+    assert argv[-1] == "--wrap=" + slurm.hold_script(inv)
 
 
-def test_an_existing_job_and_a_plain_login_name() -> None:
-    inv = parse("cluster: mine\nslurm:\n  login: login1\n  job: 4242\n  workers: 1\n")
-    assert inv.slurm is not None
-    assert (inv.slurm.job, inv.slurm.nodes, inv.slurm.submits, inv.slurm.login.host) == ("4242", None, False, "login1")
+def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> None:
+    """It exits when the lease on the batch node lapses (also when the supervisors removed the
+    files after it lapsed); it holds while the lease is fresh, before the tasks started, and when
+    the files go while the lease was fresh (`dtf down` cancels the job once every node is clean)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    inv = parse(FULL.replace("~/.dtf", str(tmp_path)).replace("/opt/tf/bin/python3", sys.executable))
+    script = slurm.hold_script(inv, poll=0.05)
+    lease = tmp_path / "hpc" / "lease.json"
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(["sh", "-c", script])
+
+    def holds(proc: subprocess.Popen[bytes], seconds: float = 0.5) -> bool:
+        try:
+            proc.wait(seconds)
+            return False
+        except subprocess.TimeoutExpired:
+            return True
+
+    proc = start()
+    try:
+        assert holds(proc)  # no cluster yet
+        lease.parent.mkdir()
+        lease.write_text(json.dumps({"ttl": 60, "renewed": time.time()}))
+        assert holds(proc)
+        lease.unlink()  # `dtf down` removed the files: the lease was fresh
+        assert holds(proc)
+        lease.write_text(json.dumps({"ttl": 0, "renewed": 0}))
+        assert holds(proc)  # ttl 0: never lapses
+        lease.write_text(json.dumps({"ttl": 1, "renewed": time.time() - 5}))
+        assert not holds(proc, 5) and proc.returncode == 0
+        lease.write_text(json.dumps({"ttl": 1, "renewed": time.time()}))
+        proc = start()
+        time.sleep(0.3)
+        lease.unlink()  # the supervisors removed the files once it lapsed
+        assert not holds(proc, 5) and proc.returncode == 0
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.mark.parametrize(("body", "expected"), [
@@ -125,7 +166,8 @@ def test_dry_run_shows_the_sbatch_command_and_the_layout(tmp_path: Path, monkeyp
     assert "through the login host (ssh -l alice -p 2200 login.hpc.example.org)" in r.output
     assert ("submit   sbatch --parsable --job-name=dtf-hpc --nodes=3 --ntasks-per-node=1 --output=/dev/null "
             "--partition=gpu --time=1:30:00 --account=proj42 --qos=normal --gpus-per-node=4 --constraint=a100 "
-            "--exclusive '--wrap=exec sleep infinity'") in r.output
+            "--exclusive '--wrap=command -v /opt/tf/bin/python3 >/dev/null 2>&1 || exec sleep infinity; "
+            "exec /opt/tf/bin/python3 -c ") in r.output
     assert "  node 1: ps:1 :3000, worker:2 :3001, worker:3 :3002" in r.output
     assert not (tmp_path / "home").exists()
 

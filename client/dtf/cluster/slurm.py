@@ -8,22 +8,61 @@ sleeps until it is cancelled); every task then runs as a job step of it (`srun -
 
 from __future__ import annotations
 
+import posixpath
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from dtf.cluster.inventory import HostSpec, Inventory, SlurmSpec
+from dtf.cluster.inventory import HostSpec, Inventory
 
-# The batch script of the allocation dtf submits: hold the nodes until scancel (or the time limit).
-HOLD = "exec sleep infinity"
+# The batch script of the allocation dtf submits holds the nodes until scancel, the time limit, or
+# the cluster's lease lapsing on the batch node (the first): no dtf command used the cluster for
+# its ttl (`dtf up --ttl`: the laptop is gone). It exits then, and the job ends with it. The
+# supervisors remove the cluster's files once the lease lapsed, so files gone after a lease that
+# had lapsed are a lapse too; files gone while the lease was fresh are `dtf down` at work, which
+# cancels the job itself once every node is clean (ending it sooner would cut the other nodes' clean).
+HOLD_POLL = 2.0  # seconds
+_HOLD = """import json, sys, time
+last = None
+while True:
+    try:
+        lease = json.load(open(sys.argv[1]))
+    except (OSError, ValueError):
+        lease = None
+    if lease is not None:
+        last = lease
+    if last is not None and last["ttl"] and time.time() > last["renewed"] + last["ttl"]:
+        sys.exit(0)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def quote_arg(arg: str) -> str:
+    """As dtf.hosts.shell.quote_arg (a layer above): a leading ~/ stays for the shell to expand."""
+    return "~/" + shlex.quote(arg[2:]) if arg.startswith("~/") and len(arg) > 2 else shlex.quote(arg)
+
+
+def hold_script(inv: Inventory, poll: float = HOLD_POLL) -> str:
+    """The batch script (sh) of the allocation dtf submits for this inventory."""
+    assert inv.slurm is not None
+    node = inv.slurm.node
+    python = node.base_python if node.managed else node.python
+    lease = posixpath.join(node.workdir, inv.cluster, "lease.json")
+    # A python that is not there (`up` says so in its check) must not end the job: hold. The
+    # process holding is exec'd, never waited for: scancel's SIGTERM reaches it, not a shell.
+    py = quote_arg(python)
+    return (f"command -v {py} >/dev/null 2>&1 || exec sleep infinity; "
+            f"exec {py} -c {shlex.quote(_HOLD)} {quote_arg(lease)} {poll:g}")
 
 
 def job_name(cluster: str) -> str:
     return f"dtf-{cluster}"
 
 
-def sbatch_argv(spec: SlurmSpec, cluster: str) -> list[str]:
+def sbatch_argv(inv: Inventory) -> list[str]:
     """Submit the allocation: prints `ID` (or `ID;CLUSTER` on a federation) and returns at once."""
-    assert spec.nodes is not None, "an existing job is never submitted"
+    spec, cluster = inv.slurm, inv.cluster
+    assert spec is not None and spec.nodes is not None, "an existing job is never submitted"
     argv = ["sbatch", "--parsable", f"--job-name={job_name(cluster)}", f"--nodes={spec.nodes}",
             "--ntasks-per-node=1", "--output=/dev/null"]
     for option, value in (("partition", spec.partition), ("time", spec.time), ("account", spec.account),
@@ -32,7 +71,7 @@ def sbatch_argv(spec: SlurmSpec, cluster: str) -> list[str]:
             argv.append(f"--{option}={value}")
     if spec.gpus_per_node:
         argv.append(f"--gpus-per-node={spec.gpus_per_node}")
-    return [*argv, *spec.sbatch, f"--wrap={HOLD}"]
+    return [*argv, *spec.sbatch, f"--wrap={hold_script(inv)}"]
 
 
 def parse_job_id(out: str) -> str:

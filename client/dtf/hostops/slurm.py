@@ -58,7 +58,7 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
     try:
         with login_transport(inv, connect_timeout) as t:
             if spec.submits:
-                out = _run(t, slurm.sbatch_argv(spec, inv.cluster), "sbatch")
+                out = _run(t, slurm.sbatch_argv(inv), "sbatch")
                 try:
                     job = slurm.parse_job_id(out)
                 except ValueError as e:
