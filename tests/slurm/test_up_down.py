@@ -194,5 +194,12 @@ def test_the_lease_lapsing_ends_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> 
         time.sleep(0.5)
     assert ours(slurm_lab, job) == []
     assert left_behind(slurm_lab) == []
+    # `up` again (the laptop is back): a new allocation, the cluster anew
+    r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"job {job} of cluster lapse is no longer in the queue" in r.stdout
+    again = job_of(r.stdout)
+    assert again != job and ours(slurm_lab, again) == [f"{again} RUNNING"]
     r = dtf("down", home=home, env=FAKE, timeout=60)
-    assert r.returncode == 0 and f"job {job} is no longer in the queue" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and ours(slurm_lab, again) == [], r.stdout + r.stderr
+    assert left_behind(slurm_lab) == []

@@ -120,9 +120,14 @@ def slurm_allocation(inv: Inventory, *, wait: float, say: Callable[[str], None],
         recorded = state.load(inv.cluster).plan.slurm
         if recorded is not None:
             with slurm_ops.login_transport(inv, connect_timeout) as t:
-                running = slurm_ops.job_state(t, recorded.job).state == "RUNNING"
-            if running:
+                job = slurm_ops.job_state(t, recorded.job)
+            if job.state == "RUNNING":
                 return recorded, False
+            if job.gone:  # its lease lapsed, it ran out of time, or someone cancelled it
+                with state.locked():
+                    state.remove(inv.cluster)
+                say(f"job {recorded.job} of cluster {inv.cluster} is no longer in the queue "
+                    f"(its tasks ended with it): starting the cluster anew")
     return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout), True
 
 
