@@ -344,6 +344,7 @@ class Lab:
                 "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
                 f"PidFile {hdir / 'sshd.pid'}\nSubsystem sftp internal-sftp\n"
                 "MaxStartups 100\nMaxSessions 100\nLogLevel VERBOSE\n"
+                + self._sshd_extra(name)
             )
         (self.root / "authorized_keys").write_text(Path(f"{self.key}.pub").read_text())
         self.known_hosts.write_text("\n".join(known) + "\n")
@@ -351,6 +352,10 @@ class Lab:
             blocks.append(f"Host {name}\n  HostName {addr}\n  User root\n  Port {port}\n"
                           f"  UserKnownHostsFile {self.known_hosts}\n  StrictHostKeyChecking yes\n")
         self.ssh_config.write_text("\n".join(blocks))
+
+    def _sshd_extra(self, name: str) -> str:
+        """More sshd_config lines for host `name` (a subclass's: SlurmLab's SetEnv)."""
+        return ""
 
     def _start_sshd(self, h: Host) -> subprocess.Popen[bytes]:
         """sshd in the host's network namespace and in a mount namespace of its own whose PRIVATE

@@ -123,6 +123,8 @@ def up(
              "laptops behind NAT and hosts that open only port 22), or auto (test, then pick). "
              "Default: the inventory's network, else auto."),
     connect_timeout: float = ConnectTimeoutOpt,
+    slurm_wait: float = typer.Option(600.0, "--slurm-wait",
+                                     help="Slurm: seconds the allocation may pend before dtf cancels it."),
 ) -> None:
     """Start one TensorFlow server per ps and worker task of INVENTORY, and wait until all serve.
 
@@ -137,17 +139,34 @@ def up(
     if network is not None and network not in NETWORKS:
         raise UsageError(f"--network: expected one of {', '.join(NETWORKS)}, got {network!r}")
     ttl_seconds = None if ttl is None else parse_duration(ttl, "--ttl")
-    plan = lifecycle.load_plan(inventory, ttl_seconds, os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
-                               network=network)
-    if dry_run:
-        ui.show_plan(plan)
-        return
-    from dtf.files import sync
+    from dtf.cluster.inventory import load as load_inventory
 
-    with sync.packed([(item.name, item.path) for item in plan.sync]) as packs:
-        ui.show_packs(packs)
-        result = lifecycle.up(plan, inventory, ttl=ttl_seconds, replace=replace,
-                              connect_timeout=connect_timeout, view=ui.host_progress, packs=packs)
+    inv = load_inventory(inventory)
+    if inv.slurm is not None and dry_run:
+        ui.show_slurm_plan(inv)
+        return
+    allocation, fresh = None, False
+    if inv.slurm is not None:
+        allocation, fresh = lifecycle.slurm_allocation(inv, wait=slurm_wait, say=ui.say,
+                                                       connect_timeout=connect_timeout)
+    try:
+        plan = lifecycle.load_plan(inventory, ttl_seconds, os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
+                                   network=network, slurm=allocation)
+        if dry_run:
+            ui.show_plan(plan)
+            return
+        from dtf.files import sync
+
+        with sync.packed([(item.name, item.path) for item in plan.sync]) as packs:
+            ui.show_packs(packs)
+            result = lifecycle.up(plan, inventory, ttl=ttl_seconds, replace=replace,
+                                  connect_timeout=connect_timeout, view=ui.host_progress, packs=packs)
+    except BaseException:
+        if allocation is not None and fresh:  # an allocation made for an `up` that failed is not kept
+            from dtf.hostops.slurm import release
+
+            release(allocation, inv.ssh_config, ui.say, connect_timeout)
+        raise
     ui.show_up_result(result)
 
 
@@ -249,8 +268,13 @@ def status(
     from dtf.hostops.parallel import HostOps
 
     record = _recorded(cluster)
+    job = None
+    if record.plan.slurm is not None:
+        from dtf.hostops.slurm import allocation_state
+
+        job = allocation_state(record.plan.slurm, record.plan.ssh_config, connect_timeout)
     rows = ui.status_rows(status.states(HostOps(record.plan, connect_timeout=connect_timeout)))
-    ui.show_status(record, rows, json_out)
+    ui.show_status(record, rows, json_out, job)
     if any(r["state"] != "alive" for r in rows):
         raise typer.Exit(int(ExitCode.CLUSTER_DOWN))
 
@@ -264,7 +288,8 @@ def logs(
     cluster: str | None = ClusterOpt,
 ) -> None:
     """Print a task's log from its host."""
-    from dtf.hosts.transport import HostError, transport_for
+    from dtf.hostops.parallel import HostOps
+    from dtf.hosts.transport import HostError
 
     plan = _recorded(cluster).plan
     t = plan.task(task)
@@ -274,7 +299,7 @@ def logs(
     hp = plan.host_of(t)
     argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), t.log]
     try:
-        with transport_for(hp.spec, plan.ssh_config) as conn:
+        with HostOps(plan).transport(hp) as conn:  # a Slurm node's: a job step, through the login host
             conn.run(hp.renew_argv(), timeout=15)  # reading a log is using the cluster
             code = conn.stream(argv)
     except HostError as e:
@@ -298,7 +323,7 @@ def down(
     from dtf.hostops import lifecycle
 
     result = lifecycle.down(cluster, keep_logs=keep_logs, grace=grace, connect_timeout=connect_timeout,
-                            view=ui.host_progress, purge=purge)
+                            view=ui.host_progress, purge=purge, say=ui.say)
     ui.out.print(f"cluster {result.cluster} is down: {result.stopped} server(s) stopped on "
                  f"{len(result.outcomes)} host(s) in {result.seconds:.1f}s", markup=False)
     if purge:

@@ -14,7 +14,9 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from dtf.cluster.inventory import Inventory
 from dtf.cluster.plan import Plan
+from dtf.cluster.slurm import JobState
 from dtf.hostops.environments import env_summary
 from dtf.hostops.parallel import Outcome, Progress
 from dtf.hostops.start import HostStarted
@@ -103,6 +105,34 @@ def show_plan(plan: Plan) -> None:
                   "connections only from " + ", ".join(plan.members()) + " and loopback"
                   + (" and this machine's address as the host sees it" if plan.network == "direct" else "")
                   + " (root or passwordless sudo needed)", markup=False)
+
+
+def say(line: str) -> None:
+    """One line of progress (a Slurm job's state while `up` waits for it, its cancellation)."""
+    out.print(line, markup=False)
+
+
+def show_slurm_plan(inv: Inventory) -> None:
+    """--dry-run of a Slurm inventory: what `up` submits through the login host, and the layout."""
+    from dtf.cluster import slurm
+
+    spec = inv.slurm
+    assert spec is not None
+    login = spec.login
+    target = "ssh " + " ".join(filter(None, [f"-l {login.user}" if login.user else "",
+                                             f"-p {login.port}" if login.port else "",
+                                             f"-i {login.identity_file}" if login.identity_file else "", login.host]))
+    out.print(f"cluster {inv.cluster} (from {inv.path}): a Slurm allocation, through the login host ({target})",
+              markup=False)
+    if spec.submits:
+        out.print(f"  submit   {render(slurm.sbatch_argv(inv))}", markup=False)
+        out.print("           (cancelled by `dtf down`, and by Ctrl-C or --slurm-wait while it pends; its script "
+                  "ends the job when the cluster's lease lapses on the first node)", markup=False)
+    else:
+        out.print(f"  use      job {spec.job}, an allocation you made: never cancelled by dtf", markup=False)
+    out.print("  each task: a job step, " + render(slurm.step_argv(spec.job or "ID", "NODE", ["..."])), markup=False)
+    for line in slurm.layout_lines(inv):
+        out.print(line, markup=False)
 
 
 def network_plan(plan: Plan) -> str:
@@ -207,12 +237,22 @@ def status_rows(states: list[TaskState]) -> list[dict[str, Any]]:
     return rows
 
 
-def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool) -> None:
+def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: JobState | None = None) -> None:
     plan = record.plan
+    slurm = None
+    if plan.slurm is not None and job is not None:
+        slurm = {"job": plan.slurm.job, "submitted_by_dtf": plan.slurm.submitted, "state": job.state or "gone",
+                 "reason": job.reason, "time_used": job.used, "time_left": job.left, "nodes": list(plan.slurm.nodes)}
     if as_json:
         out.print_json(json.dumps({"schema": STATUS_SCHEMA, "cluster": plan.cluster, "network": record.network,
-                                   "firewall": plan.firewall, "tasks": rows}))
+                                   "firewall": plan.firewall, "tasks": rows,
+                                   **({"slurm": slurm} if slurm else {})}))
         return
+    if slurm is not None and job is not None:
+        whose = "submitted by dtf" if slurm["submitted_by_dtf"] else "yours"
+        out.print(f"slurm job {slurm['job']} ({whose}): " + (
+            f"{job.state}, time used {job.used}, left {job.left}" if not job.gone else
+            "no longer in the queue: its tasks ended with it (`dtf down` forgets it)"), markup=False)
     tab = Table(title=f"cluster {plan.cluster} (network: {record.network}, firewall: {plan.firewall})",
                 title_justify="left")
     for col in ("host", "role", "index", "address", "pid", "state", "uptime", "restarts", "last exit"):

@@ -198,44 +198,87 @@ def cmd_follow(args: argparse.Namespace) -> None:
     program.follow(args.dir, job, index, args.beat)
 
 
+class _Step:
+    """A supervisor started as a Slurm job step (`supervise-step`) by the login host, known by the
+    pid.json it writes with the token it was given: what `start --spawned TOKEN` waits for."""
+
+    def __init__(self, tdir: str, token: str) -> None:
+        self.tdir, self.token = tdir, token
+        self.pid = 0
+        self.seen = False
+
+    def poll(self) -> int | None:
+        record = read_json(os.path.join(self.tdir, layout.PID))
+        if record is None or record.get("token") != self.token:
+            return None  # not started yet
+        self.pid, self.seen = record["pid"], True
+        return None if ours(record) else 1
+
+
+def cmd_supervise_step(args: argparse.Namespace) -> None:
+    """A task's supervisor in the foreground, as a Slurm job step: the step lives as long as it."""
+    os.environ.update(kv.split("=", 1) for kv in args.env)
+    task = TaskSpec.from_arg(args.task)
+    tdir = layout.task_dir(args.dir, task.job, task.index)
+    os.makedirs(tdir, exist_ok=True)
+    for stale in (layout.READY, layout.SUPERVISOR):  # left by an earlier run
+        if os.path.exists(os.path.join(tdir, stale)):
+            os.unlink(os.path.join(tdir, stale))
+    log = os.open(os.path.join(tdir, layout.LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.chdir(tdir)
+    if os.getpgid(0) != os.getpid():
+        os.setpgid(0, 0)  # one group to kill, as a detached supervisor has (`stop` signals it)
+    write_json(os.path.join(tdir, layout.PID),
+               {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid()), "job": task.job,
+                "index": task.index, "port": task.port, "started": time.time(), "token": args.token})
+    Supervisor(args.dir, task, args.restart_limit, args.restart_backoff).run()
+
+
 def cmd_start(args: argparse.Namespace) -> StartReply:
     env = dict(os.environ)
     env.update(kv.split("=", 1) for kv in args.env)
     os.makedirs(args.dir, exist_ok=True)
     write_lease(args.dir, args.ttl, hold=args.timeout)  # before any supervisor reads it
     results: dict[str, TaskStarted] = {}
-    pending: dict[str, tuple[TaskSpec, subprocess.Popen[bytes], str]] = {}
+    pending: dict[str, tuple[TaskSpec, subprocess.Popen[bytes] | _Step, str]] = {}
     for task in (TaskSpec.from_arg(a) for a in args.task):
         tdir = layout.task_dir(args.dir, task.job, task.index)
         os.makedirs(tdir, exist_ok=True)
+        if args.spawned:  # started as job steps already: wait for them, as for our own
+            pending[task.name] = (task, _Step(tdir, args.spawned), tdir)
+            continue
         record = read_json(os.path.join(tdir, layout.PID))
         if record is not None and ours(record) and record.get("port") == task.port:
             results[task.name] = TaskStarted(ok=True, pid=record["pid"], already=True)
             continue
-        proc = spawn_supervisor(args.dir, task, supervise_argv(args.dir, task, args.restart_limit,
-                                                                 args.restart_backoff), env)
-        pending[task.name] = (task, proc, tdir)
+        pending[task.name] = (task, spawn_supervisor(args.dir, task, supervise_argv(
+            args.dir, task, args.restart_limit, args.restart_backoff), env), tdir)
 
     # Ready means: the server wrote ready.json once it serves, AND its port accepts a connection.
     # A server that dies first has crashed (its supervisor would restart it, but a server that
     # cannot start is a mistake to report): report its log's last lines.
     deadline = time.monotonic() + args.timeout
     while pending and time.monotonic() < deadline:
-        for name, (task, proc, tdir) in list(pending.items()):
-            code = proc.poll()
+        for name, (task, waited, tdir) in list(pending.items()):
+            code = waited.poll()
             died = (read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}).get("last_exit")
             if code is not None or died:
                 reason = f"server {died}" if died else f"supervisor {exit_reason(code or 0)}"
-                results[name] = TaskStarted(ok=False, pid=proc.pid, reason=reason,
+                results[name] = TaskStarted(ok=False, pid=waited.pid, reason=reason,
                                             log_tail=tail(os.path.join(tdir, layout.LOG)))
                 del pending[name]
-            elif os.path.exists(os.path.join(tdir, layout.READY)) and port_open(task.port):
-                results[name] = TaskStarted(ok=True, pid=proc.pid)
+            elif (not isinstance(waited, _Step) or waited.seen) and os.path.exists(os.path.join(tdir, layout.READY)) \
+                    and port_open(task.port):
+                results[name] = TaskStarted(ok=True, pid=waited.pid)
                 del pending[name]
         if pending:
             time.sleep(READY_POLL)
-    for name, (_, proc, tdir) in pending.items():
-        results[name] = TaskStarted(ok=False, pid=proc.pid, reason=f"not serving after {args.timeout:g}s",
+    for name, (_, waited, tdir) in pending.items():
+        never = isinstance(waited, _Step) and not waited.seen
+        reason = "its job step did not start" if never else "not serving"
+        results[name] = TaskStarted(ok=False, pid=waited.pid, reason=f"{reason} after {args.timeout:g}s",
                                     log_tail=tail(os.path.join(tdir, layout.LOG)))
     if os.path.isdir(args.dir):
         # The lease counts from when the servers serve, not from before they imported TensorFlow.
@@ -444,7 +487,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--file", action="append", default=[])
     c.add_argument("--wait", type=float, default=30.0)
     c.add_argument("--timeout", type=float, default=30.0)
-    for name in ("start", "supervise"):
+    for name in ("start", "supervise", "supervise-step"):
         c = sub.add_parser(name)
         c.add_argument("--dir", required=True)
         if name == "start":
@@ -453,10 +496,15 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument("--task", required=True)
         c.add_argument("--restart-limit", type=int, default=Defaults.RESTART_LIMIT)
         c.add_argument("--restart-backoff", type=float, default=Defaults.RESTART_BACKOFF)
-        if name == "start":
+        if name != "supervise":
             c.add_argument("--env", action="append", default=[])
+        if name == "supervise-step":
+            c.add_argument("--token", required=True)
+        if name == "start":
             c.add_argument("--timeout", type=float, default=Defaults.START_TIMEOUT)
             c.add_argument("--ttl", type=float, default=Defaults.TTL)
+            # Slurm: the supervisors were started as job steps with this token; wait for them.
+            c.add_argument("--spawned", default="")
     for name in ("serve", "fake"):
         c = sub.add_parser(name)
         c.add_argument("--job", required=True)
@@ -511,9 +559,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 COMMANDS: dict[str, Any] = {
-    "check": cmd_check, "start": cmd_start, "supervise": cmd_supervise, "serve": cmd_serve,
-    "fake": cmd_fake, "status": cmd_status, "renew": cmd_renew, "stop": cmd_stop, "clean": cmd_clean,
-    "reach": cmd_reach, "fence": cmd_fence, "sync": cmd_sync, "env": cmd_env, "purge": cmd_purge,
+    "check": cmd_check, "start": cmd_start, "supervise": cmd_supervise, "supervise-step": cmd_supervise_step,
+    "serve": cmd_serve, "fake": cmd_fake, "status": cmd_status, "renew": cmd_renew, "stop": cmd_stop,
+    "clean": cmd_clean, "reach": cmd_reach, "fence": cmd_fence, "sync": cmd_sync, "env": cmd_env, "purge": cmd_purge,
     "serve-wheels": cmd_serve_wheels, "fetch-wheels": cmd_fetch_wheels, "run": cmd_run,
     "supervise-program": cmd_supervise_program, "follow": cmd_follow,
 }

@@ -10,6 +10,7 @@ turned into a Python value only for the plain YAML types (str, int, float, bool,
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import unicodedata
@@ -70,6 +71,31 @@ class SyncSpec:
     column: int
 
 
+@dataclass(frozen=True)
+class SlurmSpec:
+    """`slurm:` in place of `hosts:`: the cluster's nodes come from a Slurm allocation, made through
+    the login host (dtf.cluster.slurm builds the commands). Either `nodes` (dtf submits an
+    allocation, and cancels it at `down`) or `job` (an allocation the user made: used, never
+    cancelled)."""
+
+    login: HostSpec  # the login host: an SSH host like any other (ssh_config, ProxyJump, agent); no tasks
+    node: HostSpec  # what every node of the allocation runs: python, workdir, ports per node (host is "")
+    line: int  # where `slurm:` is (1-based)
+    nodes: int | None = None  # how many nodes to allocate; None with `job`
+    job: str | None = None  # an existing allocation's id
+    partition: str | None = None
+    time: str | None = None  # Slurm's time limit, as written (`90`, `1:30:00`, `2-00:00:00`)
+    account: str | None = None
+    qos: str | None = None
+    gpus_per_node: int | None = None
+    sbatch: tuple[str, ...] = ()  # more sbatch options, passed through as written
+
+    @property
+    def submits(self) -> bool:
+        """dtf makes the allocation (and so cancels it); False: the user's `job`."""
+        return self.job is None
+
+
 # How the laptop reaches the tasks' TF ports: directly, through SSH, or whichever works (auto).
 NETWORKS = ("auto", "direct", "ssh")
 # Who may connect to the tasks' TF ports: anyone who can reach them, or only the cluster's hosts.
@@ -85,6 +111,16 @@ class Inventory:
     network: str = "auto"  # one of NETWORKS
     firewall: str = "none"  # one of FIREWALLS
     sync: tuple[SyncSpec, ...] = ()  # sent to every host at `up`
+    # `slurm:` in place of `hosts:` (hosts is then empty until the allocation names the nodes:
+    # `with_nodes`).
+    slurm: SlurmSpec | None = None
+
+    def with_nodes(self, names: tuple[str, ...]) -> Inventory:
+        """A Slurm inventory whose allocation runs on these nodes: one host per node, each with
+        the node layout (`slurm.node`), in Slurm's order."""
+        assert self.slurm is not None
+        node = self.slurm.node
+        return dataclasses.replace(self, hosts=tuple(dataclasses.replace(node, host=n) for n in names))
 
     @property
     def num_ps(self) -> int:
@@ -364,6 +400,66 @@ def _read_packages(node: yaml.Node) -> tuple[str, ...]:
     return tuple(packages)
 
 
+# Slurm's time formats (sbatch --time): minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_SLURM_TIME = re.compile(r"\d{1,9}(:\d{1,2}){0,2}|\d{1,5}-\d{1,2}(:\d{1,2}){0,2}")
+_SLURM_JOB = re.compile(r"[1-9][0-9]{0,11}")
+_MAX_NODES = 100_000
+# sbatch options dtf sets itself (from the keys named here), or that would break what it submits.
+_SBATCH_OWN = {"-N": "nodes", "--nodes": "nodes", "-p": "partition", "--partition": "partition",
+               "-t": "time", "--time": "time", "-A": "account", "--account": "account", "-q": "qos",
+               "--qos": "qos", "--gpus-per-node": "gpus_per_node", "-J": None, "--job-name": None,
+               "--parsable": None, "--wrap": None, "-o": None, "--output": None, "-n": None,
+               "--ntasks": None, "--ntasks-per-node": None, "-W": None, "--wait": None, "-H": None, "--hold": None}
+
+
+def _read_slurm_time(node: yaml.Node) -> str:
+    # YAML 1.1 reads 1:30:00 as a number (base 60): the text as written is what Slurm gets.
+    if isinstance(node, yaml.ScalarNode) and node.tag in (_STR, _INT) and _SLURM_TIME.fullmatch(node.value):
+        return str(node.value)
+    raise _Invalid(f"expected a Slurm time limit (minutes, HH:MM:SS or D-HH:MM:SS, e.g. '1:30:00'), "
+                   f"got {_describe(node)}")
+
+
+def _read_slurm_job(node: yaml.Node) -> str:
+    if isinstance(node, yaml.ScalarNode) and node.tag in (_STR, _INT) and _SLURM_JOB.fullmatch(node.value):
+        return str(node.value)
+    raise _Invalid(f"expected a Slurm job id (a whole number, as squeue shows it), got {_describe(node)}")
+
+
+def _read_nodes(node: yaml.Node) -> int:
+    value = _plain(node)
+    if not _is_int(value) or not 1 <= value <= _MAX_NODES:
+        raise _Invalid(f"expected a number of nodes 1..{_MAX_NODES}, got {_describe(node)}")
+    return value
+
+
+def _read_gpus_per_node(node: yaml.Node) -> int:
+    value = _plain(node)
+    if not _is_int(value) or not 0 <= value <= _MAX_GPUS:
+        raise _Invalid(f"expected a number of GPUs per node 0..{_MAX_GPUS}, got {_describe(node)}")
+    return value
+
+
+def _read_sbatch(node: yaml.Node) -> tuple[str, ...]:
+    """More sbatch options: a list of options, each one argument (`--constraint=a100`)."""
+    value = _plain(node)
+    expected = "a list of sbatch options such as '--constraint=a100' or '--exclusive'"
+    if not isinstance(value, yaml.SequenceNode):
+        raise _Invalid(f"expected {expected}, got {_describe(node)}")
+    options = []
+    for item in value.value:
+        text = _plain(item)
+        if not isinstance(text, str) or not text.startswith("-") or any(c in text for c in "\n\r\0"):
+            raise _Invalid(f"expected {expected}, got {_describe(item)} in the list")
+        name = text.split("=", 1)[0] if text.startswith("--") else text[:2]
+        if name in _SBATCH_OWN:
+            key = _SBATCH_OWN[name]
+            why = f"set it with slurm.{key}" if key else "dtf sets it itself"
+            raise _Invalid(f"{text!r} in the list: {why}")
+        options.append(text)
+    return tuple(options)
+
+
 def _read_connection(node: yaml.Node) -> str:
     value = _plain(node)
     if value not in ("ssh", "local"):
@@ -419,7 +515,18 @@ _BUILTIN: dict[str, object] = dict.fromkeys(_SETTINGS) | {
     "base_python": DEFAULT_PYTHON, "packages": (), "accelerator": "none",
 }
 _MANAGED_ONLY = ("base_python", "packages", "accelerator")  # on a host entry: only with python: managed
-_TOP_KEYS = ("cluster", "ssh_config", "network", "firewall", "defaults", "hosts", "sync")
+_TOP_KEYS = ("cluster", "ssh_config", "network", "firewall", "defaults", "hosts", "slurm", "sync")
+# `slurm:`: the allocation (what sbatch gets), the layout per node, and the nodes' own settings.
+_SLURM_ALLOCATION: dict[str, Callable[[yaml.Node], object]] = {
+    "nodes": _read_nodes, "partition": _name_reader("a partition name"), "time": _read_slurm_time,
+    "account": _name_reader("an account name"), "qos": _name_reader("a QOS name"),
+    "gpus_per_node": _read_gpus_per_node, "sbatch": _read_sbatch,
+}
+_NODE_SETTINGS = ("python", "workdir", "tf_port", "restart_limit", "restart_backoff", "base_python",
+                  "packages", "accelerator")
+_SLURM_KEYS = ("login", "job", *_SLURM_ALLOCATION, "ps", "workers", *_NODE_SETTINGS)
+_LOGIN_KEYS = ("host", "user", "port", "identity_file")
+_NOT_WITH_SLURM = ("connection", "address", "gpus")  # per host; Slurm decides (gpus: slurm.gpus_per_node)
 _SYNC_KEYS = ("path", "as")
 _HOST_KEYS = ("host", *_SETTINGS, "ps", "workers")
 _PER_HOST_ONLY = {k: "not allowed in defaults: set it in each hosts entry" for k in ("host", "ps", "workers")}
@@ -504,8 +611,10 @@ class _Checker:
             return None
         found = self.entries(root, "", _TOP_KEYS, {})
         for required in ("cluster", "hosts"):
-            if required not in found:
+            if required not in found and not (required == "hosts" and "slurm" in found):
                 self.report(root, "", f"missing required key {required!r}")
+        if "hosts" in found and "slurm" in found:
+            self.report(found["slurm"][0], "slurm", "expected hosts or slurm, not both: slurm's nodes are the hosts")
         cluster = self.value(found["cluster"], "cluster", _read_cluster) if "cluster" in found else _INVALID
         ssh_config = None
         if "ssh_config" in found:
@@ -523,11 +632,98 @@ class _Checker:
             elif not (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
                 self.report(key, "defaults", f"expected a mapping of host settings, got {_describe(node)}")
         hosts = self.hosts(found["hosts"], defaults) if "hosts" in found else []
+        slurm = None
+        if "slurm" in found and "hosts" not in found:
+            slurm = self.slurm(found["slurm"], defaults, found.get("defaults"))
         sync = self.sync(found["sync"]) if "sync" in found else []
         if self.problems or not isinstance(cluster, str):  # an invalid cluster is one of the problems
             return None
         return Inventory(path=self.filename, cluster=cluster, hosts=tuple(hosts), ssh_config=ssh_config,
-                         sync=tuple(sync), **choices)
+                         sync=tuple(sync), slurm=slurm, **choices)
+
+    def slurm(self, entry: tuple[yaml.Node, yaml.Node], defaults: dict[str, Any],
+              defaults_entry: tuple[yaml.Node, yaml.Node] | None) -> SlurmSpec | None:
+        """`slurm:`: the login host, the allocation (or an existing `job`), the layout per node."""
+        key, node = entry
+        if not _is_map(node):
+            self.report(key, "slurm", f"expected a mapping with login and nodes (or job), got {_describe(node)}")
+            return None
+        if defaults_entry is not None and _is_map(defaults_entry[1]):
+            for k, _ in defaults_entry[1].value:
+                if isinstance(k, yaml.ScalarNode) and k.value in _NOT_WITH_SLURM:
+                    self.report(k, f"defaults.{k.value}", "not with slurm: Slurm decides where tasks run"
+                                + (" (GPUs: slurm.gpus_per_node)" if k.value == "gpus" else ""))
+        found = self.entries(node, "slurm", _SLURM_KEYS, {"host": "in slurm.login (the login host)",
+                                                          "hosts": "not in slurm: the nodes come from Slurm"})
+        login = self.login(found["login"], defaults) if "login" in found else None
+        if "login" not in found:
+            self.report(node, "slurm", "missing required key 'login'")
+        job = self.value(found["job"], "slurm.job", _read_slurm_job) if "job" in found else None
+        allocation: dict[str, Any] = {}
+        if "job" in found:
+            for name in _SLURM_ALLOCATION:
+                if name in found:
+                    self.report(found[name][0], f"slurm.{name}",
+                                "not with job: that allocation is made already (remove one of them)")
+        else:
+            allocation = {name: self.value(found[name], f"slurm.{name}", read)
+                          for name, read in _SLURM_ALLOCATION.items() if name in found}
+        if "job" not in found and "nodes" not in found:
+            self.report(node, "slurm", "missing required key 'nodes' (or 'job': an allocation you made)")
+        s = dict(defaults)
+        for name in _NODE_SETTINGS:
+            if name in found:
+                s[name] = self.value(found[name], f"slurm.{name}", _SETTINGS[name])
+        ps, workers = (self.role(found[r], f"slurm.{r}") if r in found else 0 for r in ("ps", "workers"))
+        if ps is None or workers is None or login is None or _INVALID in s.values() \
+                or _INVALID in allocation.values() or job is _INVALID or self.problems:
+            return None
+        if s["python"] != MANAGED:
+            misplaced = [k for k in _MANAGED_ONLY if k in found]
+            for k in misplaced:
+                self.report(found[k][0], f"slurm.{k}", f"only for a managed environment (python: {MANAGED}); "
+                                                       f"the nodes' python is {s['python']!r}")
+            if misplaced:
+                return None
+        tasks = self.assign_ports("slurm", found, s["tf_port"], ps, workers)
+        if tasks is None:
+            return None
+        self.check_ports({}, "each node", tasks[0] + tasks[1])
+        if not tasks[1]:
+            self.report(found["workers"][0] if "workers" in found else key, "slurm.workers",
+                        "no worker task: each node needs workers: 1 or more")
+            return None
+        gpus_per_node = allocation.get("gpus_per_node")
+        node_spec = HostSpec(
+            host="", line=node.start_mark.line + 1, connection="slurm", user=None, port=None, identity_file=None,
+            python=s["python"], workdir=s["workdir"], address=None,
+            ps_ports=tuple(port for port, _, _ in tasks[0]), worker_ports=tuple(port for port, _, _ in tasks[1]),
+            restart_limit=s["restart_limit"], restart_backoff=s["restart_backoff"], base_python=s["base_python"],
+            packages=s["packages"], accelerator=s["accelerator"],
+            gpus=tuple(range(gpus_per_node)) if gpus_per_node else None,
+        )
+        return SlurmSpec(login=login, node=node_spec, line=key.start_mark.line + 1, job=job, **allocation)
+
+    def login(self, entry: tuple[yaml.Node, yaml.Node], defaults: dict[str, Any]) -> HostSpec | None:
+        """`slurm.login`: a host name, or a mapping {host, user, port, identity_file}."""
+        node = entry[1]
+        path = "slurm.login"
+        if _is_map(node):
+            found = self.entries(node, path, _LOGIN_KEYS, {})
+            if "host" not in found:
+                self.report(node, path, "missing required key 'host'")
+                return None
+            name = self.value(found["host"], f"{path}.host", _name_reader("a host name", _HOST_HINTS))
+            s = self.settings({k: v for k, v in found.items() if k != "host"}, path, defaults)
+        else:
+            name = self.value(entry, path, _name_reader("a host name (or a mapping with host, user, port, "
+                                                        "identity_file)", _HOST_HINTS))
+            s = dict(defaults)
+        if name is _INVALID or _INVALID in s.values():
+            return None
+        return HostSpec(host=name, line=node.start_mark.line + 1, connection="ssh", user=s["user"], port=s["port"],
+                        identity_file=s["identity_file"], python=DEFAULT_PYTHON, workdir=s["workdir"], address=None,
+                        ps_ports=(), worker_ports=())
 
     def sync(self, entry: tuple[yaml.Node, yaml.Node]) -> list[SyncSpec]:
         """`sync:`: a list of paths, or of mappings {path, as}; names unique and plain."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from dtf.cluster import gpus
 from dtf.cluster.inventory import DEFAULT_PYTHON, HostSpec, Inventory
+from dtf.cluster.slurm import Allocation
 from dtf.files import environment, shipping
 from dtf_server import layout
 from dtf_server.protocol import Defaults, TaskSpec
@@ -152,14 +153,24 @@ class HostPlan:
     def start_argv(self) -> list[str]:
         return self.start_argv_for(None)
 
-    def start_argv_for(self, only: Collection[str] | None) -> list[str]:
+    def start_argv_for(self, only: Collection[str] | None, spawned: str = "") -> list[str]:
+        """Start the tasks (or those in `only`); `spawned`: they were started as Slurm job steps
+        with this token (`supervise_step_argv`): only wait until they serve."""
         env_args = [a for k, v in self.env for a in ("--env", f"{k}={v}")]
         return self.launcher_argv(
             "start", "--dir", self.root, "--timeout", f"{self.start_timeout:g}",
             "--ttl", f"{self.ttl:g}", "--restart-limit", str(self.spec.restart_limit),
             "--restart-backoff", f"{self.spec.restart_backoff:g}",
-            *env_args, *self.task_args(with_argv=True, only=only),
+            *env_args, *(["--spawned", spawned] if spawned else []), *self.task_args(with_argv=True, only=only),
         )
+
+    def supervise_step_argv(self, task: TaskPlan, token: str) -> list[str]:
+        """A task's supervisor in the foreground: what its Slurm job step runs."""
+        env_args = [a for k, v in self.env for a in ("--env", f"{k}={v}")]
+        return self.launcher_argv(
+            "supervise-step", "--dir", self.root, "--task", task.spec().to_arg(), "--token", token,
+            "--restart-limit", str(self.spec.restart_limit), "--restart-backoff", f"{self.spec.restart_backoff:g}",
+            *env_args)
 
     def check_argv(self, only: Collection[str] | None = None) -> list[str]:
         ports = [a for t in self.tasks_in(only) for a in ("--port", str(t.port))]
@@ -221,6 +232,7 @@ class Plan:
     network: str = "auto"  # how the laptop reaches the tasks: inventory.NETWORKS (`up` decides auto)
     firewall: str = "none"  # inventory.FIREWALLS: "members" closes the TF ports to non-members
     sync: tuple[SyncItem, ...] = ()  # sent to every host at `up`: not a change of the cluster
+    slurm: Allocation | None = None  # the hosts are this Slurm job's nodes, reached through its login host
 
     @property
     def remote_hosts(self) -> tuple[HostPlan, ...]:
@@ -288,7 +300,8 @@ class Plan:
         return cls(cluster=data["cluster"], inventory=data["inventory"],
                    ssh_config=data["ssh_config"], hosts=tuple(hosts),
                    network=data.get("network", "direct"), firewall=data.get("firewall", "none"),
-                   sync=tuple(SyncItem(**item) for item in data.get("sync", ())))
+                   sync=tuple(SyncItem(**item) for item in data.get("sync", ())),
+                   slurm=Allocation.from_dict(data["slurm"]) if data.get("slurm") else None)
 
 
 def default_address(spec: HostSpec) -> str:
@@ -307,6 +320,7 @@ def make_plan(
     ttl: float = DEFAULT_TTL,
     server: str = "tensorflow",
     network: str | None = None,
+    slurm: Allocation | None = None,
 ) -> Plan:
     """Assign task indexes (in inventory order), addresses, directories and commands.
 
@@ -314,7 +328,11 @@ def make_plan(
     HostName from ssh_config); `local_python` is the python of local hosts that name none;
     `ttl` is the lease (`dtf up --ttl`, 0: never lapses); `server` what serves each task
     (ValueError if it is not one of SERVERS); `network` overrides the inventory's (`--network`).
+    `slurm`: the allocation whose nodes are the inventory's hosts (`Inventory.with_nodes`); each
+    node's servers are reached at its NodeAddr.
     """
+    if slurm is not None:
+        resolve = lambda spec: slurm.address_of(spec.host)  # noqa: E731
     counters = {job: 0 for job in JOBS}
     hosts = []
     for spec in inventory.hosts:
@@ -350,7 +368,7 @@ def make_plan(
                           s.column) for s in inventory.sync)
     return Plan(cluster=inventory.cluster, inventory=inventory.path,
                 ssh_config=inventory.ssh_config, hosts=tuple(hosts),
-                network=network or inventory.network, firewall=inventory.firewall, sync=sync)
+                network=network or inventory.network, firewall=inventory.firewall, sync=sync, slurm=slurm)
 
 
 _HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdir", "address",

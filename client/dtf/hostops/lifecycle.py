@@ -19,14 +19,16 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from dtf.cluster import state
+from dtf.cluster.inventory import Inventory
 from dtf.cluster.plan import DEFAULT_TTL, Plan, differences, make_plan
+from dtf.cluster.slurm import Allocation
 from dtf.cluster.state import Record
 from dtf.errors import ClusterChanged, HostFailure, InventoryError, NoCluster, Problem, UsageError
 from dtf.files import sync
@@ -39,17 +41,20 @@ SERVER_ENV = "DTF_SERVER"  # what serves each task: `tensorflow` (default), or `
 
 
 def load_plan(inventory_path: Path, ttl: float | None = None, server: str = "tensorflow",
-              network: str | None = None) -> Plan:
-    """The plan of an inventory file (bad input: InventoryError with file:line:col)."""
+              network: str | None = None, slurm: Allocation | None = None) -> Plan:
+    """The plan of an inventory file (bad input: InventoryError with file:line:col); a Slurm
+    inventory's with the nodes of its allocation `slurm`."""
     from dtf.cluster import inventory
     from dtf.hosts.transport import check_ssh_config, resolver
 
     inv = inventory.load(inventory_path)
+    if slurm is not None:
+        inv = inv.with_nodes(slurm.nodes)
     if inv.ssh_config:
         check_ssh_config(inventory_path, inv.ssh_config)
     try:
         plan = make_plan(inv, resolve=resolver(inv.ssh_config), local_python=sys.executable,
-                         ttl=DEFAULT_TTL if ttl is None else ttl, server=server, network=network)
+                         ttl=DEFAULT_TTL if ttl is None else ttl, server=server, network=network, slurm=slurm)
     except ValueError as e:  # only `server` can be wrong: the inventory was checked
         raise UsageError(f"{SERVER_ENV}: {e}")
     missing = [Problem(str(inventory_path), item.line, item.column, f"sync[{i}]",
@@ -102,6 +107,28 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
         record = record_synced(new_record(plan, inventory_path, outcomes), reports)
         state.save(record)
     return UpResult(record, started=True, outcomes=outcomes, seconds=time.monotonic() - t0, synced=reports)
+
+
+def slurm_allocation(inv: Inventory, *, wait: float, say: Callable[[str], None],
+                     connect_timeout: float) -> tuple[Allocation, bool]:
+    """The allocation `up` runs a Slurm inventory's cluster on: the recorded cluster's, while its
+    job runs (an `up` again repairs it), else a new one (True: made now, so an `up` that fails
+    cancels it)."""
+    from dtf.hostops import slurm as slurm_ops
+
+    if inv.cluster in state.names():
+        recorded = state.load(inv.cluster).plan.slurm
+        if recorded is not None:
+            with slurm_ops.login_transport(inv, connect_timeout) as t:
+                job = slurm_ops.job_state(t, recorded.job)
+            if job.state == "RUNNING":
+                return recorded, False
+            if job.gone:  # its lease lapsed, it ran out of time, or someone cancelled it
+                with state.locked():
+                    state.remove(inv.cluster)
+                say(f"job {recorded.job} of cluster {inv.cluster} is no longer in the queue "
+                    f"(its tasks ended with it): starting the cluster anew")
+    return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout), True
 
 
 def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.Pack] = ()
@@ -321,24 +348,45 @@ class DownResult:
 
 
 def down(name: str | None, *, keep_logs: bool, grace: float, connect_timeout: float,
-         view: ProgressView = no_view, purge: bool = False) -> DownResult:
+         view: ProgressView = no_view, purge: bool = False,
+         say: Callable[[str], None] = lambda line: None) -> DownResult:
     """Stop every task of the cluster, remove dtf's files from its hosts and forget it; with
     `purge`, also each host's WORKDIR/.cache (managed environments, wheels, synced trees)."""
     with state.locked():
         record = state.load(state.resolve_name(name))
         t0 = time.monotonic()
         outcomes = teardown(record, keep_logs=keep_logs, grace=grace, connect_timeout=connect_timeout,
-                            view=view, purge=purge)
+                            view=view, purge=purge, say=say)
     return DownResult(record.cluster, outcomes, time.monotonic() - t0)
 
 
+def _job_runs(plan: Plan, connect_timeout: float) -> bool:
+    """Whether the plan's Slurm job is still in the queue (HostFailure: the login host says nothing)."""
+    from dtf.hostops import slurm as slurm_ops
+    from dtf.hosts.transport import HostError, SSHTransport
+
+    assert plan.slurm is not None
+    try:
+        with SSHTransport(plan.slurm.login, plan.ssh_config, connect_timeout) as t:
+            return not slurm_ops.job_state(t, plan.slurm.job).gone
+    except HostError as e:
+        raise HostFailure("dtf down (Slurm)", {plan.slurm.login.host: str(e)})
+
+
 def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: float,
-             view: ProgressView = no_view, purge: bool = False) -> dict[str, Outcome[HostStopped]]:
+             view: ProgressView = no_view, purge: bool = False,
+             say: Callable[[str], None] = lambda line: None) -> dict[str, Outcome[HostStopped]]:
     """Stop every task and remove the files; forget the cluster, or keep the hosts that failed
     in the record so that a later `dtf down` retries them."""
     plan = record.plan
     record = record.replace(taking_down=True)
     state.save(record)  # a `dtf train` on this cluster sees it and stops its program
+    if plan.slurm is not None and not _job_runs(plan, connect_timeout):
+        # Slurm ended every step with the job (cancelled, timed out): nothing of dtf's runs there,
+        # and the nodes are no longer ours to reach.
+        say(f"job {plan.slurm.job} is no longer in the queue: its tasks ended with it")
+        state.remove(plan.cluster)
+        return {}
     ops = HostOps(plan, connect_timeout=connect_timeout, view=view)
     with ops.shown(f"dtf down {plan.cluster}"):
         outcomes = stop.down(ops, keep_logs=keep_logs, grace=grace, purge=purge)
@@ -346,6 +394,16 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
 
     close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts])  # a killed `dtf train`'s
     failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
+    if plan.slurm is not None:
+        from dtf.hostops import slurm as slurm_ops
+
+        slurm_ops.release(plan.slurm, plan.ssh_config, say, connect_timeout)
+        if plan.slurm.submitted:
+            # The job dtf submitted is gone, whatever the nodes said: its cancellation ended every step.
+            for host, reason in failures.items():
+                say(f"{host}: {reason} (its steps ended with the job)")
+            outcomes = {h: o for h, o in outcomes.items() if o.ok}
+            failures = {}
     if failures:
         kept = tuple(hp for hp in plan.hosts if hp.name in failures)
         state.save(record.replace(plan=dataclasses.replace(plan, hosts=kept)))

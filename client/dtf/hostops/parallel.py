@@ -95,6 +95,11 @@ class HostOps:
                 self.progress = before
 
     def transport(self, hp: HostPlan) -> Transport:
+        if hp.spec.connection == "slurm":  # a node of the plan's allocation: job steps, through its login host
+            from dtf.hosts.slurmstep import SlurmStepTransport
+
+            assert self.plan.slurm is not None
+            return SlurmStepTransport(hp.spec, self.plan.slurm, self.plan.ssh_config, self.connect_timeout)
         return transport_for(hp.spec, self.plan.ssh_config, self.connect_timeout)
 
     def each_host(self, fn: Callable[[HostPlan], T], hosts: Sequence[HostPlan] | None = None

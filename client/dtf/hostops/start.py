@@ -110,7 +110,8 @@ class Starter:
         tasks = hp.tasks_in(only)
         self.ops.step(hp, f"starting {len(tasks)} server(s)")
         self.started.add(hp.name)  # from here on, a rollback must stop tasks there
-        r = t.run(hp.start_argv_for(only), timeout=hp.start_timeout + 30)
+        spawned = self._start_steps(t, hp, tasks) if hp.spec.connection == "slurm" else ""
+        r = t.run(hp.start_argv_for(only, spawned), timeout=hp.start_timeout + 30)
         started = decode(StartReply, r, "starting servers")
         failed = {n: s for n, s in started.tasks.items() if not s.ok}
         if failed:
@@ -118,6 +119,22 @@ class Starter:
             log = " | ".join(line.strip() for line in s.log_tail[-5:] if line.strip())
             raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
         return started
+
+    def _start_steps(self, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan]) -> str:
+        """A node of a Slurm allocation: each task's supervisor runs as a job step of its own,
+        started from the login host; the launcher's `start` then waits for them (the token)."""
+        import uuid
+
+        from dtf.cluster import slurm
+        from dtf.hostops.slurm import detach_steps
+        from dtf.hosts.slurmstep import SlurmStepTransport
+
+        assert isinstance(t, SlurmStepTransport)
+        token = uuid.uuid4().hex[:16]
+        job, cluster = t.allocation.job, self.ops.plan.cluster
+        detach_steps(t.login, [slurm.supervise_step_argv(job, hp.name, cluster, task.name,
+                                                         hp.supervise_step_argv(task, token)) for task in tasks])
+        return token
 
     def _fence(self, t: Transport, hp: HostPlan, client_address: str | None) -> None:
         """`firewall: members`: close the host's TF ports to all but the cluster's hosts (and the

@@ -1,0 +1,200 @@
+"""The Slurm commands dtf runs on a cluster's login host, as argv lists, and how it reads their
+answers. Pure: no I/O (dtf.hostops.slurm runs them).
+
+What dtf submits is an allocation that holds its nodes and does nothing else (a batch script that
+sleeps until it is cancelled); every task then runs as a job step of it (`srun --jobid=ID
+--overlap -N1 -n1 -w NODE ...`), so Slurm accounts for the tasks and ends them with the job.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from dtf.cluster.inventory import HostSpec, Inventory
+
+# The batch script of the allocation dtf submits holds the nodes until scancel, the time limit, or
+# the cluster's lease lapsing on the batch node (the first): no dtf command used the cluster for
+# its ttl (`dtf up --ttl`: the laptop is gone). It exits then, and the job ends with it. The
+# supervisors remove the cluster's files once the lease lapsed, so files gone after a lease that
+# had lapsed are a lapse too; files gone while the lease was fresh are `dtf down` at work, which
+# cancels the job itself once every node is clean (ending it sooner would cut the other nodes' clean).
+HOLD_POLL = 2.0  # seconds
+_HOLD = """import json, sys, time
+last = None
+while True:
+    try:
+        lease = json.load(open(sys.argv[1]))
+    except (OSError, ValueError):
+        lease = None
+    if lease is not None:
+        last = lease
+    if last is not None and last["ttl"] and time.time() > last["renewed"] + last["ttl"]:
+        sys.exit(0)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def quote_arg(arg: str) -> str:
+    """As dtf.hosts.shell.quote_arg (a layer above): a leading ~/ stays for the shell to expand."""
+    return "~/" + shlex.quote(arg[2:]) if arg.startswith("~/") and len(arg) > 2 else shlex.quote(arg)
+
+
+def hold_script(inv: Inventory, poll: float = HOLD_POLL) -> str:
+    """The batch script (sh) of the allocation dtf submits for this inventory."""
+    assert inv.slurm is not None
+    node = inv.slurm.node
+    python = node.base_python if node.managed else node.python
+    lease = posixpath.join(node.workdir, inv.cluster, "lease.json")
+    # A python that is not there (`up` says so in its check) must not end the job: hold. The
+    # process holding is exec'd, never waited for: scancel's SIGTERM reaches it, not a shell.
+    py = quote_arg(python)
+    return (f"command -v {py} >/dev/null 2>&1 || exec sleep infinity; "
+            f"exec {py} -c {shlex.quote(_HOLD)} {quote_arg(lease)} {poll:g}")
+
+
+def job_name(cluster: str) -> str:
+    return f"dtf-{cluster}"
+
+
+def sbatch_argv(inv: Inventory) -> list[str]:
+    """Submit the allocation: prints `ID` (or `ID;CLUSTER` on a federation) and returns at once."""
+    spec, cluster = inv.slurm, inv.cluster
+    assert spec is not None and spec.nodes is not None, "an existing job is never submitted"
+    argv = ["sbatch", "--parsable", f"--job-name={job_name(cluster)}", f"--nodes={spec.nodes}",
+            "--ntasks-per-node=1", "--output=/dev/null"]
+    for option, value in (("partition", spec.partition), ("time", spec.time), ("account", spec.account),
+                          ("qos", spec.qos)):
+        if value is not None:
+            argv.append(f"--{option}={value}")
+    if spec.gpus_per_node:
+        argv.append(f"--gpus-per-node={spec.gpus_per_node}")
+    return [*argv, *spec.sbatch, f"--wrap={hold_script(inv)}"]
+
+
+def parse_job_id(out: str) -> str:
+    """The job id in sbatch --parsable's answer (ValueError if there is none)."""
+    job = out.strip().split(";", 1)[0]
+    if not job.isdigit():
+        raise ValueError(f"sbatch answered {out.strip()[:200]!r}, not a job id")
+    return job
+
+
+# squeue's view of one job: state, reason, node list, time used and left (one line, '|' between).
+SQUEUE_FORMAT = "%T|%r|%N|%M|%L"
+
+
+def squeue_argv(job: str) -> list[str]:
+    return ["squeue", "--noheader", f"--jobs={job}", f"--format={SQUEUE_FORMAT}"]
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str  # PENDING, RUNNING, COMPLETING, ...; "" once squeue no longer lists the job
+    reason: str  # Slurm's reason (pending: Resources, Priority, ReqNodeNotAvail...); "None" when running
+    nodelist: str  # compressed (node[1-3]); "" while pending
+    used: str = ""
+    left: str = ""
+
+    @property
+    def gone(self) -> bool:
+        return not self.state
+
+
+def parse_squeue(out: str) -> JobState:
+    """squeue_argv's answer. squeue of a job it no longer knows prints nothing (or fails with
+    'Invalid job id specified': the caller passes "" then)."""
+    line = next((x for x in out.splitlines() if x.strip()), "")
+    if not line:
+        return JobState("", "", "")
+    parts = (line.split("|") + [""] * 5)[:5]
+    return JobState(*(p.strip() for p in parts))
+
+
+def hostnames_argv(nodelist: str) -> list[str]:
+    """Expand a node list (node[1-3]) into one name a line."""
+    return ["scontrol", "show", "hostnames", nodelist]
+
+
+def scancel_argv(job: str) -> list[str]:
+    return ["scancel", job]
+
+
+def step_argv(job: str, node: str, argv: list[str] | tuple[str, ...], name: str = "dtf") -> list[str]:
+    """`argv` as a job step of `job` on `node` alone, beside the other steps there (--overlap)."""
+    return ["srun", "--quiet", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            f"--job-name={name}", "--kill-on-bad-exit=0", *argv]
+
+
+def layout_lines(inv: Inventory) -> list[str]:
+    """The task layout of a Slurm inventory, for --dry-run: node names come with the allocation,
+    so nodes are numbered in Slurm's order (as `up` will assign the task indexes)."""
+    spec = inv.slurm
+    assert spec is not None
+    node = spec.node
+    n_ps, n_workers = len(node.ps_ports), len(node.worker_ports)
+    head = (f"each node: {n_ps} ps, {n_workers} workers (python {node.python}, workdir {node.workdir})"
+            + (f", {len(node.gpus)} GPUs shared among its workers" if node.gpus else ""))
+    if spec.nodes is None:
+        return [f"{head}; the nodes are job {spec.job}'s", *_node_line("node i", node.ps_ports, node.worker_ports,
+                                                                          "i", n_ps, n_workers)]
+    lines = [f"{head}; {spec.nodes} nodes: {spec.nodes * n_ps} ps, {spec.nodes * n_workers} workers"]
+    for i in range(min(spec.nodes, 8)):
+        lines += _node_line(f"node {i}", node.ps_ports, node.worker_ports, i, n_ps, n_workers)
+    if spec.nodes > 8:
+        lines.append(f"  ... and so on to node {spec.nodes - 1}")
+    return lines
+
+
+def _node_line(label: str, ps: tuple[int, ...], workers: tuple[int, ...], i: int | str, n_ps: int,
+               n_workers: int) -> list[str]:
+    def index(k: int, n: int) -> str:
+        return str(i * n + k) if isinstance(i, int) else f"{n}i+{k}" if n > 1 else f"i+{k}" if k else "i"
+
+    tasks = [f"ps:{index(k, n_ps)} :{p}" for k, p in enumerate(ps)]
+    tasks += [f"worker:{index(k, n_workers)} :{p}" for k, p in enumerate(workers)]
+    return [f"  {label}: " + ", ".join(tasks)]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A running Slurm job that holds a cluster's nodes, reached through its login host."""
+
+    job: str
+    submitted: bool  # dtf submitted it (and cancels it at `down`); False: the inventory's `job:`
+    login: HostSpec
+    nodes: tuple[str, ...] = ()  # in Slurm's order
+    addresses: tuple[str, ...] = ()  # each node's NodeAddr: where the other tasks reach its servers
+
+    def address_of(self, node: str) -> str:
+        return self.addresses[self.nodes.index(node)]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Allocation:
+        login = dict(data["login"])
+        for key in ("ps_ports", "worker_ports", "packages"):
+            login[key] = tuple(login.get(key, ()))
+        return cls(job=data["job"], submitted=data["submitted"], login=HostSpec(**login),
+                   nodes=tuple(data["nodes"]), addresses=tuple(data["addresses"]))
+
+
+def show_nodes_argv(nodes: tuple[str, ...] | list[str]) -> list[str]:
+    """One line per node, `NodeName=... NodeAddr=...` among its fields."""
+    return ["scontrol", "--oneliner", "show", "node", ",".join(nodes)]
+
+
+def parse_node_addresses(out: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "NodeName" in fields:
+            found[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
+    return found
+
+
+def supervise_step_argv(job: str, node: str, cluster: str, task: str, launcher_argv: list[str]) -> list[str]:
+    """A task's supervisor (and its server) as a job step of its own, started from the login host
+    and left running there (detached: the step lives while its srun does)."""
+    return step_argv(job, node, launcher_argv, name=f"dtf-{cluster}-{task}")

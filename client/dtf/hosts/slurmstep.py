@@ -1,0 +1,70 @@
+"""The Transport twin for a node of a Slurm allocation: nothing reaches the node but Slurm. Every
+command runs as a job step of the allocation (`srun --jobid=ID --overlap -N1 -n1 -w NODE ...`),
+started through SSH on the login host; files travel on that step's stdin (no SSH to the node, no
+shared home assumed); a TCP connection "from the host" is opened by the login host.
+
+A `~/` in a path is expanded by the login host's shell: the nodes are assumed to give the user
+the same home path (not the same files) as the login host, as Slurm sites do.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from dtf.cluster.inventory import HostSpec
+from dtf.cluster.slurm import Allocation, step_argv
+from dtf.hosts.netutil import CONNECT_TIMEOUT
+from dtf.hosts.transport import COMMAND_TIMEOUT, Readable, Result, SSHTransport, Transport, temporary_name
+
+# Write stdin to "$1/$2" atomically (as put_bytes promises): a temporary name, then a rename.
+_WRITE = 'mkdir -p "$1" && cat > "$1/$3" && mv -f "$1/$3" "$1/$2"'
+
+
+class SlurmStepTransport(Transport):
+    def __init__(self, spec: HostSpec, allocation: Allocation, ssh_config: str | None = None,
+                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+        super().__init__(spec)
+        self.allocation = allocation
+        self.login = SSHTransport(allocation.login, ssh_config, connect_timeout)
+
+    def step(self, argv: Sequence[str]) -> list[str]:
+        # Through a shell on the node: a program that is not there exits 127, as over SSH (srun's
+        # own execve failure exits 2, which reads as python's "cannot open the launcher").
+        return step_argv(self.allocation.job, self.spec.host, ["sh", "-c", 'exec "$@"', "sh", *argv])
+
+    def open(self) -> None:
+        self.login.open()
+
+    def close(self) -> None:
+        self.login.close()
+
+    def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
+        return self.login.run(self.step(argv), timeout=timeout)
+
+    def put_bytes(self, data: bytes, remote_dir: str, filename: str) -> None:
+        self._write(io.BytesIO(data), remote_dir, filename)
+
+    def put_file(self, local: Path, remote_dir: str, filename: str) -> None:
+        with open(local, "rb") as f:
+            self._write(f, remote_dir, filename)
+
+    def _write(self, source: Readable, remote_dir: str, filename: str) -> None:
+        from dtf.hosts.transport import HostError
+
+        argv = ["sh", "-c", _WRITE, "sh", remote_dir, filename, temporary_name(filename)]
+        r = self.feed(argv, source)
+        if not r.ok:
+            raise HostError(f"writing {remote_dir}/{filename} through a job step failed: "
+                            f"{(r.stderr.strip().splitlines() or ['exit ' + str(r.exit_code)])[-1]}")
+
+    def stream(self, argv: Sequence[str]) -> int:
+        return self.login.stream(self.step(argv))
+
+    def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
+             sent: Callable[[int], None] = lambda n: None) -> Result:
+        return self.login.feed(self.step(argv), source, stall, sent)
+
+    def reaches(self, target: str, timeout: float) -> bool:
+        return self.login.reaches(target, timeout)

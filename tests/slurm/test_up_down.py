@@ -1,0 +1,205 @@
+"""`dtf up` / `dtf down` on the Slurm lab, with fake servers (DTF_SERVER=fake): the allocation,
+tasks as job steps on nodes the laptop cannot reach, and a queue left empty."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from helpers import REPO, as_in_a_terminal, assert_one_line_error, dtf
+from slurmlab import STUCK, SlurmLab
+
+FAKE = {"DTF_SERVER": "fake"}
+
+
+def workdir(lab: SlurmLab) -> str:
+    """On each node's own disk (a tmpfs of its slurmd's: nothing shared with the laptop), named
+    for the lab (a process of another lab's is never counted as this one's)."""
+    return f"/srv/dtf-{lab.name}"
+
+
+def inventory(lab: SlurmLab, path: Path, cluster: str = "sl", **slurm: Any) -> Path:
+    doc = {"cluster": cluster, "ssh_config": str(lab.ssh_config),
+           "defaults": {"identity_file": str(lab.key), "python": sys.executable, "workdir": workdir(lab)},
+           "slurm": {"login": lab.login.name, **({"nodes": 2} if "job" not in slurm else {}),
+                     "ps": 1, "workers": 1, **slurm}}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def ours(lab: SlurmLab, job: str) -> list[str]:
+    return [line for line in lab.queue() if line.split()[0] == job]
+
+
+def node_processes(lab: SlurmLab) -> list[str]:
+    """dtf's processes on the compute nodes (their command lines name the workdir)."""
+    return [cmd for _, cmd in lab.processes(workdir(lab))]
+
+
+def left_behind(lab: SlurmLab, timeout: float = 10) -> list[str]:
+    """dtf's processes on the nodes (and its srun clients on the login host) once they are gone, or
+    at the deadline: an srun client's helper process exits a moment after the command's answer."""
+    deadline = time.monotonic() + timeout
+    while (found := node_processes(lab)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
+def steps(lab: SlurmLab, job: str) -> list[str]:
+    r = lab.slurm(["squeue", "-h", "-s", f"--jobs={job}", "-o", "%i %j %N"])
+    return r.stdout.split("\n")[:-1]
+
+
+def job_of(output: str) -> str:
+    line = next(x for x in output.splitlines() if x.startswith("job ") and "submitted" in x)
+    return line.split()[1]
+
+
+def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml")
+    home = tmp_path / "home"
+    t0 = time.monotonic()
+    r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
+    up_s = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = job_of(r.stdout)
+    assert ours(slurm_lab, job) == [f"{job} RUNNING"]
+    names = sorted(line.split()[1] for line in steps(slurm_lab, job) if "dtf-sl-" in line)
+    assert names == ["dtf-sl-ps:0", "dtf-sl-ps:1", "dtf-sl-worker:0", "dtf-sl-worker:1"], steps(slurm_lab, job)
+    # the tasks serve on the compute nodes, at their own addresses
+    assert all(h.address in r.stdout for h in slurm_lab.computes), r.stdout
+    r = dtf("status", home=home, env=FAKE, timeout=60)
+    assert r.returncode == 0 and r.stdout.count(" alive ") == 4, r.stdout + r.stderr
+    assert f"slurm job {job} (submitted by dtf): RUNNING, time used " in r.stdout
+    r = dtf("status", "--json", home=home, env=FAKE, timeout=60)
+    slurm = json.loads(r.stdout)["slurm"]
+    assert (slurm["job"], slurm["state"], slurm["nodes"]) == (job, "RUNNING", ["h1", "h2"])
+    r = dtf("logs", "worker:1", home=home, env=FAKE, timeout=60)  # from h2's own disk, through a job step
+    assert r.returncode == 0 and r.stdout.strip(), r.stdout + r.stderr
+    # `up` again: the recorded allocation still runs, every task serves: nothing submitted, nothing changed
+    r = dtf("up", str(inv), home=home, env=FAKE, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "submitted" not in r.stdout and ours(slurm_lab, job) == [f"{job} RUNNING"] and len(slurm_lab.queue()) == 1
+    t0 = time.monotonic()
+    r = dtf("down", home=home, env=FAKE, timeout=120)
+    down_s = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    left = next(line for line in r.stdout.splitlines() if "the queue no longer lists it" in line)
+    assert ours(slurm_lab, job) == []
+    assert left_behind(slurm_lab) == []
+    print(f"\nslurm lab, fake servers, 2 nodes x (1 ps, 1 worker): up {up_s:.1f}s, down {down_s:.1f}s; {left}")
+
+
+def test_an_up_that_fails_cancels_the_job_it_submitted(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="bad", python="/nonexistent/python3")
+    r = dtf("up", str(inv), home=tmp_path / "home", env=FAKE, timeout=120)
+    assert_one_line_error(r, 4, "h1: python missing", "h2: python missing")
+    job = job_of(r.stdout)
+    assert f"job {job} cancelled; the queue no longer lists it" in r.stdout
+    assert ours(slurm_lab, job) == []
+
+
+def test_ctrl_c_while_pending_cancels_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="pend", partition=STUCK, nodes=1)
+    env = {**os.environ, "DTF_HOME": str(tmp_path / "home"), "COLUMNS": "200", **FAKE}
+    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "up", str(inv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, preexec_fn=as_in_a_terminal)
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen.append(line)
+        if "PENDING" in line or not line:
+            break
+    assert "PENDING" in seen[-1] and "waited" in seen[-1], seen
+    job = job_of("".join(seen))
+    assert ours(slurm_lab, job) == [f"{job} PENDING"]
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err, err
+    assert f"job {job} cancelled; the queue no longer lists it" in out, out
+    assert ours(slurm_lab, job) == []
+
+
+def test_a_deadline_while_pending_cancels_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="late", partition=STUCK, nodes=1)
+    r = dtf("up", "--slurm-wait", "3", str(inv), home=tmp_path / "home", env=FAKE, timeout=60)
+    assert_one_line_error(r, 4, "still PENDING after 3s", "cancelled")
+    job = job_of(r.stdout)
+    assert ours(slurm_lab, job) == []
+    assert not (tmp_path / "home" / "state" / "late.json").exists()
+
+
+def test_an_existing_allocation_is_used_and_left_running(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    r = slurm_lab.slurm(["sbatch", "--parsable", "-N2", "--output=/dev/null", "--wrap", "exec sleep infinity"])
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    try:
+        inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="mine", job=int(job))
+        home = tmp_path / "home"
+        r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert len([s for s in steps(slurm_lab, job) if "dtf-mine-" in s]) == 4
+        r = dtf("down", home=home, env=FAKE, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"job {job} is yours" in r.stdout
+        assert ours(slurm_lab, job) == [f"{job} RUNNING"]
+        assert not [s for s in steps(slurm_lab, job) if "dtf-mine-" in s]
+        assert left_behind(slurm_lab) == []
+    finally:
+        slurm_lab.slurm(["scancel", job])
+
+
+def test_the_tasks_end_with_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """Every task runs inside the allocation: cancelling the job by hand ends them all (Slurm
+    accounts for them, and nothing of dtf's outlives the job on the nodes)."""
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="ends")
+    home = tmp_path / "home"
+    r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = job_of(r.stdout)
+    assert len([c for c in node_processes(slurm_lab) if c.startswith(f"{sys.executable} ") and "supervise-step" in c]) == 4
+    slurm_lab.slurm(["scancel", job])
+    assert left_behind(slurm_lab, timeout=30) == []
+    deadline = time.monotonic() + 30
+    while ours(slurm_lab, job) and time.monotonic() < deadline:  # COMPLETING a moment longer
+        time.sleep(0.2)
+    assert ours(slurm_lab, job) == []
+    r = dtf("down", home=home, env=FAKE, timeout=120)  # the job is gone already: down says so, and forgets it
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"job {job} is no longer in the queue: its tasks ended with it" in r.stdout
+    assert not (home / "state" / "ends.json").exists()
+
+
+def test_the_lease_lapsing_ends_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """No dtf command uses the cluster for its --ttl: its tasks stop themselves, and the batch
+    script, seeing the lease lapse on the first node, ends the job (the laptop is gone: no scancel)."""
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="lapse")
+    home = tmp_path / "home"
+    r = dtf("up", "--ttl", "6s", str(inv), home=home, env=FAKE, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = job_of(r.stdout)
+    deadline = time.monotonic() + 60
+    while ours(slurm_lab, job) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ours(slurm_lab, job) == []
+    assert left_behind(slurm_lab) == []
+    # `up` again (the laptop is back): a new allocation, the cluster anew
+    r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"job {job} of cluster lapse is no longer in the queue" in r.stdout
+    again = job_of(r.stdout)
+    assert again != job and ours(slurm_lab, again) == [f"{again} RUNNING"]
+    r = dtf("down", home=home, env=FAKE, timeout=60)
+    assert r.returncode == 0 and ours(slurm_lab, again) == [], r.stdout + r.stderr
+    assert left_behind(slurm_lab) == []

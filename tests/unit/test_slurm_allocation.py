@@ -1,0 +1,111 @@
+"""dtf.hostops.slurm against a scripted login host: what `up` submits, how it waits, and that
+every way out of the wait (deadline, Ctrl-C, a job that fails) cancels what it submitted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from dtf.cluster.inventory import loads
+from dtf.errors import HostFailure
+from dtf.hostops import slurm as slurm_ops
+from dtf.hosts.transport import COMMAND_TIMEOUT, Result, Transport
+
+INV = "cluster: c\nslurm: {login: login1, nodes: 2, partition: p, workers: 1}\n"
+
+
+class Login(Transport):
+    """Answers Slurm commands from a script: squeue's answers in turn (the last one repeats)."""
+
+    def __init__(self, squeue: list[str], on_squeue: Callable[[int], None] = lambda n: None) -> None:
+        self.squeue, self.on_squeue = squeue, on_squeue
+        self.ran: list[list[str]] = []
+        self.cancelled = False
+        self.polls = 0
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
+        argv = list(argv)
+        self.ran.append(argv)
+        if argv[0] == "sbatch":
+            return Result(0, "42\n", "")
+        if argv[0] == "scancel":
+            self.cancelled = True
+            return Result(0, "", "")
+        if argv[0] == "squeue":
+            if self.cancelled:
+                return Result(0, "", "")
+            self.polls += 1
+            self.on_squeue(self.polls)
+            return Result(0, self.squeue[min(self.polls, len(self.squeue)) - 1], "")
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            return Result(0, "n1\nn2\n", "")
+        if argv[:2] == ["scontrol", "--oneliner"]:
+            return Result(0, "NodeName=n1 Arch=x NodeAddr=10.0.0.1 x=y\nNodeName=n2 NodeAddr=10.0.0.2\n", "")
+        return Result(127, "", f"{argv[0]}: not found")
+
+
+@pytest.fixture
+def login(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Login]:
+    monkeypatch.setattr(slurm_ops, "POLL", 0.01)
+
+    def make(squeue: list[str], **kw: Callable[[int], None]) -> Login:
+        t = Login(squeue, **kw)
+        monkeypatch.setattr(slurm_ops, "login_transport", lambda inv, timeout=0: t)
+        return t
+
+    return make
+
+
+def test_submit_wait_and_learn_the_nodes(login: Callable[..., Login]) -> None:
+    t = login(["PENDING|Resources|||1:00:00\n", "PENDING|Resources|||1:00:00\n", "RUNNING|None|n[1-2]|0:01|59:59\n"])
+    said: list[str] = []
+    alloc = slurm_ops.allocate(loads(INV), wait=30, say=said.append)
+    assert (alloc.job, alloc.submitted, alloc.nodes, alloc.addresses) == ("42", True, ("n1", "n2"), ("10.0.0.1", "10.0.0.2"))
+    assert t.ran[0][:3] == ["sbatch", "--parsable", "--job-name=dtf-c"] and "--partition=p" in t.ran[0]
+    assert said[0] == "job 42 submitted: dtf-c, 2 node(s)"
+    assert said[1].startswith("job 42: PENDING (Resources), waited 0s")
+    assert said[-1].startswith("job 42 runs on n[1-2]")
+    assert not t.cancelled
+
+
+def test_the_deadline_cancels_and_waits_until_the_queue_forgets_it(login: Callable[..., Login]) -> None:
+    t = login(["PENDING|ReqNodeNotAvail|||1:00:00\n"])
+    said: list[str] = []
+    with pytest.raises(HostFailure) as info:
+        slurm_ops.allocate(loads(INV), wait=0.05, say=said.append)
+    assert "job 42 still PENDING after 0.05s (ReqNodeNotAvail): cancelled" in "\n".join(info.value.lines())
+    assert t.cancelled and ["scancel", "42"] in t.ran
+    assert said[-1].startswith("job 42 cancelled; the queue no longer lists it")
+
+
+def test_ctrl_c_while_pending_cancels(login: Callable[..., Login]) -> None:
+    def interrupt(n: int) -> None:
+        if n == 3:
+            raise KeyboardInterrupt
+
+    t = login(["PENDING|Priority|||1:00:00\n"], on_squeue=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        slurm_ops.allocate(loads(INV), wait=60, say=lambda line: None)
+    assert t.cancelled
+
+
+def test_a_job_that_fails_while_pending_is_one_line(login: Callable[..., Login]) -> None:
+    login(["PENDING|Resources|||1:00:00\n", "FAILED|NonZeroExitCode|||0:00\n"])
+    with pytest.raises(HostFailure) as info:
+        slurm_ops.allocate(loads(INV), wait=60, say=lambda line: None)
+    assert "job 42 is FAILED (NonZeroExitCode)" in "\n".join(info.value.lines())
+
+
+def test_an_existing_job_is_never_submitted_nor_cancelled(login: Callable[..., Login]) -> None:
+    t = login(["PENDING|Resources|||1:00:00\n"])
+    inv = loads("cluster: c\nslurm: {login: login1, job: 7, workers: 1}\n")
+    with pytest.raises(HostFailure):
+        slurm_ops.allocate(inv, wait=0.05, say=lambda line: None)
+    assert not [a for a in t.ran if a[0] in ("sbatch", "scancel")]

@@ -1,0 +1,198 @@
+"""`slurm:` in the inventory (dtf.cluster.inventory) and the commands it becomes (dtf.cluster.slurm)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dtf.cli import app
+from dtf.cluster import slurm
+from dtf.cluster.inventory import Inventory, loads
+from dtf.errors import InventoryError
+
+FULL = """\
+cluster: hpc
+defaults: {python: /opt/tf/bin/python3, workdir: ~/.dtf, user: alice}
+slurm:
+  login: {host: login.hpc.example.org, port: 2200}
+  nodes: 3
+  partition: gpu
+  time: 1:30:00
+  account: proj42
+  qos: normal
+  gpus_per_node: 4
+  sbatch: [--constraint=a100, --exclusive]
+  ps: 1
+  workers: 2
+  tf_port: 3000
+"""
+
+
+def parse(text: str) -> Inventory:
+    return loads(textwrap.dedent(text), "inventory.yaml")
+
+
+def errors(text: str) -> list[str]:
+    with pytest.raises(InventoryError) as info:
+        loads(textwrap.dedent(text), "inventory.yaml")
+    return info.value.lines()
+
+
+def test_a_full_slurm_section() -> None:
+    inv = parse(FULL)
+    assert inv.hosts == () and inv.slurm is not None
+    s = inv.slurm
+    assert (s.login.host, s.login.user, s.login.port, s.login.connection) == ("login.hpc.example.org", "alice", 2200, "ssh")
+    assert (s.nodes, s.job, s.partition, s.account, s.qos, s.gpus_per_node) == (3, None, "gpu", "proj42", "normal", 4)
+    assert s.time == "1:30:00"  # as written, though YAML 1.1 reads it as a number in base 60
+    assert s.sbatch == ("--constraint=a100", "--exclusive") and s.submits
+    assert (s.node.ps_ports, s.node.worker_ports, s.node.python, s.node.gpus) == ((3000,), (3001, 3002), "/opt/tf/bin/python3", (0, 1, 2, 3))
+
+
+def test_the_nodes_become_hosts_in_slurms_order() -> None:
+    inv = parse(FULL).with_nodes(("gpu7", "gpu3", "gpu9"))
+    assert [h.host for h in inv.hosts] == ["gpu7", "gpu3", "gpu9"]
+    assert (inv.num_ps, inv.num_workers) == (3, 6)
+    assert all(h.connection == "slurm" and h.worker_ports == (3001, 3002) for h in inv.hosts)
+
+
+def test_sbatch_command() -> None:
+    inv = parse(FULL)
+    assert inv.slurm is not None
+    argv = slurm.sbatch_argv(inv)
+    assert argv[:-1] == [
+        "sbatch", "--parsable", "--job-name=dtf-hpc", "--nodes=3", "--ntasks-per-node=1", "--output=/dev/null",
+        "--partition=gpu", "--time=1:30:00", "--account=proj42", "--qos=normal", "--gpus-per-node=4",
+        "--constraint=a100", "--exclusive"]
+    assert argv[-1] == "--wrap=" + slurm.hold_script(inv)
+
+
+def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> None:
+    """It exits when the lease on the batch node lapses (also when the supervisors removed the
+    files after it lapsed); it holds while the lease is fresh, before the tasks started, and when
+    the files go while the lease was fresh (`dtf down` cancels the job once every node is clean)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    inv = parse(FULL.replace("~/.dtf", str(tmp_path)).replace("/opt/tf/bin/python3", sys.executable))
+    script = slurm.hold_script(inv, poll=0.05)
+    lease = tmp_path / "hpc" / "lease.json"
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(["sh", "-c", script])
+
+    def holds(proc: subprocess.Popen[bytes], seconds: float = 0.5) -> bool:
+        try:
+            proc.wait(seconds)
+            return False
+        except subprocess.TimeoutExpired:
+            return True
+
+    proc = start()
+    try:
+        assert holds(proc)  # no cluster yet
+        lease.parent.mkdir()
+        lease.write_text(json.dumps({"ttl": 60, "renewed": time.time()}))
+        assert holds(proc)
+        lease.unlink()  # `dtf down` removed the files: the lease was fresh
+        assert holds(proc)
+        lease.write_text(json.dumps({"ttl": 0, "renewed": 0}))
+        assert holds(proc)  # ttl 0: never lapses
+        lease.write_text(json.dumps({"ttl": 1, "renewed": time.time() - 5}))
+        assert not holds(proc, 5) and proc.returncode == 0
+        lease.write_text(json.dumps({"ttl": 1, "renewed": time.time()}))
+        proc = start()
+        time.sleep(0.3)
+        lease.unlink()  # the supervisors removed the files once it lapsed
+        assert not holds(proc, 5) and proc.returncode == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ("  login: l\n  workers: 1\n", "3:3: slurm: missing required key 'nodes' (or 'job': an allocation you made)"),
+    ("  nodes: 1\n  workers: 1\n", "3:3: slurm: missing required key 'login'"),
+    ("  login: l\n  nodes: 0\n  workers: 1\n", "4:3: slurm.nodes: expected a number of nodes 1..100000, got 0"),
+    ("  login: l\n  nodes: 2\n", "2:1: slurm.workers: no worker task: each node needs workers: 1 or more"),
+    ("  login: l\n  nodes: 2\n  time: soon\n  workers: 1\n",
+     "5:3: slurm.time: expected a Slurm time limit (minutes, HH:MM:SS or D-HH:MM:SS, e.g. '1:30:00'), got 'soon'"),
+    ("  login: l\n  nodes: 2\n  partition: a;b\n  workers: 1\n",
+     "5:3: slurm.partition: expected a partition name without quotes or shell characters such as ; $ ` ( ) < > |, got 'a;b'"),
+    ("  login: l\n  nodes: 2\n  sbatch: [--time=5]\n  workers: 1\n",
+     "5:3: slurm.sbatch: '--time=5' in the list: set it with slurm.time"),
+    ("  login: l\n  nodes: 2\n  sbatch: [--wrap=x]\n  workers: 1\n",
+     "5:3: slurm.sbatch: '--wrap=x' in the list: dtf sets it itself"),
+    ("  login: l\n  nodes: 2\n  sbatch: [constraint]\n  workers: 1\n",
+     "5:3: slurm.sbatch: expected a list of sbatch options such as '--constraint=a100' or '--exclusive', got 'constraint' in the list"),
+    ("  login: l\n  job: 12x\n  workers: 1\n",
+     "4:3: slurm.job: expected a Slurm job id (a whole number, as squeue shows it), got '12x'"),
+    ("  login: l\n  job: 12\n  partition: p\n  workers: 1\n",
+     "5:3: slurm.partition: not with job: that allocation is made already (remove one of them)"),
+    ("  login: {host: l, python: x}\n  nodes: 1\n  workers: 1\n", "3:20: slurm.login.python: unknown key"),
+    ("  login: l\n  nodes: 1\n  workers: 1\n  packages: [pandas]\n",
+     "6:3: slurm.packages: only for a managed environment (python: managed); the nodes' python is 'python3'"),
+    ("  login: l\n  nodes: 1\n  host: x\n  workers: 1\n", "5:3: slurm.host: in slurm.login (the login host)"),
+])
+def test_mistakes_say_where(body: str, expected: str) -> None:
+    assert errors("cluster: c\nslurm:\n" + body) == [f"inventory.yaml:{expected}"]
+
+
+def test_hosts_and_slurm_together() -> None:
+    assert errors("cluster: c\nhosts:\n  - {host: a, workers: 1}\nslurm: {login: l, nodes: 1, workers: 1}\n") == [
+        "inventory.yaml:4:1: slurm: expected hosts or slurm, not both: slurm's nodes are the hosts"]
+
+
+def test_neither_hosts_nor_slurm() -> None:
+    assert errors("cluster: c\n") == ["inventory.yaml:1:1: missing required key 'hosts'"]
+
+
+def test_host_only_defaults_are_refused() -> None:
+    assert errors("cluster: c\ndefaults: {address: x}\nslurm: {login: l, nodes: 1, workers: 1}\n") == [
+        "inventory.yaml:2:12: defaults.address: not with slurm: Slurm decides where tasks run"]
+
+
+def test_dry_run_shows_the_sbatch_command_and_the_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DTF_HOME", str(tmp_path / "home"))
+    path = tmp_path / "inventory.yaml"
+    path.write_text(FULL)
+    r = CliRunner().invoke(app, ["up", "--dry-run", str(path)])
+    assert r.exit_code == 0, r.output
+    assert "through the login host (ssh -l alice -p 2200 login.hpc.example.org)" in r.output
+    assert ("submit   sbatch --parsable --job-name=dtf-hpc --nodes=3 --ntasks-per-node=1 --output=/dev/null "
+            "--partition=gpu --time=1:30:00 --account=proj42 --qos=normal --gpus-per-node=4 --constraint=a100 "
+            "--exclusive '--wrap=command -v /opt/tf/bin/python3 >/dev/null 2>&1 || exec sleep infinity; "
+            "exec /opt/tf/bin/python3 -c ") in r.output
+    assert "  node 1: ps:1 :3000, worker:2 :3001, worker:3 :3002" in r.output
+    assert not (tmp_path / "home").exists()
+
+
+def test_squeue_answers() -> None:
+    assert slurm.parse_squeue("PENDING|Resources|||30:00\n") == slurm.JobState("PENDING", "Resources", "", "", "30:00")
+    assert slurm.parse_squeue("RUNNING|None|h[1-2]|0:05|29:55\n").nodelist == "h[1-2]"
+    assert slurm.parse_squeue("").gone
+    assert slurm.parse_job_id("123;cluster\n") == "123"
+    with pytest.raises(ValueError):
+        slurm.parse_job_id("sbatch: error: Batch job submission failed")
+
+
+def test_a_plan_on_an_allocation_round_trips() -> None:
+    from dtf.cluster.plan import Plan, make_plan
+
+    inv = parse(FULL)
+    assert inv.slurm is not None
+    alloc = slurm.Allocation(job="77", submitted=True, login=inv.slurm.login, nodes=("n1", "n2", "n3"),
+                             addresses=("10.0.0.1", "10.0.0.2", "10.0.0.3"))
+    plan = make_plan(inv.with_nodes(alloc.nodes), slurm=alloc)
+    assert plan.cluster_spec()["worker"][2:4] == ["10.0.0.2:3001", "10.0.0.2:3002"]
+    assert Plan.from_dict(plan.to_dict()) == plan
+    step = plan.hosts[1].supervise_step_argv(plan.hosts[1].tasks[0], "tok")
+    assert step[2:6] == ["supervise-step", "--dir", "~/.dtf/hpc", "--task"] and "--token" in step
+    assert slurm.supervise_step_argv("77", "n2", "hpc", "ps:1", ["x"]) == [
+        "srun", "--quiet", "--jobid=77", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2",
+        "--job-name=dtf-hpc-ps:1", "--kill-on-bad-exit=0", "x"]
