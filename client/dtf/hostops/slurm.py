@@ -78,7 +78,7 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
     except HostError as e:
         raise HostFailure("dtf up (Slurm)", {login: str(e)})
     return Allocation(job=job, submitted=spec.submits, login=spec.login, nodes=nodes,
-                      addresses=tuple(addresses.get(n, n) for n in nodes))
+                      addresses=tuple(addresses.get(n, n) for n in nodes), request=slurm.request(inv))
 
 
 def _wait_running(t: Transport, job: str, wait: float, say: Say) -> JobState:
