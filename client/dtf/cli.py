@@ -147,8 +147,9 @@ def up(
         return
     allocation, fresh = None, False
     if inv.slurm is not None:
-        allocation, fresh = lifecycle.slurm_allocation(inv, wait=slurm_wait, say=ui.say,
-                                                       connect_timeout=connect_timeout)
+        allocation, fresh = lifecycle.slurm_allocation(inv, inventory, wait=slurm_wait, say=ui.say,
+                                                       connect_timeout=connect_timeout, replace=replace,
+                                                       view=ui.host_progress)
     try:
         plan = lifecycle.load_plan(inventory, ttl_seconds, os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
                                    network=network, slurm=allocation)

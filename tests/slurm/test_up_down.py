@@ -203,3 +203,24 @@ def test_the_lease_lapsing_ends_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> 
     r = dtf("down", home=home, env=FAKE, timeout=60)
     assert r.returncode == 0 and ours(slurm_lab, again) == [], r.stdout + r.stderr
     assert left_behind(slurm_lab) == []
+
+
+def test_another_allocation_is_refused_and_replace_starts_anew(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    r = dtf("up", str(inventory(slurm_lab, tmp_path / "two.yaml", cluster="re")), home=home, env=FAKE, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = job_of(r.stdout)
+    one = inventory(slurm_lab, tmp_path / "one.yaml", cluster="re", nodes=1)
+    r = dtf("up", str(one), home=home, env=FAKE, timeout=120)
+    assert_one_line_error(r, 8, f"slurm: job {first} was made by sbatch --parsable --job-name=dtf-re --nodes=2",
+                          "slurm: this inventory asks for sbatch --parsable --job-name=dtf-re --nodes=1")
+    assert ours(slurm_lab, first) == [f"{first} RUNNING"]
+    r = dtf("up", "--replace", str(one), home=home, env=FAKE, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    second = job_of(r.stdout)
+    assert ours(slurm_lab, first) == [] and ours(slurm_lab, second) == [f"{second} RUNNING"]
+    r = dtf("status", home=home, env=FAKE, timeout=60)
+    assert r.stdout.count(" alive ") == 2, r.stdout
+    r = dtf("down", home=home, env=FAKE, timeout=120)
+    assert r.returncode == 0 and ours(slurm_lab, second) == [], r.stdout + r.stderr
+    assert left_behind(slurm_lab) == []

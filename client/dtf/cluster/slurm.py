@@ -167,6 +167,7 @@ class Allocation:
     login: HostSpec
     nodes: tuple[str, ...] = ()  # in Slurm's order
     addresses: tuple[str, ...] = ()  # each node's NodeAddr: where the other tasks reach its servers
+    request: tuple[str, ...] = ()  # what it was made from (`request(inv)`): an `up` asking otherwise differs
 
     def address_of(self, node: str) -> str:
         return self.addresses[self.nodes.index(node)]
@@ -177,7 +178,14 @@ class Allocation:
         for key in ("ps_ports", "worker_ports", "packages"):
             login[key] = tuple(login.get(key, ()))
         return cls(job=data["job"], submitted=data["submitted"], login=HostSpec(**login),
-                   nodes=tuple(data["nodes"]), addresses=tuple(data["addresses"]))
+                   nodes=tuple(data["nodes"]), addresses=tuple(data["addresses"]),
+                   request=tuple(data.get("request", ())))
+
+
+def request(inv: Inventory) -> tuple[str, ...]:
+    """What an allocation for this inventory is made from: the sbatch command (or the job's id)."""
+    assert inv.slurm is not None
+    return tuple(sbatch_argv(inv)) if inv.slurm.submits else ("job", str(inv.slurm.job))
 
 
 def show_nodes_argv(nodes: tuple[str, ...] | list[str]) -> list[str]:

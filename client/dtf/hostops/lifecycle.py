@@ -109,18 +109,31 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
     return UpResult(record, started=True, outcomes=outcomes, seconds=time.monotonic() - t0, synced=reports)
 
 
-def slurm_allocation(inv: Inventory, *, wait: float, say: Callable[[str], None],
-                     connect_timeout: float) -> tuple[Allocation, bool]:
+def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: Callable[[str], None],
+                     connect_timeout: float, replace: bool = False,
+                     view: ProgressView = no_view) -> tuple[Allocation, bool]:
     """The allocation `up` runs a Slurm inventory's cluster on: the recorded cluster's, while its
-    job runs (an `up` again repairs it), else a new one (True: made now, so an `up` that fails
-    cancels it)."""
+    job runs and the inventory asks for the same one (an `up` again repairs it), else a new one
+    (True: made now, so an `up` that fails cancels it). An inventory that asks for another
+    allocation than the running one is refused (ClusterChanged); `replace` takes the recorded
+    cluster down (its job with it) and starts anew."""
+    from dtf.cluster import slurm
     from dtf.hostops import slurm as slurm_ops
 
     if inv.cluster in state.names():
-        recorded = state.load(inv.cluster).plan.slurm
-        if recorded is not None:
+        record = state.load(inv.cluster)
+        recorded = record.plan.slurm
+        if replace:
+            with state.locked():
+                teardown(record, keep_logs=False, grace=STOP_GRACE, connect_timeout=connect_timeout,
+                         view=view, say=say)
+        elif recorded is not None:
             with slurm_ops.login_transport(inv, connect_timeout) as t:
                 job = slurm_ops.job_state(t, recorded.job)
+            if job.state == "RUNNING" and recorded.request != slurm.request(inv):
+                raise ClusterChanged(inv.cluster, record.inventory, str(inventory_path), [
+                    f"slurm: job {recorded.job} was made by {' '.join(recorded.request)[:300]}",
+                    f"slurm: this inventory asks for {' '.join(slurm.request(inv))[:300]}"])
             if job.state == "RUNNING":
                 return recorded, False
             if job.gone:  # its lease lapsed, it ran out of time, or someone cancelled it

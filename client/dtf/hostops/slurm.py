@@ -18,7 +18,9 @@ from dtf.errors import HostFailure
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError, SSHTransport, Transport
 
-POLL = 1.0  # seconds between two squeue while a job pends (Slurm's own scheduler runs every few)
+# Seconds between two squeue while a job pends: often at first (a free partition starts a job in
+# a second or two), then at most once a second (a long wait must not load slurmctld).
+POLL, POLL_MAX = 0.2, 1.0
 CANCEL_TIMEOUT = 60.0  # seconds a cancelled job gets to leave the queue
 QUERY_TIMEOUT = 30.0  # seconds for one Slurm command on the login host
 
@@ -76,7 +78,7 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
     except HostError as e:
         raise HostFailure("dtf up (Slurm)", {login: str(e)})
     return Allocation(job=job, submitted=spec.submits, login=spec.login, nodes=nodes,
-                      addresses=tuple(addresses.get(n, n) for n in nodes))
+                      addresses=tuple(addresses.get(n, n) for n in nodes), request=slurm.request(inv))
 
 
 def _wait_running(t: Transport, job: str, wait: float, say: Say) -> JobState:
@@ -97,7 +99,7 @@ def _wait_running(t: Transport, job: str, wait: float, say: Say) -> JobState:
             shown, last_shown = line, time.monotonic()
         if waited >= wait:
             raise HostError(f"job {job} still {state.state} after {wait:g}s ({state.reason}): cancelled")
-        time.sleep(min(POLL, max(0.0, wait - waited)))
+        time.sleep(min(POLL if waited < 5 else POLL_MAX, max(0.0, wait - waited)))
 
 
 def _cancel(t: Transport, job: str, say: Say) -> float:
@@ -141,7 +143,10 @@ def allocation_state(allocation: Allocation, ssh_config: str | None,
 def detach_steps(t: Transport, argvs: list[list[str]]) -> None:
     """Start each argv (an `srun` of a job step) on the login host, detached from the SSH session:
     the step lives as long as its srun does, and ends with the job."""
-    for argv in argvs:
-        r = t.run(["sh", "-c", 'setsid -f "$@" >/dev/null 2>&1 </dev/null', "sh", *argv], timeout=QUERY_TIMEOUT)
-        if not r.ok:
-            raise HostError(f"starting a job step failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    from dtf.hosts.shell import render
+
+    # One SSH command for all of them: each srun, detached, in a session of its own.
+    script = "\n".join(f"setsid -f {render(argv)} >/dev/null 2>&1 </dev/null" for argv in argvs)
+    r = t.run(["sh", "-c", script], timeout=QUERY_TIMEOUT)
+    if not r.ok:
+        raise HostError(f"starting a job step failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")

@@ -1,0 +1,95 @@
+"""`dtf up` / `dtf down` on the Slurm lab against the floor by hand: prints, asserts nothing.
+
+    sudo .venv/bin/python bench/slurm_up.py [--repeat 3]
+
+Both with fake servers (DTF_SERVER=fake: the orchestration, not TensorFlow's import), 2 nodes,
+1 ps and 1 worker on each. The floor is what a user would type, in one SSH command to the login
+host: sbatch of a holding job, squeue until it runs, one `srun --overlap` step per task (the
+fake server of dtf's own launcher, read from this checkout: the lab shares its disk, so nothing is
+sent), and a loop on the login host until every task's port accepts a connection; its `down`:
+scancel, and squeue until the job has left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import REPO, fmt
+from helpers import dtf
+from slurmlab import SlurmLab
+
+sys.path.insert(0, str(REPO / "tests" / "slurm"))
+from test_up_down import inventory  # the tests' own inventory of the Slurm lab
+
+FLOOR_UP = r"""
+set -e
+job=$(sbatch --parsable -N2 --ntasks-per-node=1 --output=/dev/null --wrap='exec sleep infinity')
+until [ "$(squeue -h -j $job -o %T)" = RUNNING ]; do sleep 0.2; done
+for node in {nodes}; do
+  for task in "ps 0 {ps}" "worker 0 {worker}"; do
+    set -- $task
+    setsid -f srun --quiet --jobid=$job --overlap -N1 -n1 -w $node {python} -c \
+      "import sys; sys.path.insert(0, '{server}'); from dtf_server.commands import main; main(sys.argv[1:])" \
+      fake --job $1 --index $2 --port $3 --ready /tmp/dtf-floor-$job-$1-$node >/dev/null 2>&1 </dev/null
+  done
+done
+for target in {targets}; do
+  until {python} -c "import socket; socket.create_connection(('${{target%:*}}', ${{target#*:}}), 1)" 2>/dev/null; do
+    sleep 0.05
+  done
+done
+echo $job
+"""
+FLOOR_DOWN = r"""
+scancel {job}
+while [ -n "$(squeue -h -j {job} -o %T 2>/dev/null)" ]; do sleep 0.1; done
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    name, subnet = os.environ.get("DTF_SLURM_LAB_NAME"), os.environ.get("DTF_SLURM_LAB_SUBNET")
+    with tempfile.TemporaryDirectory() as tmp, SlurmLab(root=Path(tmp) / "lab", name=name, subnet=subnet,
+                                                      pick=not (name and subnet)) as lab:
+        home = Path(tmp) / "home"
+        inv = inventory(lab, Path(tmp) / "inv.yaml")
+        fake = {"DTF_SERVER": "fake"}
+        ups, downs, floor_ups, floor_downs = [], [], [], []
+        nodes = " ".join(h.name for h in lab.computes)
+        targets = " ".join(f"{h.address}:{p}" for h in lab.computes for p in (2222, 2223))
+        script = FLOOR_UP.format(nodes=nodes, ps=2222, worker=2223, python=sys.executable,
+                                 server=REPO / "server", targets=targets)
+        for _ in range(args.repeat):
+            t0 = time.monotonic()
+            dtf("up", str(inv), home=home, env=fake, check=True)
+            ups.append(time.monotonic() - t0)
+            t0 = time.monotonic()
+            dtf("down", home=home, env=fake, check=True)
+            downs.append(time.monotonic() - t0)
+            t0 = time.monotonic()
+            r = subprocess.run(lab.ssh_argv(lab.login, script), capture_output=True, text=True, timeout=120)
+            floor_ups.append(time.monotonic() - t0)
+            assert r.returncode == 0, r.stderr
+            t0 = time.monotonic()
+            down = FLOOR_DOWN.format(job=r.stdout.split()[-1])
+            subprocess.run(lab.ssh_argv(lab.login, down), check=True, timeout=120)
+            floor_downs.append(time.monotonic() - t0)
+        up, floor = sorted(ups)[len(ups) // 2], sorted(floor_ups)[len(floor_ups) // 2]
+        print(f"slurm lab: 2 nodes x (1 ps, 1 worker), fake servers; load {os.getloadavg()[0]:.1f}")
+        print(f"dtf up          {fmt(ups)}")
+        print(f"floor up        {fmt(floor_ups)}")
+        print(f"dtf down        {fmt(downs)}")
+        print(f"floor down      {fmt(floor_downs)}")
+        print(f"dtf up / floor: {up / floor:.2f}x (goal <= 1.2x)")
+
+
+if __name__ == "__main__":
+    main()
