@@ -275,23 +275,31 @@ def test_an_abandoned_cluster_stops_itself_when_its_lease_lapses(lab, write_inve
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
     ttl = 20
     assert dtf("up", "--ttl", f"{ttl}s", str(inv), home=home, timeout=120).returncode == 0
-    t_up = time.monotonic()  # the lease was renewed at the end of `up`: before this
-    # A laptop that comes back in time finds its cluster intact: any dtf command renews (half a
-    # lease after `up`: the other half is the slack for `dtf status` to start on a busy machine).
-    time.sleep(max(0.0, t_up + ttl / 2 - time.monotonic()))
+    lease = Path(lab.host("h0").workdir, "lab", "lease.json")  # {ttl, renewed}: this machine's clock
+
+    def renewed() -> float:
+        return float(json.loads(lease.read_text())["renewed"])
+
+    # A laptop that comes back in time finds its cluster intact: any dtf command renews. The test
+    # reads when each renewal happened from the lease itself, so a `dtf status` slow to start on a
+    # busy machine moves the test's points with it instead of racing them: the renewal only has to
+    # come within the lease (it starts 4 s after `up`'s, 16 s before that one lapses).
+    by_up = renewed()
+    time.sleep(max(0.0, by_up + 4 - time.time()))
     assert [r["state"] for r in status_json(home)["tasks"]] == ["alive", "alive"]
-    # Past the first lease (it lapsed by t_up + ttl), not the renewed one (renewed after t_up + ttl/2).
-    time.sleep(max(0.0, t_up + ttl + 1 - time.monotonic()))
+    by_status = renewed()
+    assert by_status >= by_up + 4, (by_up, by_status)
+    # Past the lease `up` gave (each supervisor reads it every second), within the renewed one.
+    time.sleep(max(0.0, by_up + ttl + 1.5 - time.time()))
+    assert time.time() < by_status + ttl, "the test slept past the renewed lease: cannot tell"
     assert lab.processes("h0") and lab.processes("h1")
-    assert [r["state"] for r in status_json(home)["tasks"]] == ["alive", "alive"]
-    t_renewed = time.monotonic()
 
     # Then nothing renews it: each task stops itself and the last one removes dtf's files.
-    deadline = t_renewed + ttl + 20
+    deadline = by_status + ttl + 20
     while leftovers(lab) or any(Path(h.workdir, "lab").exists() for h in lab.hosts[:2]):
-        assert time.monotonic() < deadline, (leftovers(lab), [list(Path(h.workdir).rglob("*")) for h in lab.hosts])
+        assert time.time() < deadline, (leftovers(lab), [list(Path(h.workdir).rglob("*")) for h in lab.hosts])
         time.sleep(0.1)
-    print(f"hosts cleared {time.monotonic() - (t_renewed + ttl):.1f}s after the lease lapsed")
+    print(f"hosts cleared {time.time() - (by_status + ttl):.1f}s after the lease lapsed")
     r = dtf("status", home=home, timeout=60)
     assert r.returncode == 7 and "dtf's files are gone" in r.stderr and "lease lapsed" in r.stderr
     # `dtf up` brings it back from the same record; `dtf down` then stops it as usual.
