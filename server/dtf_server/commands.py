@@ -18,7 +18,7 @@ it did what was asked:
     reach     [--dir D] --to ADDR:PORT ... [--timeout S]  which targets this host cannot connect to; renews D's lease
     fence     --dir D --port P ... --allow A ... [--remove]  TF ports open only to A and loopback
     sync      --dir C --hash H [--receive]         whether C/H exists; --receive: make it from the pack on stdin
-              [--from ADDR:PORT] [--serve P --children N] [--token T] [--free-port]: host to host
+              [--from ADDR:PORT] [--serve P --children N] [--token T] [--wait S] [--free-port]: host to host
     run       --dir D --task SPEC ... [--env K=V] [--clear-output]  collective mode: start program copies
     supervise-program --dir D --task SPEC          (internal) run one program copy once (dtf_server.program)
     follow    --dir D --task JOB:INDEX [--beat S]  stream a program copy's output and events until it ends
@@ -463,9 +463,9 @@ def cmd_sync(args: argparse.Namespace) -> SyncReply:
             relay = None  # the port was taken meanwhile: the children fail, and the laptop sends to them
     complete = False
     try:
-        source = receive.connect(args.source, token) if args.source else sys.stdin.buffer
+        source = receive.connect(args.source, token, wait=args.wait) if args.source else sys.stdin.buffer
         if relay is not None:
-            relay.accept()
+            relay.accept(wait=args.wait)
         with contextlib.closing(source):
             received = receive.receive(args.dir, args.hash, source, relay.write if relay is not None else None)
         complete = True
@@ -577,6 +577,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--serve", type=int, default=0)
     c.add_argument("--children", type=int, default=0)
     c.add_argument("--token", default="")
+    c.add_argument("--wait", type=float, default=receive.ACCEPT_WAIT)  # for the parent, and the children
     c = sub.add_parser("clean")
     c.add_argument("--dir", required=True)
     c.add_argument("--keep-logs", action="store_true")

@@ -19,7 +19,7 @@ import pytest
 
 from dtf.errors import ExitCode
 from dtf.files import sync
-from helpers import dtf
+from helpers import assert_one_line_error, dtf
 from lab import Lab, LabError, second_identity
 
 pytestmark = pytest.mark.lab
@@ -29,7 +29,7 @@ FAKE = {"DTF_SERVER": "fake"}
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, Path]]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, Path, list[int]]]:
     """A lab of 8 hosts beside the session's (its own name and subnet: DTF_LAB2_NAME and
     DTF_LAB2_SUBNET, else the first free pair), a cluster of fake servers on all of them (one
     task each), and the DTF_HOME that knows it. Network namespaces are needed (to count bytes)."""
@@ -53,7 +53,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, Pat
             {"host": h.name, ("ps" if i == 0 else "workers"): [ports[i]]} for i, h in enumerate(big.hosts)])
         r = dtf("up", str(inv), home=home, env=FAKE, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
-        yield big, home
+        yield big, home, ports
     finally:
         dtf("down", home=home, env=FAKE, timeout=300)
         big.close()
@@ -76,8 +76,8 @@ def assert_holds(big: Lab, host: str, data: Path, digest: str) -> None:
     assert there == local, host
 
 
-def test_sync_to_8_hosts_sends_the_data_once_from_the_laptop(cluster: tuple[Lab, Path]) -> None:
-    big, home = cluster
+def test_sync_to_8_hosts_sends_the_data_once_from_the_laptop(cluster: tuple[Lab, Path, list[int]]) -> None:
+    big, home, _ = cluster
     data = big.laptop_dir("tree-once")
     make_data(data, 6, 100)
     pack = sync.pack(data, "once")
@@ -114,11 +114,11 @@ def wait_for(what: str, cond: Callable[[], bool], deadline: float = 120.0) -> No
         time.sleep(0.05)
 
 
-def test_a_host_failing_mid_pass_is_named_and_the_others_get_the_data(cluster: tuple[Lab, Path]) -> None:
+def test_a_host_failing_mid_pass_is_named_and_the_others_get_the_data(cluster: tuple[Lab, Path, list[int]]) -> None:
     """h1 (in the tree: h0's child, the parent of h3 and h4) dies while the data passes through it,
     and the laptop can no longer reach it: dtf names h1 in one line; the laptop sends the pack to
     h3 and h4 itself, and every other host holds the whole tree."""
-    big, home = cluster
+    big, home, _ = cluster
     h0, h1 = big.host("h0"), big.host("h1")
     data = big.laptop_dir("tree-cut")
     make_data(data, 12, 50)
@@ -164,3 +164,36 @@ def test_a_host_failing_mid_pass_is_named_and_the_others_get_the_data(cluster: t
         if h.name != "h1":
             assert_holds(big, h.name, data, pack.digest)
     assert not (cache1 / pack.digest).exists()
+
+
+def test_hosts_that_cannot_reach_the_tree_get_the_data_from_the_laptop(cluster: tuple[Lab, Path, list[int]]) -> None:
+    """h0, the tree's root, takes connections only on its SSH and TF ports (a firewall between the
+    hosts): its children cannot copy from it, nor theirs from them. After the relay wait (1 s
+    here, DTF_SYNC_RELAY_WAIT) the laptop sends to each of them: the sync succeeds, the slow way."""
+    big, home, ports = cluster
+    h0 = big.host("h0")
+    data = big.laptop_dir("tree-walled")
+    make_data(data, 2, 20)
+    pack = sync.pack(data, "walled")
+    table = f"{big.name}_walled"
+    big.nft(h0, f"table inet {table} {{\n chain in {{\n  type filter hook input priority 0;\n"
+                f"  tcp dport != {{ 22, {ports[0]} }} ct state new reject with tcp reset\n }}\n}}\n")
+    try:
+        before = big.laptop_bytes()
+        r = dtf("sync", str(data), "--as", "walled", home=home, env={"DTF_SYNC_RELAY_WAIT": "1"}, timeout=300)
+        out = big.laptop_bytes() - before
+    finally:
+        big.run(h0, ["nft", "delete", "table", "inet", table], timeout=10)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert all(f"sent to {h.name} (" in r.stdout for h in big.hosts), r.stdout
+    assert out >= HOSTS * pack.bytes, (out, pack.bytes)
+    for h in big.hosts:
+        assert_holds(big, h.name, data, pack.digest)
+
+
+def test_a_bad_relay_wait_is_one_line(cluster: tuple[Lab, Path, list[int]]) -> None:
+    big, home, _ = cluster
+    data = big.laptop_dir("tree-bad-wait")
+    make_data(data, 1, 0)
+    r = dtf("sync", str(data), home=home, env={"DTF_SYNC_RELAY_WAIT": "soon"}, timeout=120)
+    assert_one_line_error(r, ExitCode.USAGE, "DTF_SYNC_RELAY_WAIT: expected seconds", "'soon'")

@@ -13,6 +13,7 @@ either fails, named with its reason.
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections.abc import Sequence
@@ -26,6 +27,21 @@ from dtf.hostops.parallel import HostOps, Outcome
 from dtf.hosts.transport import COMMAND_TIMEOUT, HostError
 from dtf_server import receive
 from dtf_server.protocol import SyncReply
+
+WAIT_ENV = "DTF_SYNC_RELAY_WAIT"  # seconds hosts wait for each other in the tree (default receive.ACCEPT_WAIT)
+
+
+def relay_wait() -> float:
+    """How long a host waits for its parent to listen, or for its children to connect: a firewall
+    between the hosts costs this much before the laptop sends to them instead."""
+    text = os.environ.get(WAIT_ENV, "")
+    try:
+        wait = float(text) if text else receive.ACCEPT_WAIT
+    except ValueError:
+        wait = -1
+    if not 0 < wait <= 3600:
+        raise SyncError(f"{WAIT_ENV}: expected seconds (0 < S <= 3600), got {text!r}")
+    return wait
 
 
 @dataclass(frozen=True)
@@ -74,16 +90,20 @@ class Tree:
     parents: dict[str, str | None]
     relays: dict[str, str]  # host -> ADDR:PORT
     token: str
+    wait: float = receive.ACCEPT_WAIT  # seconds a host waits for its parent, or its children
 
 
-def plan_tree(hosts: Sequence[HostPlan], ports: dict[str, int], fanout: int = relay.SYNC_FANOUT) -> Tree:
-    """A tree over the hosts that can take part (reached over SSH, with a task address the
-    other hosts reach, and a free port); the others are left out (sent directly)."""
+def plan_tree(hosts: Sequence[HostPlan], ports: dict[str, int], fanout: int = relay.SYNC_FANOUT,
+              wait: float = receive.ACCEPT_WAIT) -> Tree:
+    """A tree over the hosts that can take part: reached over SSH, with a free port, at the
+    address their tasks have in the plan (the one `up` checked every other host reaches); the
+    others are left out (sent directly)."""
     members = [hp for hp in hosts if hp.spec.connection == "ssh" and hp.tasks and ports.get(hp.name)]
     if len(members) < 2:
         return Tree({}, {}, "")
     return Tree(relay.tree([hp.name for hp in members], fanout),
-                {hp.name: f"{hp.tasks[0].addr_host}:{ports[hp.name]}" for hp in members}, secrets.token_hex(16))
+                {hp.name: f"{hp.tasks[0].addr_host}:{ports[hp.name]}" for hp in members}, secrets.token_hex(16),
+                wait)
 
 
 def send_in_tree(ops: HostOps, hp: HostPlan, p: Pack, tree: Tree) -> int:
@@ -93,7 +113,7 @@ def send_in_tree(ops: HostOps, hp: HostPlan, p: Pack, tree: Tree) -> int:
     kids = relay.children(tree.parents, hp.name)
     port = int(tree.relays[hp.name].rpartition(":")[2]) if kids else 0
     argv = hp.sync_argv(p.digest, receive=True, source=tree.relays[parent] if parent else "", serve=port,
-                        children=len(kids), token=tree.token)
+                        children=len(kids), token=tree.token, wait=tree.wait)
     passing = f", passing it on to {', '.join(kids)}" if kids else ""
     with ops.transport(hp) as t:
         if parent is None:
@@ -102,14 +122,14 @@ def send_in_tree(ops: HostOps, hp: HostPlan, p: Pack, tree: Tree) -> int:
             try:
                 with p.open() as f:
                     # The root first waits for its children (ACCEPT_WAIT), then goes at their pace.
-                    result = t.feed(argv, f, stall=receive.STALL + receive.ACCEPT_WAIT + COMMAND_TIMEOUT, sent=meter)
+                    result = t.feed(argv, f, stall=receive.STALL + tree.wait + COMMAND_TIMEOUT, sent=meter)
             except SyncError as e:
                 raise HostError(f"sending {p.name}: {e}")
         else:
             ops.step(hp, f"copying {p.name} from {parent}: {megabytes(p.bytes)}{passing}")
             # Bounded by the launcher's own deadlines (connect, accept, a stall on the stream);
             # this is the outer bound, for 1 MB/s or more.
-            result = t.run(argv, timeout=receive.CONNECT_WAIT + receive.ACCEPT_WAIT + receive.STALL + p.bytes / 1e6)
+            result = t.run(argv, timeout=2 * tree.wait + receive.STALL + p.bytes / 1e6)
     reply = decode(SyncReply, result, f"copying {p.name} from {parent}" if parent else f"sending {p.name}")
     if not reply.present:
         raise HostError(f"receiving {p.name}: the host did not keep it")
@@ -129,6 +149,7 @@ def send(ops: HostOps, packs: Sequence[Pack], hosts: Sequence[HostPlan] | None =
     pack and host, all hosts in parallel; then per pack, the hosts that lack it get it through
     the tree (the laptop sends it once), and those the tree did not reach from the laptop."""
     hosts = list(ops.plan.hosts if hosts is None else hosts)
+    wait = relay_wait()
     t0 = time.monotonic()
     checked = ops.each_host(lambda hp: check_host(ops, hp, packs), hosts)
     failed = {h: o.reason for h, o in checked.items() if not o.ok}
@@ -144,7 +165,7 @@ def send(ops: HostOps, packs: Sequence[Pack], hosts: Sequence[HostPlan] | None =
             if checked[hp.name].value.have[p.name]:
                 sent[hp.name][p.name], seconds[hp.name][p.name] = 0, 0.0
         lacking = [hp for hp in good if not checked[hp.name].value.have[p.name]]
-        tree = plan_tree(lacking, ports)
+        tree = plan_tree(lacking, ports, wait=wait)
 
         def first(hp: HostPlan, p: Pack = p, tree: Tree = tree) -> int:
             return send_in_tree(ops, hp, p, tree) if hp.name in tree.parents else send_direct(ops, hp, p)
