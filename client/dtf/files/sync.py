@@ -371,11 +371,6 @@ class Report:
     seconds: dict[str, float]
     via: dict[str, str] = field(default_factory=dict)  # host -> the host it copied from ("": the laptop)
 
-    @property
-    def from_laptop(self) -> int:
-        """Bytes the laptop sent (the hosts that copied from other hosts not counted)."""
-        return sum(n for h, n in self.sent.items() if not self.via.get(h))
-
     def line(self) -> str:
         """`data (3 files, 1.2 MB, 3f2a...): sent to h0 (1.2 MB in 0.4s, 3.0 MB/s); h1 copied it
         from other hosts (the last in 0.5s); h2 had it already (skipped)`."""
