@@ -1,7 +1,8 @@
 """From host to host (dtf.files.relay, dtf_server.receive's relay): the tree's shape, and a pack
 passed down a small tree on loopback, in threads: every stage gets the same tree, a stranger
 without the token is refused, and a parent cut mid-stream fails its children (they never keep a
-partial tree). The real thing, on SSH hosts, is tests/fake/test_sync_tree.py."""
+partial tree); which hosts the client puts in the tree. The real thing, on SSH hosts, is
+tests/fake/test_sync_tree.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import socket
 import threading
 from pathlib import Path
 
+from dtf.cluster.inventory import loads
+from dtf.cluster.plan import make_plan
 from dtf.files import relay, sync
+from dtf.hostops.syncing import plan_tree
 from dtf_server import receive
 
 
@@ -141,3 +145,16 @@ def test_a_parent_cut_mid_stream_fails_its_whole_subtree_and_keeps_nothing(tmp_p
         assert isinstance(results[name], receive.ReceiveError), (name, results[name])
         assert not (cache / digest).exists()
         assert not [p for p in cache.iterdir() if p.name.startswith(receive.TMP_PREFIX)]
+
+
+def test_the_sync_tree_takes_ssh_hosts_with_a_free_port_at_their_planned_address() -> None:
+    inv = loads("cluster: c\nhosts:\n"
+                "  - {host: a, address: 10.0.0.1, ps: 1}\n  - {host: b, address: 10.0.0.2, workers: 1}\n"
+                "  - {host: c, address: 10.0.0.3, workers: 1}\n  - {host: d, address: 10.0.0.4, workers: 1}\n"
+                "  - {host: localhost, connection: local, workers: 1}\n", "inv.yaml")
+    hosts = make_plan(inv).hosts
+    tree = plan_tree(hosts, {"a": 4000, "b": 4001, "c": 0, "d": 4003, "localhost": 4004})
+    # c reported no free port, localhost is this machine: the laptop sends to them directly.
+    assert tree.parents == {"a": None, "b": "a", "d": "a"}
+    assert tree.relays == {"a": "10.0.0.1:4000", "b": "10.0.0.2:4001", "d": "10.0.0.4:4003"}
+    assert len(tree.token) == 32 and plan_tree(hosts, {"a": 4000}).parents == {}  # one host: no tree
