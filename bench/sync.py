@@ -1,13 +1,16 @@
 """`dtf sync` figures on the SSH lab: prints, asserts nothing.
 
-    sudo .venv/bin/python bench/sync.py [--repeat 3] [--mb 100]
+    sudo .venv/bin/python bench/sync.py [--hosts 3,10,30] [--repeat 1] [--mb 100] [--no-floor]
 
-On a cluster of fake servers on the lab's 3 hosts (no TensorFlow needed), with MB megabytes of
-mixed random files (a few large, some medium, many small) in a laptop directory no host sees:
-- `dtf sync` to the 3 hosts, each host's cache emptied first (cold)
-- of which: hashing alone (dtf.files.sync.pack: list the files, sha256 of their tar)
+On a lab of as many hosts as the largest count (network namespaces: the bytes are counted), a
+cluster of fake servers (no TensorFlow needed) on the first N hosts, for each N, and MB megabytes
+of mixed random files (a few large, some medium, many small) in a laptop directory no host sees:
+- `dtf sync` to the N hosts, each host's cache emptied first (cold): time, and the bytes out of
+  the laptop (what this machine sent into the lab: the TX counter of the lab's bridge, the
+  laptop's own port on it; traffic from host to host is forwarded by the bridge, not counted)
 - `dtf sync` again: every host has the hash, nothing is sent
-- the floor: `tar c -C DATA . | ssh HOST tar x -C DEST` to the same 3 hosts at once
+- the floor: `tar c -C DATA . | ssh HOST tar x -C DEST` to the same N hosts at once
+- once: hashing alone (dtf.files.sync.pack: list the files, sha256 of their tar)
 """
 
 from __future__ import annotations
@@ -18,14 +21,22 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
-from common import fmt
+from common import fmt as fmt_all
 from dtf.files import sync
 from helpers import dtf
 from lab import Lab
 
 FAKE = {"DTF_SERVER": "fake"}
+T = TypeVar("T")
+
+
+def fmt(xs: list[float]) -> str:
+    return f"{xs[0]:.2f}s" if len(xs) == 1 else fmt_all(xs)
 
 
 def make_data(root: Path, megabytes: int) -> tuple[int, int]:
@@ -40,20 +51,19 @@ def make_data(root: Path, megabytes: int) -> tuple[int, int]:
     return len(sizes), sum(sizes)
 
 
-def timed(*args: str, home: Path) -> float:
-    t0 = time.monotonic()
-    dtf(*args, home=home, check=True, env=FAKE, timeout=600)
-    return time.monotonic() - t0
+def measured(lab: Lab, fn: Callable[[], T]) -> tuple[float, int, T]:
+    """(seconds, bytes out of the laptop, what it returned) of fn()."""
+    b0, t0 = lab.laptop_bytes(), time.monotonic()
+    result = fn()
+    return time.monotonic() - t0, lab.laptop_bytes() - b0, result
 
 
-def tar_ssh(lab: Lab, data: Path) -> float:
-    """`tar c | ssh host tar x` to every lab host at once (into a directory of that host's own):
-    seconds until the last one is done."""
-    t0 = time.monotonic()
+def tar_ssh(lab: Lab, data: Path, n: int) -> None:
+    """`tar c | ssh host tar x` to the first n lab hosts at once (into a directory of each host's own)."""
     procs = []
-    for h in lab.hosts:
+    for h in lab.hosts[:n]:
         dest = f"{h.workdir}/floor-dest"
-        remote = f"rm -rf {dest} && mkdir -p {dest} && tar x -C {dest}"
+        remote = f"rm -rf {dest} && mkdir -p {dest} && tar x -C {dest} && rm -rf {dest}"
         tar = subprocess.Popen(["tar", "c", "-C", str(data), "."], stdout=subprocess.PIPE)
         ssh = subprocess.Popen(["ssh", "-F", str(lab.ssh_config), "-i", str(lab.key), "-o", "BatchMode=yes",
                                 h.name, remote], stdin=tar.stdout)
@@ -61,47 +71,61 @@ def tar_ssh(lab: Lab, data: Path) -> float:
         tar.stdout.close()
         procs += [tar, ssh]
     for p in procs:
-        if p.wait(timeout=600) != 0:
+        if p.wait(timeout=900) != 0:
             raise SystemExit(f"failed: {p.args}")
-    return time.monotonic() - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--hosts", default="3,10,30", help="host counts, comma-separated")
+    ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--mb", type=int, default=100)
+    ap.add_argument("--no-floor", action="store_true", help="skip tar | ssh (it sends N times the data)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, Lab(3, root=Path(tmp) / "lab") as lab:
-        home = Path(tmp) / "home"
+    counts = [int(n) for n in args.hosts.split(",")]
+    with tempfile.TemporaryDirectory() as tmp, Lab(max(counts), root=Path(tmp) / "lab", mode="netns") as lab:
         data = lab.laptop_dir("bench-sync")
         files, size = make_data(data, args.mb)
-        print(f"lab: {len(lab.hosts)} hosts, mode {lab.mode}; data: {files} files, {size / 1e6:.0f} MB "
-              f"(random, in a laptop directory no host sees)")
-        ports = lab.ports(3)
-        inv = lab.inventory(Path(tmp) / "three.yaml", [
-            {"host": "h0", "ps": [ports[0]]}, {"host": "h1", "workers": [ports[1]]},
-            {"host": "h2", "workers": [ports[2]]}])
-        dtf("up", str(inv), home=home, check=True, env=FAKE)
-        figures: dict[str, list[float]] = {k: [] for k in ("cold", "pack", "again", "floor")}
-        try:
-            for _ in range(args.repeat):
-                for h in lab.hosts:
-                    shutil.rmtree(Path(h.workdir, ".cache", "sync"), ignore_errors=True)
-                figures["cold"].append(timed("sync", str(data), "--as", "bench", home=home))
-                figures["again"].append(timed("sync", str(data), "--as", "bench", home=home))
-                t0 = time.monotonic()
-                sync.pack(data, "bench")
-                figures["pack"].append(time.monotonic() - t0)
-                figures["floor"].append(tar_ssh(lab, data))
-        finally:
-            dtf("down", home=home, env=FAKE)
         mb = size / 1e6
-        print(f"dtf sync, cold, 3 hosts:              {fmt(figures['cold'])}  "
-              f"({mb / min(figures['cold']):.0f} MB/s per host at best)")
-        print(f"  of which hashing (list, tar, sha256):  {fmt(figures['pack'])}")
-        print(f"dtf sync again (every host has it):   {fmt(figures['again'])}")
-        print(f"floor: tar c | ssh host tar x, 3 hosts: {fmt(figures['floor'])}  "
-              f"({mb / min(figures['floor']):.0f} MB/s per host at best)")
+        t0 = time.monotonic()
+        sync.pack(data, "bench")
+        print(f"lab: {len(lab.hosts)} hosts, mode {lab.mode}; data: {files} files, {mb:.0f} MB "
+              f"(random, in a laptop directory no host sees); hashing alone {time.monotonic() - t0:.2f}s")
+        print("| hosts | dtf sync cold | MB out of the laptop | x data | sync again | floor tar|ssh | floor MB out |")
+        print("|---|---|---|---|---|---|---|")
+        for n in counts:
+            home = Path(tmp) / f"home{n}"
+            ports = lab.ports(n)
+            inv = lab.inventory(Path(tmp) / f"n{n}.yaml", [
+                {"host": h.name, ("ps" if i == 0 else "workers"): [ports[i]]} for i, h in enumerate(lab.hosts[:n])])
+            dtf("up", str(inv), home=home, check=True, env=FAKE, timeout=900)
+            cold: list[float] = []
+            again: list[float] = []
+            floor: list[float] = []
+            out: list[int] = []
+            floor_out: list[int] = []
+            try:
+                for _ in range(args.repeat):
+                    for h in lab.hosts[:n]:
+                        shutil.rmtree(Path(h.workdir, ".cache", "sync"), ignore_errors=True)
+                    s, b, r = measured(lab, partial(dtf, "sync", str(data), "--as", "bench", home=home, env=FAKE,
+                                                    timeout=1800))
+                    cold.append(s)
+                    out.append(b)
+                    if r.returncode != 0:  # a figure too: say how it failed, and go on
+                        errors = [line for line in r.stderr.splitlines() if line.strip()]
+                        print(f"  {n} hosts: dtf sync failed after {s:.1f}s, {b / 1e6:.0f} MB out: "
+                              + " / ".join(errors[-4:]), flush=True)
+                    again.append(measured(lab, partial(dtf, "sync", str(data), "--as", "bench", home=home,
+                                                       env=FAKE))[0])
+                    if not args.no_floor:
+                        s, b, _ = measured(lab, partial(tar_ssh, lab, data, n))
+                        floor.append(s)
+                        floor_out.append(b)
+            finally:
+                dtf("down", home=home, env=FAKE, timeout=900)
+            print(f"| {n} | {fmt(cold)} | {max(out) / 1e6:.0f} | {max(out) / size:.2f} | {fmt(again)} | "
+                  + (f"{fmt(floor)} | {max(floor_out) / 1e6:.0f} |" if floor else "- | - |"), flush=True)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,13 @@ def lab_identity() -> dict[str, str] | None:
             "subnet": subnet or paired.get(name or "", IDENTITIES[0][1])}
 
 
+def second_identity() -> dict[str, str] | None:
+    """A second lab's name and subnet (a test that builds a larger lab beside the session's),
+    from DTF_LAB2_NAME / DTF_LAB2_SUBNET; None when unset: pick a free pair (`Lab(pick=True)`)."""
+    name, subnet = os.environ.get("DTF_LAB2_NAME"), os.environ.get("DTF_LAB2_SUBNET")
+    return {"name": name, "subnet": subnet} if name and subnet else None
+
+
 def _routed(subnet: str) -> str:
     """How `subnet`.0/24 is routed here ("" if it is not)."""
     return _sh(["ip", "-4", "route", "show", "root", f"{subnet}.0/24"], check=False).stdout.strip()
@@ -448,6 +455,14 @@ class Lab:
             yield
         finally:
             _sh(["nft", "delete", "table", "inet", table], check=False)
+
+    def laptop_bytes(self) -> int:
+        """Bytes this machine (the laptop) has sent into the lab so far: the TX counter of the
+        lab's bridge, the laptop's own port on it. Traffic from host to host is forwarded by the
+        bridge between the hosts' veths, never through that port: it is not counted."""
+        if self.mode != "netns":
+            raise LabUnsupported(f"counting the laptop's bytes needs network namespaces (lab mode {self.mode})")
+        return int(Path(f"/sys/class/net/{self.bridge}/statistics/tx_bytes").read_text())
 
     def link_down(self, host: Host | str) -> None:
         self._link(host, "down")

@@ -18,6 +18,7 @@ it did what was asked:
     reach     [--dir D] --to ADDR:PORT ... [--timeout S]  which targets this host cannot connect to; renews D's lease
     fence     --dir D --port P ... --allow A ... [--remove]  TF ports open only to A and loopback
     sync      --dir C --hash H [--receive]         whether C/H exists; --receive: make it from the pack on stdin
+              [--from ADDR:PORT] [--serve P --children N] [--token T] [--wait S] [--free-port]: host to host
     run       --dir D --task SPEC ... [--env K=V] [--clear-output]  collective mode: start program copies
     supervise-program --dir D --task SPEC          (internal) run one program copy once (dtf_server.program)
     follow    --dir D --task JOB:INDEX [--beat S]  stream a program copy's output and events until it ends
@@ -28,6 +29,7 @@ SPEC is a protocol.TaskSpec as JSON: the task and the exact command its supervis
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -446,14 +448,33 @@ def cmd_clean(args: argparse.Namespace) -> CleanReply:
 
 
 def cmd_sync(args: argparse.Namespace) -> SyncReply:
-    """A synced tree: is WORKDIR/.cache/sync/HASH there; with --receive, make it from stdin."""
+    """A synced tree: is WORKDIR/.cache/sync/HASH there (`--free-port`: and a port free here);
+    with --receive, make it from stdin, or from another host's relay (`--from ADDR:PORT`), and
+    pass it on to `--children` hosts as it arrives (`--serve PORT`: see dtf_server.receive)."""
     if receive.present(args.dir, args.hash) or not args.receive:
-        return SyncReply(present=receive.present(args.dir, args.hash))
+        return SyncReply(present=receive.present(args.dir, args.hash),
+                         port=receive.free_port() if args.free_port else 0)
+    token = args.token
+    relay = None
+    if args.serve:
+        try:
+            relay = receive.Relay(args.serve, args.children, token)
+        except OSError:
+            relay = None  # the port was taken meanwhile: the children fail, and the laptop sends to them
+    complete = False
     try:
-        received = receive.receive(args.dir, args.hash, sys.stdin.buffer)
+        source = receive.connect(args.source, token, wait=args.wait) if args.source else sys.stdin.buffer
+        if relay is not None:
+            relay.accept(wait=args.wait)
+        with contextlib.closing(source):
+            received = receive.receive(args.dir, args.hash, source, relay.write if relay is not None else None)
+        complete = True
     except receive.ReceiveError as e:
         raise SystemExit(f"sync: {e}")
-    return SyncReply(present=True, received=received)
+    finally:
+        if relay is not None:
+            relay.close(complete)
+    return SyncReply(present=True, received=received, passed=relay.passed if relay is not None else 0)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -551,6 +572,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--dir", required=True)
     c.add_argument("--hash", required=True)
     c.add_argument("--receive", action="store_true")
+    c.add_argument("--free-port", action="store_true")
+    c.add_argument("--from", dest="source")
+    c.add_argument("--serve", type=int, default=0)
+    c.add_argument("--children", type=int, default=0)
+    c.add_argument("--token", default="")
+    c.add_argument("--wait", type=float, default=receive.ACCEPT_WAIT)  # for the parent, and the children
     c = sub.add_parser("clean")
     c.add_argument("--dir", required=True)
     c.add_argument("--keep-logs", action="store_true")

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields.
-PROTOCOL = 5  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
-# 5: run, supervise-program, follow (collective mode)
+PROTOCOL = 6  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
+# 5: run, supervise-program, follow (collective mode); 6: `sync` from host to host (--from, --serve, --free-port)
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
@@ -199,10 +199,14 @@ class FenceReply:
 @dataclass(frozen=True)
 class SyncReply:
     """`sync`: whether the host holds a synced tree (WORKDIR/.cache/sync/HASH), and how many bytes
-    it just received to make it (0: it had it, or `--receive` was not asked)."""
+    it just received to make it (0: it had it, or `--receive` was not asked). `port`
+    (`--free-port`): a TCP port free on the host just now, for it to pass a pack on to other
+    hosts from; `passed`: the hosts it passed the whole stream on to (`--serve`)."""
 
     present: bool
     received: int = 0
+    port: int = 0
+    passed: int = 0
 
 
 @dataclass(frozen=True)

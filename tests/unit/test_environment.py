@@ -252,7 +252,8 @@ def test_wheels_copied_from_another_host_are_checked(tmp_path: Path):
     assert not server.is_alive() and served[0].requests == 3
     assert [p.name for p in (tmp_path / "peer2").iterdir()] == []  # no partial file left
 
-    relay = Relay()
+    relay = Relay()  # a tree per target: the first host is its root (the seed), the next copy from it
     first = relay.join("cp311-manylinux_2_36_x86_64", "h0")
-    assert relay.join("cp311-manylinux_2_36_x86_64", "h1") is first and first.host == "h0"
-    assert relay.join("cp312-manylinux_2_36_x86_64", "h1").host == "h1"
+    second = relay.join("cp311-manylinux_2_36_x86_64", "h1")
+    assert first.host == "h0" and first.parent is None and second.parent is first
+    assert relay.join("cp312-manylinux_2_36_x86_64", "h1").parent is None

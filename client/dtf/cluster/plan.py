@@ -202,10 +202,16 @@ class HostPlan:
         ports = [a for t in self.tasks for a in ("--port", str(t.port))]
         return self.launcher_argv("fence", "--dir", self.root, *ports, *[a for m in allow for a in ("--allow", m)])
 
-    def sync_argv(self, digest: str, receive: bool = False) -> list[str]:
-        """Whether the host holds the synced tree DIGEST; `receive`: make it from stdin (dtf.files.sync)."""
+    def sync_argv(self, digest: str, receive: bool = False, *, free_port: bool = False, source: str = "",
+                  serve: int = 0, children: int = 0, token: str = "", wait: float = 0) -> list[str]:
+        """Whether the host holds the synced tree DIGEST (`free_port`: and a port free there);
+        `receive`: make it from stdin (dtf.files.sync), or from another host's relay at `source`
+        (ADDR:PORT), passing it on to `children` hosts from port `serve` (dtf_server.receive)."""
         return self.launcher_argv("sync", "--dir", layout.cache_dir(self.spec.workdir, "sync"),
-                                  "--hash", digest, *(["--receive"] if receive else []))
+                                  "--hash", digest, *(["--receive"] if receive else []),
+                                  *(["--free-port"] if free_port else []), *(["--from", source] if source else []),
+                                  *(["--serve", str(serve), "--children", str(children)] if serve and children else []),
+                                  *(["--token", token] if token else []), *(["--wait", f"{wait:g}"] if wait else []))
 
     def clean_argv(self, keep_logs: bool, if_unused: bool = False) -> list[str]:
         """Run by the base python: a managed environment may be gone (`--purge`) or not built yet."""

@@ -34,7 +34,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -333,9 +333,12 @@ def packed(items: Sequence[tuple[str, str]]) -> Iterator[list[Pack]]:
 # -- sending ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class HostSynced:
-    """What one host got: per pack name, the bytes sent to it (0: it had the tree already)."""
+    """What one host got: per pack name, the bytes it received (0: it had the tree already),
+    from which host it copied them ("": the laptop sent them), and how long that took."""
 
     sent: dict[str, int]
+    via: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def megabytes(n: float) -> str:
@@ -366,13 +369,21 @@ class Report:
     synced: Synced
     sent: dict[str, int]
     seconds: dict[str, float]
+    via: dict[str, str] = field(default_factory=dict)  # host -> the host it copied from ("": the laptop)
 
     def line(self) -> str:
-        """`data (3 files, 1.2 MB, 3f2a...): sent to h0 (1.2 MB in 0.4s, 3.0 MB/s); h1 had it`."""
+        """`data (3 files, 1.2 MB, 3f2a...): sent to h0 (1.2 MB in 0.4s, 3.0 MB/s); h1 copied it
+        from other hosts (the last in 0.5s); h2 had it already (skipped)`."""
         s = self.synced
         had = [h for h, n in self.sent.items() if n == 0]
+        copied = [h for h, n in self.sent.items() if n and self.via.get(h)]
         parts = [f"sent to {h} ({megabytes(n)} in {self.seconds[h]:.1f}s, "
-                 f"{megabytes(n / max(self.seconds[h], 1e-6))}/s)" for h, n in self.sent.items() if n]
+                 f"{megabytes(n / max(self.seconds[h], 1e-6))}/s)" for h, n in self.sent.items()
+                 if n and not self.via.get(h)]
+        if copied:
+            names = ", ".join(copied) if len(copied) <= 6 else f"{', '.join(copied[:3])} and {len(copied) - 3} more"
+            last = max(self.seconds[h] for h in copied)
+            parts.append(f"{names} copied it from other hosts (the last in {last:.1f}s)")
         if had:
             parts.append(f"{', '.join(had)} had it already (skipped)")
         return (f"synced {s.name} ({s.files} file(s), {megabytes(s.size)}, {s.short}): {'; '.join(parts)}; "

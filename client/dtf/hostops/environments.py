@@ -1,6 +1,7 @@
 """Managed environments (`python: managed`) on the hosts `up` starts: reused when the host's check
 found one complete, else resolved and fetched on this machine (the wheel cache), sent (or copied
-from another host of the cluster: dtf.files.relay) and built there."""
+from another host of the cluster, a tree of hosts with a few children each: dtf.files.relay) and
+built there."""
 
 from __future__ import annotations
 
@@ -93,23 +94,23 @@ class Environments:
         need = [] if t.run(["test", "-x", remote_uv], timeout=30).ok else [(uv, uv_rel)]
         need += [(f, f"wheels/{f.name}") for f in missing]
         sent = 0
-        seed = None
+        seed = None  # this host's place in the target's tree: it copies from its parent, serves its children
         if need:
             seed = self.relay.join(target.key, hp.name)
-            if seed.host != hp.name:
-                need = self._copy_wheels(t, hp, seed, need)
         try:
+            if seed is not None and seed.parent is not None:
+                need = self._copy_wheels(t, hp, seed.parent, need)
             total = sum(f.stat().st_size for f, _ in need)
             for i, (f, rel) in enumerate(need, 1):
                 self.ops.step(hp, f"sending {i}/{len(need)}: {f.name} ({mb(sent)} of {mb(total)})")
                 self._send(t, hp, f, posixpath.join(cache, rel))
                 sent += f.stat().st_size
-            if seed is not None and seed.host == hp.name:
+            if seed is not None:
                 self._serve_wheels(hp, seed, [(uv, uv_rel),
                                               *[(f, f"wheels/{f.name}") for f in wheels.files]], free_port)
         finally:
-            if seed is not None and seed.host == hp.name:
-                seed.ready.set()  # serving, or failed: the other hosts stop waiting either way
+            if seed is not None:
+                seed.ready.set()  # serving, or failed: its children stop waiting either way
         if not t.run(["chmod", "755", remote_uv], timeout=30).ok:
             raise HostError(f"cannot make {remote_uv} executable")
         requirements = f"{hp.env_dir}.requirements.txt"
@@ -140,9 +141,9 @@ class Environments:
         return report
 
     def _serve_wheels(self, hp: HostPlan, seed: relay.Seed, files: list[tuple[Path, str]], port: int) -> None:
-        """The seed: serve uv and the wheels (paths below WORKDIR/.cache) to the other hosts of
-        the cluster on a planned (free) TF port, from a second SSH session, until no request
-        comes for a while."""
+        """A host of the tree that has the wheels: serve uv and the wheels (paths below
+        WORKDIR/.cache) to the hosts that copy from it on a planned (free) TF port, from a second
+        SSH session, until no request comes for a while."""
         if not any(other.managed for other in self.ops.plan.hosts if other.name != hp.name):
             return
         argv = [hp.base_python, hp.launcher, "serve-wheels", "--dir", layout.cache_dir(hp.spec.workdir),
@@ -164,8 +165,8 @@ class Environments:
 
     def _copy_wheels(self, t: Transport, hp: HostPlan, seed: relay.Seed,
                      need: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
-        """Copy what this host needs (uv, wheels) from the seed host (hosts reach each other on
-        the TF ports); what could not be copied is left for this machine to send."""
+        """Copy what this host needs (uv, wheels) from its parent in the tree, `seed` (hosts reach
+        each other on the TF ports); what could not be copied is left for this machine to send."""
         self.ops.step(hp, f"waiting for {seed.host} to receive the wheels")
         deadline = time.monotonic() + relay.SEED_WAIT
         while not seed.ready.wait(0.2):
