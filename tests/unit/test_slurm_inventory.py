@@ -75,6 +75,7 @@ def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> N
     files after it lapsed); it holds while the lease is fresh, before the tasks started, and when
     the files go while the lease was fresh (`dtf down` cancels the job once every node is clean)."""
     import json
+    import os
     import subprocess
     import sys
     import time
@@ -104,12 +105,26 @@ def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> N
         lease.write_text(json.dumps({"ttl": 0, "renewed": 0}))
         assert holds(proc)  # ttl 0: never lapses
         lease.write_text(json.dumps({"ttl": 1, "renewed": time.time() - 5}))
-        assert not holds(proc, 5) and proc.returncode == 0
-        lease.write_text(json.dumps({"ttl": 1, "renewed": time.time()}))
+        assert not holds(proc, 30) and proc.returncode == 0
+        # The supervisors removed the files once it lapsed: the script saw the lease while it was
+        # fresh, then never again. The lease is a FIFO, so the test knows when the script has read
+        # it (however slow this machine is to start Python), and its name is gone before the
+        # script reads again.
+        lease.unlink()
+        os.mkfifo(lease)
         proc = start()
-        time.sleep(0.3)
-        lease.unlink()  # the supervisors removed the files once it lapsed
-        assert not holds(proc, 5) and proc.returncode == 0
+        deadline = time.monotonic() + 60
+        while True:  # opening the FIFO to write succeeds once the script opened it to read
+            try:
+                fd = os.open(lease, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the script never read the lease"
+                time.sleep(0.01)
+        os.write(fd, json.dumps({"ttl": 1, "renewed": time.time()}).encode())
+        lease.unlink()
+        os.close(fd)
+        assert not holds(proc, 30) and proc.returncode == 0
     finally:
         proc.kill()
         proc.wait()
