@@ -302,12 +302,16 @@ def top(
         raise UsageError(f"--interval: expected seconds between 0.1 and 3600, got {interval:g}")
     if not (once or json_out) and not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("dtf top: not a terminal: pass --once or --json for one snapshot")
+    from rich.console import Console
+
     record = _recorded(cluster)
     plan = record.plan
     live_dir = figures.live_dir(state.home(), plan.cluster)
+    # Not ui.out: a soft-wrapping console squeezes the table to 80 columns.
+    console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
     with Watch(HostOps(plan, connect_timeout=connect_timeout), interval) as watch:
         if not (once or json_out):
-            view.live(plan, watch, live_dir, interval, ui.out)
+            view.live(plan, watch, live_dir, interval, console)
             return
         # Two samples per host: CPU% and the byte rates are differences between two.
         watch.wait_samples(2, timeout=connect_timeout + 2 * interval + 15)
@@ -317,7 +321,7 @@ def top(
 
         ui.out.print_json(json.dumps(doc))
     else:
-        ui.out.print(view.view(doc, height=ui.out.size.height if ui.out.is_terminal else 10**6))
+        console.print(view.view(doc, height=console.size.height if console.is_terminal else 10**6))
     if any(r["state"] != "alive" for r in doc["tasks"]):
         raise typer.Exit(int(ExitCode.CLUSTER_DOWN))
 
