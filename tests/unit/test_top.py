@@ -162,3 +162,19 @@ def test_sample_of_a_process_group_and_the_stream_line():
                             time=1.0, lease=None))
     back = decode(TopSample, line)
     assert back.tasks["ps:0"].status.state == "alive" and back.tasks["ps:0"].cpu == 12.5
+
+
+def test_dtf_trains_own_figures_live_while_it_runs(tmp_path: Path, monkeypatch):
+    from dtf.program.train import RunFigures
+
+    monkeypatch.setenv("DTF_HOME", str(tmp_path))
+    live = figures.live_dir(tmp_path, "c")
+    (live).mkdir(parents=True)
+    (live / figures.TRAIN).write_text("{}")  # a previous run's: not shown as this one's
+    with RunFigures("c", attempts=3, mode="collective") as run:
+        assert not (live / figures.TRAIN).exists()
+        run.update(attempt=2, copies={"worker:0": {"host": "h0", "joined": True, "state": "running"}})
+        train = top.training(live)
+        assert train is not None
+        assert (train["mode"], train["attempt"], train["attempts"], train["joined"]) == ("collective", 2, 3, ["worker:0"])
+    assert not live.exists()

@@ -120,5 +120,6 @@ class Watch:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        for th in self._threads:
-            th.join(timeout=2)  # each notices within half a second; a hung connect is a daemon thread
+        deadline = time.monotonic() + 2  # each notices within half a second; one stuck in a connect
+        for th in self._threads:        # is a daemon thread: it does not hold up the exit
+            th.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ENV = "DTF_FIGURES"  # the directory: set by `dtf train` for the program
+ENV = "DTF_FIGURES"  # the directory: set by `dtf train` for the program ("off": publish nothing)
 TRAIN = "train.json"
 RUN = "run.json"
 PERIOD = 1.0  # seconds between two writes, at most one write per period
@@ -121,12 +121,20 @@ class Figures:
 
 
 _current: Figures | None = None
+_making = threading.Lock()
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "off") not in ("", "off")
 
 
 def current() -> Figures | None:
     """The program's figures, when `dtf train` asked for them (DTF_FIGURES)."""
     global _current
-    if _current is None and os.environ.get(ENV):
-        _current = Figures(Path(os.environ[ENV]) / TRAIN, attempt=int(os.environ.get("DTF_ATTEMPT", "1") or 1))
-        _current.start()
+    if _current is None and enabled():
+        with _making:  # the coordinator's worker threads may be first, several at once
+            if _current is None:
+                made = Figures(Path(os.environ[ENV]) / TRAIN, attempt=int(os.environ.get("DTF_ATTEMPT", "1") or 1))
+                made.start()
+                _current = made
     return _current

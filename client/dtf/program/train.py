@@ -91,7 +91,8 @@ def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 
         env["DTF_OUTPUT_DIR"] = str(Path(output).resolve())
     # dtf.program.hooks: the guard rails warn about what calls the coordinator back in ssh mode.
     env["DTF_NETWORK"] = "direct" if tunnel is None else "ssh"
-    env[figures.ENV] = str(figures.live_dir(state.home(), plan.cluster))  # for `dtf top`
+    if env.get(figures.ENV) != "off":  # off: nothing published (bench/top.py's baseline)
+        env[figures.ENV] = str(figures.live_dir(state.home(), plan.cluster))  # for `dtf top`
     env.update(hook_env or {})
     return env
 

@@ -18,7 +18,6 @@ thread (at most once a second). Active when `dtf train` sets DTF_FIGURES.
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +30,7 @@ STEPS = "_dtf_steps"
 
 
 def install() -> None:
-    if os.environ.get(figures.ENV):
+    if figures.enabled():
         on_import("tensorflow", lambda _: _patch_coordinator())
         on_import("tf_keras", lambda _: _patch_keras())
 
@@ -52,13 +51,15 @@ def _patch_coordinator() -> None:
     def patched_schedule(self: Any, function: Any, args: Any, kwargs: Any) -> Any:
         f = figures.current()
         if f is not None:
-            queue = weakref.ref(self.closure_queue)
+            if getattr(f.in_flight, "queue", lambda: None)() is not self.closure_queue:  # a new coordinator
+                queue = weakref.ref(self.closure_queue)
 
-            def in_flight() -> int | None:
-                q = queue()
-                return None if q is None else int(q._queue.qsize()) + int(q.inflight_closure_count)
+                def in_flight() -> int | None:
+                    q = queue()
+                    return None if q is None else int(q._queue.qsize()) + int(q.inflight_closure_count)
 
-            f.in_flight = in_flight
+                in_flight.queue = queue  # type: ignore[attr-defined]
+                f.in_flight = in_flight
             f.steps_per_closure = figures.next_steps
         return schedule(self, function, args, kwargs)
 
