@@ -282,6 +282,52 @@ def status(
 
 @app.command()
 @guarded
+def top(
+    cluster: str | None = ClusterOpt,
+    once: bool = typer.Option(False, "--once", help="Print one snapshot and exit (for scripts)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one snapshot as JSON and exit."),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between two refreshes (and samples)."),
+    connect_timeout: float = ConnectTimeoutOpt,
+) -> None:
+    """A live view of every task (state, restarts, uptime, CPU, memory, network) and of the
+    training `dtf train` runs on the cluster; `q` or Ctrl-C quits. One connection per host for the
+    view's life: the hosts push a sample every interval."""
+    from dtf import top as view
+    from dtf import ui
+    from dtf.hostops.parallel import HostOps
+    from dtf.hostops.watch import Watch
+    from dtf.program import figures
+
+    if not 0.1 <= interval <= 3600:
+        raise UsageError(f"--interval: expected seconds between 0.1 and 3600, got {interval:g}")
+    if not (once or json_out) and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError("dtf top: not a terminal: pass --once or --json for one snapshot")
+    from rich.console import Console
+
+    record = _recorded(cluster)
+    plan = record.plan
+    live_dir = figures.live_dir(state.home(), plan.cluster)
+    # Not ui.out: a soft-wrapping console squeezes the table to 80 columns.
+    console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
+    with Watch(HostOps(plan, connect_timeout=connect_timeout), interval) as watch:
+        if not (once or json_out):
+            view.live(plan, watch, live_dir, interval, console)
+            return
+        # Two samples per host: CPU% and the byte rates are differences between two.
+        watch.wait_samples(2, timeout=connect_timeout + 2 * interval + 15)
+        doc = view.snapshot(plan, watch.feeds(), view.training(live_dir))
+    if json_out:
+        import json
+
+        ui.out.print_json(json.dumps(doc))
+    else:
+        console.print(view.view(doc, height=console.size.height if console.is_terminal else 10**6))
+    if any(r["state"] != "alive" for r in doc["tasks"]):
+        raise typer.Exit(int(ExitCode.CLUSTER_DOWN))
+
+
+@app.command()
+@guarded
 def logs(
     task: str = typer.Argument(..., help="The task, e.g. worker:1 or ps:0."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),

@@ -22,6 +22,9 @@ it did what was asked:
     run       --dir D --task SPEC ... [--env K=V] [--clear-output]  collective mode: start program copies
     supervise-program --dir D --task SPEC          (internal) run one program copy once (dtf_server.program)
     follow    --dir D --task JOB:INDEX [--beat S]  stream a program copy's output and events until it ends
+    top       --dir D --task JOB:INDEX ... [--interval S] [--for S]  one TopSample line per interval
+                                                   (status, CPU%, memory, network per task) until
+                                                   its reader goes, or for S seconds (`dtf top`)
 
 SPEC is a protocol.TaskSpec as JSON: the task and the exact command its supervisor runs (the plan's).
 """
@@ -40,7 +43,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
-from dtf_server import envs, fence, layout, program, receive
+from dtf_server import envs, fence, layout, program, receive, sample
 from dtf_server.procs import (
     exit_reason,
     ours,
@@ -71,10 +74,12 @@ from dtf_server.protocol import (
     StatusReply,
     StopReply,
     SyncReply,
+    TaskSample,
     TaskSpec,
     TaskStarted,
     TaskStatus,
     TaskStopped,
+    TopSample,
     encode,
 )
 from dtf_server.supervisor import Supervisor, read_lease, renew, running_tasks, write_lease
@@ -340,6 +345,37 @@ def cmd_status(args: argparse.Namespace) -> StatusReply:
     return StatusReply(tasks={t: task_status(args.dir, *parse_name(t)) for t in args.task}, lease=lease)
 
 
+def cmd_top(args: argparse.Namespace) -> None:
+    """Print one TopSample line every `--interval` seconds until stdout's reader is gone (EPIPE:
+    `dtf top` quit, or its SSH connection closed) or `--for` seconds passed. It never renews the
+    lease: a view left open does not keep an abandoned cluster alive."""
+    tasks = [(t, *parse_name(t)) for t in args.task]
+    before: dict[str, sample.Usage] = {}
+    then = sample.clock()
+    end = then + args.for_seconds
+    while True:
+        statuses = {name: task_status(args.dir, job, index) for name, job, index in tasks}
+        leaders = {name: s.pid for name, s in statuses.items() if s.alive and s.pid is not None}
+        now_usage = sample.usage(leaders)
+        now = sample.clock()
+        samples = {}
+        for name, status in statuses.items():
+            u = now_usage.get(name)
+            if u is None:
+                samples[name] = TaskSample(status)
+                continue
+            cpu, net_in, net_out = sample.rates(before.get(name), u, now - then)
+            samples[name] = TaskSample(status, cpu=cpu, rss=u.rss, net_in=net_in, net_out=net_out)
+        before, then = now_usage, now
+        try:
+            print(encode(TopSample(tasks=samples, time=time.time(), lease=read_lease(args.dir))), flush=True)
+        except BrokenPipeError:
+            return
+        if now >= end:
+            return
+        time.sleep(max(0.0, min(args.interval - (sample.clock() - now), end - now)))
+
+
 def cmd_renew(args: argparse.Namespace) -> RenewReply:
     return RenewReply(lease=renew(args.dir, args.ttl))
 
@@ -548,6 +584,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--dir", required=True)
     c.add_argument("--task", required=True)
     c.add_argument("--beat", type=float, default=2.0)
+    c = sub.add_parser("top")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--task", action="append", default=[])
+    c.add_argument("--interval", type=float, default=1.0)
+    c.add_argument("--for", dest="for_seconds", type=float, default=24 * 3600.0)
     c = sub.add_parser("renew")
     c.add_argument("--dir", required=True)
     c.add_argument("--ttl", type=float, default=None)
@@ -590,7 +631,7 @@ COMMANDS: dict[str, Any] = {
     "serve": cmd_serve, "fake": cmd_fake, "status": cmd_status, "renew": cmd_renew, "stop": cmd_stop,
     "clean": cmd_clean, "reach": cmd_reach, "fence": cmd_fence, "sync": cmd_sync, "env": cmd_env, "purge": cmd_purge,
     "serve-wheels": cmd_serve_wheels, "fetch-wheels": cmd_fetch_wheels, "run": cmd_run,
-    "supervise-program": cmd_supervise_program, "follow": cmd_follow,
+    "supervise-program": cmd_supervise_program, "follow": cmd_follow, "top": cmd_top,
 }
 
 
@@ -600,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(getattr(args, attr, None), str):  # (start's --env is a list of variables)
             setattr(args, attr, os.path.expanduser(getattr(args, attr)))
     reply: Reply | None = COMMANDS[args.command](args)
-    if reply is None:  # supervise, serve, fake, supervise-program, follow: they run until done
+    if reply is None:  # supervise, serve, fake, supervise-program, follow, top: they run until done
         return 0
     print(encode(reply), flush=True)
     if isinstance(reply, StartReply) and not reply.ok:

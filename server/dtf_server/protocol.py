@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields.
-PROTOCOL = 6  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
-# 5: run, supervise-program, follow (collective mode); 6: `sync` from host to host (--from, --serve, --free-port)
+PROTOCOL = 7  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
+# 5: run, supervise-program, follow (collective mode); 6: `sync` from host to host (--from, --serve,
+# --free-port); 7: top (a stream of TopSample lines)
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
@@ -246,11 +247,31 @@ class FetchReply:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class TaskSample:
+    """One task in a `top` sample: its status, and what it uses (None: not known yet, the first
+    sample of a stream, or not measurable there)."""
+
+    status: TaskStatus
+    cpu: float | None = None  # percent of one core, its whole process group
+    rss: int | None = None  # bytes resident, its whole process group
+    net_in: float | None = None  # bytes per second received on its TCP connections
+    net_out: float | None = None  # bytes per second sent
+
+
+@dataclass(frozen=True)
+class TopSample:
+    """`top`: one line of its stream, every interval, for every task of the host."""
+
+    tasks: dict[str, TaskSample]
+    time: float  # time.time() on the host
+    lease: Lease | None = None
+
 
 Reply = (CheckReply | StartReply | StatusReply | RenewReply | StopReply | CleanReply | ReachReply | FenceReply
-         | SyncReply | EnvReply | PurgeReply | ServeReply | FetchReply)
+         | SyncReply | EnvReply | PurgeReply | ServeReply | FetchReply | TopSample)
 R = TypeVar("R", CheckReply, StartReply, StatusReply, RenewReply, StopReply, CleanReply, ReachReply,
-            FenceReply, SyncReply, EnvReply, PurgeReply, ServeReply, FetchReply)
+            FenceReply, SyncReply, EnvReply, PurgeReply, ServeReply, FetchReply, TopSample)
 
 
 def encode(reply: Reply) -> str:
@@ -280,6 +301,10 @@ def decode(kind: type[R], text: str) -> R:
         if kind is StatusReply:
             return StatusReply(tasks={n: TaskStatus(**t) for n, t in data["tasks"].items()},  # type: ignore[return-value]
                                lease=_lease(data["lease"]))
+        if kind is TopSample:
+            return TopSample(  # type: ignore[return-value]
+                tasks={n: TaskSample(**{**t, "status": TaskStatus(**t["status"])}) for n, t in data["tasks"].items()},
+                time=float(data["time"]), lease=_lease(data.get("lease")))
         if kind is RenewReply:
             return RenewReply(lease=_lease(data["lease"]))  # type: ignore[return-value]
         if kind is StopReply:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dtf.hosts.netutil import free_ports
-from helpers import as_in_a_terminal, assert_one_line_error, dtf, pids_alive, status_json
+from helpers import Train, as_in_a_terminal, assert_one_line_error, dtf, pids_alive, status_json, wait_until
 
 pytestmark = pytest.mark.tf
 
@@ -264,3 +264,56 @@ def test_a_second_dtf_home_cannot_take_over_a_running_cluster(tmp_path: Path, ru
     assert not (other / "state" / "loc.json").exists()
     assert {r["task"]: r["server_pid"] for r in status_json(home)["tasks"]} == pids
     assert [r["state"] for r in status_json(home)["tasks"]] == ["alive"] * 3
+
+
+UNTIL_TOLD = textwrap.dedent("""
+    import os, sys
+    import dtf
+    import numpy as np
+    import tensorflow as tf
+    stop = sys.argv[1]
+    strategy = dtf.strategy()
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input(shape=(4,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=5)
+    data = tf.data.Dataset.from_tensor_slices((np.ones((64, 4), "float32"), np.ones((64, 1), "float32")))
+
+    class UntilTold(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            print(f"epoch {epoch + 1} done", flush=True)
+            self.model.stop_training = os.path.exists(stop)
+
+    model.fit(data.repeat().batch(8), epochs=100000, steps_per_epoch=20, callbacks=[UntilTold()], verbose=0)
+""")
+
+
+@pytest.mark.xdist_group("local-running")  # one worker: one `running` cluster
+def test_top_shows_the_training_dtf_train_publishes(tmp_path: Path, running):
+    """While `dtf train` runs, `dtf top --json` shows its steps/s (overall and per worker), the steps
+    per closure the program chose, the attempt; once it ended, no training and no files left."""
+    _, home = running
+    program, stop = tmp_path / "until_told.py", tmp_path / "stop"
+    program.write_text(UNTIL_TOLD)
+    run = Train(home, tmp_path / "train.out", str(program), str(stop))
+    def training_seen() -> dict | None:
+        r = dtf("top", "--json", home=home, timeout=120)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        return doc if (doc["training"] or {}).get("steps_per_s") else None
+
+    try:
+        run.wait_for(r"^epoch 1 done", timeout=300)
+        doc = wait_until(training_seen, timeout=300, every=0.5)  # a second with steps in it
+    finally:
+        stop.write_text("")
+    code, text = run.finish(timeout=120)
+    assert code == 0, text[-3000:]
+    train = doc["training"]
+    assert (train["mode"], train["attempt"], train["attempts"], train["steps_per_closure"], train["packing"]) == \
+        ("ps", 1, 3, 5, "program"), train
+    assert train["steps"] >= 20 and train["steps_per_s"] > 0, train
+    workers = {r["task"]: r["steps_per_s"] for r in doc["tasks"] if r["job"] == "worker"}
+    assert set(workers) == {"worker:0", "worker:1"} and sum(w or 0 for w in workers.values()) > 0, doc["tasks"]
+    assert not (home / "live" / "loc").exists()
+    r = dtf("top", "--json", home=home, timeout=120)
+    assert json.loads(r.stdout)["training"] is None

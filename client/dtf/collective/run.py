@@ -56,6 +56,7 @@ from dtf.hostops.start import Starter
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError
 from dtf.program import noise
+from dtf.program.train import NoFigures, RunFigures
 from dtf_server import program as host_program
 from dtf_server.protocol import ReachReply, StartReply, TaskSpec
 
@@ -194,6 +195,7 @@ class CollectiveRun:
         self.only = {hp.name: {t.name for t in hp.tasks if t.job == "worker"} for hp in self.hosts}
         self.taken_down = taken_down
         self.remote_program: dict[str, str] = {}
+        self.figures: RunFigures | NoFigures = NoFigures()  # what `dtf top` shows of the run
 
     # -- steps on the hosts ----------------------------------------------------------------------
     def ship(self) -> None:
@@ -313,6 +315,13 @@ class CollectiveRun:
         # log holds TensorFlow's C++ chatter too, and its last lines are often nothing else.
         chatter = {t.name: noise.NoiseFilter() for t in self.workers}
         joined: set[str] = set()
+        copies = {t.name: {"host": t.host, "joined": False, "state": "starting"} for t in self.workers}
+
+        def show(task: str, **changes: Any) -> None:  # for `dtf top` (dtf.program.figures' run.json)
+            copies[task].update(changes)
+            self.figures.update(copies=copies)
+
+        self.figures.update(copies=copies)
         silent_since: dict[str, float] = {}  # tasks whose host has said nothing for follow.SILENT
         deadline = time.monotonic() + self.join_timeout
         chief_done: float | None = None
@@ -342,12 +351,14 @@ class CollectiveRun:
                         print(prefix(by_name[ev.task]) + ev.text, flush=True)
                 elif isinstance(ev, follow.Joined):
                     joined.add(ev.task)
+                    show(ev.task, joined=True, state="running")
                 elif isinstance(ev, follow.Silent):
                     silent_since[ev.task] = now - ev.seconds
                 elif isinstance(ev, follow.Heard):
                     silent_since.pop(ev.task, None)
                 elif isinstance(ev, (follow.Ended, follow.Lost)) and ev.task not in result.ended:
                     result.ended[ev.task] = ev
+                    show(ev.task, state=ev.reason if isinstance(ev, follow.Ended) else f"host lost: {ev.reason}")
                     task = by_name[ev.task]
                     ok = isinstance(ev, follow.Ended) and ev.code == 0
                     if task.index == 0 and isinstance(ev, follow.Ended):
@@ -418,6 +429,7 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
     with contextlib.ExitStack() as stack:
         stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
                                         connect_timeout=connect_timeout))
+        run.figures = stack.enter_context(RunFigures(record.plan.cluster, attempts, mode="collective"))
         interrupted = threading.Event()  # Ctrl-C and SIGTERM set it: dtf then stops the copies
         stack.enter_context(ctrl_c_sets(interrupted, signals=(signal.SIGINT, signal.SIGTERM)))
         t0 = time.monotonic()
@@ -431,6 +443,7 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
         try:
             attempt = 1
             while True:
+                run.figures.update(attempt=attempt)
                 run.start_copies(attempt)
                 say(f"started {len(run.workers)} copies of {Path(program).name} (attempt {attempt} of "
                     f"{attempts}), {time.monotonic() - t0:.1f}s after the command")
@@ -454,6 +467,7 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
                                 again, cannot_restart = False, e
                 if result.failure is not None:
                     say(result.failure.describe())
+                    run.figures.update(last_retry=result.failure.describe().splitlines()[0][:300])
                 if cannot_restart is not None:
                     raise cannot_restart
                 if not again:

@@ -52,6 +52,40 @@ class Result:
         return self.exit_code == 0
 
 
+class LineStream:
+    """A running command's stdout, a line at a time, each read with a deadline."""
+
+    def __init__(self, fileno: Callable[[], Any], recv: Callable[[], bytes], close: Callable[[], None]) -> None:
+        self._waitable, self._recv, self._close = fileno, recv, close
+        self._buffer = b""
+        self.ended = False
+
+    def readline(self, timeout: float) -> str | None:
+        """The next whole line (without its newline); None if none came within `timeout` s.
+        HostError once the command's output has ended."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            if self.ended:
+                raise HostError("the command ended")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self._waitable()], [], [], left)
+            if ready:
+                try:
+                    data = self._recv()
+                except OSError as e:
+                    raise HostError(f"connection lost: {e}")
+                if not data:
+                    self.ended = True
+                self._buffer += data
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(errors="replace")
+
+    def close(self) -> None:
+        self._close()
+
+
 class Transport:
     """A connection to one host. Use as a context manager."""
 
@@ -89,6 +123,12 @@ class Transport:
              sent: Callable[[int], None] = lambda n: None) -> Result:
         """Run `argv` with everything `source` holds as its stdin; `sent(n)` after each chunk.
         HostError when no byte moves (or the command does not finish) for `stall` seconds."""
+        raise NotImplementedError
+
+    def lines(self, argv: Sequence[str]) -> LineStream:
+        """Start `argv` and read its stdout line by line as it comes (a launcher's `top`), over
+        this transport's connection: for SSH, a new channel of the open connection (no new
+        handshake). Close the stream to end the command."""
         raise NotImplementedError
 
     def reaches(self, target: str, timeout: float) -> bool:
@@ -147,6 +187,23 @@ class LocalTransport(Transport):
 
     def stream(self, argv: Sequence[str]) -> int:
         return subprocess.call(expand_local(argv), stdin=subprocess.DEVNULL)
+
+    def lines(self, argv: Sequence[str]) -> LineStream:
+        try:
+            proc = subprocess.Popen(expand_local(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        except FileNotFoundError as e:
+            raise HostError(str(e))
+        out = proc.stdout
+        assert out is not None
+
+        def close() -> None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            out.close()
+
+        return LineStream(out.fileno, lambda: os.read(out.fileno(), 65536), close)
 
     def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:
@@ -322,6 +379,17 @@ class SSHTransport(Transport):
             return 130
         finally:
             chan.close()
+
+    def lines(self, argv: Sequence[str]) -> LineStream:
+        import paramiko
+
+        try:
+            chan = self.connection().transport.open_session(timeout=self.connect_timeout)
+            chan.exec_command(render(argv))
+        except (OSError, EOFError, AttributeError, paramiko.SSHException) as e:
+            raise HostError(f"connection lost: {e}")
+        # No pty: closing the channel closes the command's stdout, and its next write ends it (EPIPE).
+        return LineStream(lambda: chan, lambda: chan.recv(65536), chan.close)
 
     def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:

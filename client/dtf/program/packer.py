@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from dtf.program import figures
+
 # Overhead aimed at: round trip / (round trip + steps * step). Half of the 10% promised, as a
 # margin for the noise of a measurement taken on a few closures.
 TARGET_OVERHEAD = 0.05
@@ -129,6 +131,7 @@ class Packer:
                 # tracing): seconds, not a round trip. Scheduled together, as they would be
                 # without dtf, and waited for together; not timed.
                 self._warm += 1
+                figures.next_steps = 1  # what `dtf top` shows per closure (dtf.program.figures)
                 yield 1
                 done += 1
                 if self._warm == max(1, self.workers):
@@ -145,6 +148,7 @@ class Packer:
                 n = min(n, left)
             start = self.clock()
             measuring = self.chosen is None
+            figures.next_steps = n
             yield n
             if measuring:
                 self.wait()

@@ -25,7 +25,7 @@ from dtf.hostops.lease import LeaseKeeper
 from dtf.hostops.parallel import HostOps
 from dtf.hostops.status import TaskState, states
 from dtf.hosts.netutil import CONNECT_TIMEOUT, free_ports
-from dtf.program import noise
+from dtf.program import figures, noise
 from dtf_server.procs import EXIT_STATUS_ENV, ended_before_crash, exit_reason
 
 if TYPE_CHECKING:
@@ -91,6 +91,8 @@ def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 
         env["DTF_OUTPUT_DIR"] = str(Path(output).resolve())
     # dtf.program.hooks: the guard rails warn about what calls the coordinator back in ssh mode.
     env["DTF_NETWORK"] = "direct" if tunnel is None else "ssh"
+    if env.get(figures.ENV) != "off":  # off: nothing published (bench/top.py's baseline)
+        env[figures.ENV] = str(figures.live_dir(state.home(), plan.cluster))  # for `dtf top`
     env.update(hook_env or {})
     return env
 
@@ -124,8 +126,10 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     with contextlib.ExitStack() as stack:
         stack.enter_context(LeaseKeeper(plan, warn=lambda m: say(f"warning: {m}"), connect_timeout=connect_timeout))
         tunnel = stack.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
+        run = stack.enter_context(RunFigures(plan.cluster, attempts))
         attempt = 1
         while True:
+            run.update(attempt=attempt)
             before = ps_incarnations(ops)
             code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose, hook_env)
             if code == 0 or interrupted:
@@ -139,14 +143,54 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                 return code
             say(f"{', '.join(lost)} lost during attempt {attempt} of {attempts}; waiting up to "
                 f"{ps_wait:g}s for every task to serve again")
+            run.update(last_retry=f"{', '.join(lost)} lost during attempt {attempt}", waiting=True)
             t0 = time.monotonic()
             still = wait_serving(ops, record.network, ps_wait)
             if still:
                 raise ClusterDown(f"cluster {plan.cluster!r}: still not serving after {ps_wait:g}s: "
                                   f"{', '.join(still)} (see `dtf status`, `dtf logs TASK`)")
             attempt += 1
+            run.update(waiting=False)
             say(f"cluster serving again after {time.monotonic() - t0:.1f}s; running the program "
                 f"again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
+
+
+class NoFigures:
+    """Figures nobody publishes (a collective run made outside `run_collective`, in tests)."""
+
+    def update(self, **changes: Any) -> None:
+        pass
+
+
+class RunFigures:
+    """`dtf train`'s own figures for `dtf top` (dtf.program.figures' run.json): the attempt and
+    the last retry. Written when they change; removed, with the program's, when the run ends."""
+
+    def __init__(self, cluster: str, attempts: int, mode: str = "ps") -> None:
+        self.dir = figures.live_dir(state.home(), cluster)
+        self.data: dict[str, Any] = {"schema": figures.SCHEMA, "kind": mode, "pid": os.getpid(),
+                                     "started": time.time(), "attempt": 1, "attempts": attempts,
+                                     "last_retry": None, "waiting": False}
+
+    def update(self, **changes: Any) -> None:
+        self.data.update(changes, time=time.time())
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            figures.write_atomic(self.dir / figures.RUN, self.data)
+        except OSError:
+            pass  # the view is a convenience
+
+    def __enter__(self) -> RunFigures:
+        (self.dir / figures.TRAIN).unlink(missing_ok=True)  # a previous run's
+        self.update()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name in (figures.RUN, figures.TRAIN):
+            with contextlib.suppress(OSError):
+                (self.dir / name).unlink()
+        with contextlib.suppress(OSError):
+            self.dir.rmdir()
 
 
 def ps_states(ops: HostOps) -> list[TaskState]:

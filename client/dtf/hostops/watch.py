@@ -1,0 +1,125 @@
+"""`dtf top`'s feed: one connection per host for the view's whole life, and on it one launcher
+`top` command that prints a sample of every task of the host each interval (dtf_server.sample).
+A refresh costs no SSH handshake and no round trip: the hosts push. A host that says nothing for
+STALL intervals is shown as such, and its connection made again (a new handshake only then).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from dtf.cluster.plan import HostPlan
+from dtf.hostops import launcher
+from dtf.hostops.parallel import HostOps
+from dtf.hosts.transport import HostError, LineStream, Transport
+from dtf_server import protocol
+from dtf_server.protocol import ProtocolMismatch, StatusReply, TopSample
+
+STALL = 5  # intervals without a sample before a host is "silent" and its connection made again
+RETRY = 3.0  # seconds before connecting again to a host that failed
+
+
+@dataclass(frozen=True)
+class HostFeed:
+    """The latest of one host: its sample (None: none yet), or why there is none now."""
+
+    sample: TopSample | None = None
+    error: str | None = None
+    samples: int = 0  # samples received since the view started
+    connects: int = 0  # connections opened to the host (1 while all is well)
+
+
+class Watch:
+    """Start with `with Watch(ops, interval) as w:`; `w.feeds()` is the latest of every host."""
+
+    def __init__(self, ops: HostOps, interval: float = 1.0) -> None:
+        self.ops, self.interval = ops, interval
+        self._feeds: dict[str, HostFeed] = {hp.name: HostFeed() for hp in ops.plan.hosts}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.changed = threading.Event()  # set at every new sample or error
+
+    def feeds(self) -> dict[str, HostFeed]:
+        with self._lock:
+            return dict(self._feeds)
+
+    def _set(self, host: str, **changes: object) -> None:
+        with self._lock:
+            self._feeds[host] = HostFeed(**{**self._feeds[host].__dict__, **changes})
+        self.changed.set()
+
+    def wait_samples(self, count: int, timeout: float) -> None:
+        """Until every host has sent `count` samples or failed, or `timeout` seconds passed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            feeds = self.feeds().values()
+            if all(f.samples >= count or (f.error is not None and f.samples == 0) for f in feeds):
+                return
+            self.changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            self.changed.clear()
+
+    def _host(self, hp: HostPlan) -> None:
+        while not self._stop.is_set():
+            try:
+                self._follow(hp)
+            except (HostError, ProtocolMismatch, ValueError) as e:
+                self._set(hp.name, error=str(e).splitlines()[0] if str(e) else type(e).__name__)
+            except NotImplementedError:
+                self._set(hp.name, error="dtf top cannot follow this kind of host yet")
+                return
+            self._stop.wait(RETRY)
+
+    def _follow(self, hp: HostPlan) -> None:
+        with self._lock:
+            connects = self._feeds[hp.name].connects + 1
+        self._set(hp.name, connects=connects)
+        transport = self.ops.transport(hp)
+        with transport:
+            self._ensure_launcher(transport, hp)
+            stream = transport.lines(hp.launcher_argv("top", "--dir", hp.root, "--interval", f"{self.interval:g}",
+                                                      *hp.task_args()))
+            try:
+                self._read(hp, stream)
+            finally:
+                stream.close()
+
+    def _ensure_launcher(self, t: Transport, hp: HostPlan) -> None:
+        """One status over the new connection: ships this dtf's launcher if it is not there."""
+        try:
+            launcher.ask(t, hp, StatusReply, hp.launcher_argv("status", "--dir", hp.root, *hp.task_args()),
+                         "status", launcher.RENEW_TIMEOUT, upload_if=lambda: launcher.root_exists(t, hp))
+        except launcher.LauncherMissing:
+            raise HostError(f"dtf's files are gone from {hp.root} (lease lapsed?)")
+
+    def _read(self, hp: HostPlan, stream: LineStream) -> None:
+        silent_for = STALL * self.interval + 5
+        heard = time.monotonic()
+        while not self._stop.is_set():
+            line = stream.readline(timeout=0.5)
+            if line is None:
+                if time.monotonic() - heard > silent_for:
+                    raise HostError(f"no word from {hp.name} for {silent_for:.0f}s")
+                continue
+            if not line.strip():
+                continue
+            sample = protocol.decode(TopSample, line)
+            heard = time.monotonic()
+            with self._lock:
+                count = self._feeds[hp.name].samples + 1
+            self._set(hp.name, sample=sample, error=None, samples=count)
+
+    def __enter__(self) -> Watch:
+        for hp in self.ops.plan.hosts:
+            th = threading.Thread(target=self._host, args=(hp,), daemon=True, name=f"dtf-top-{hp.name}")
+            th.start()
+            self._threads.append(th)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + 2  # each notices within half a second; one stuck in a connect
+        for th in self._threads:        # is a daemon thread: it does not hold up the exit
+            th.join(timeout=max(0.0, deadline - time.monotonic()))

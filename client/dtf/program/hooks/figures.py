@@ -1,0 +1,110 @@
+"""Training figures for `dtf top` (dtf.program.figures), counted inside the program.
+
+Where, in TensorFlow 2.21 and tf-keras 2.21 (pinned; internals named here):
+- `cluster_coordinator.Cluster.schedule` makes one Closure per scheduled function: dtf tags it
+  with the steps it will run (`figures.next_steps`, set by fit's data handler right before it schedules,
+  1 for a custom loop's closure unless `dtf.packing()` said otherwise).
+- `Closure.execute_on(worker)` returning: the closure ran on `worker.worker_index`: its steps are
+  credited to that worker.
+- `_CoordinatedClosureQueue`: `put_back` is a closure retried after a worker was lost,
+  `mark_failed` a closure that failed; its queue size plus `inflight_closure_count` are the
+  closures in flight.
+- `_ClusterCoordinatorDataHandler.steps` yields once per closure, `_step_increment + 1` steps
+  each (after the packing hook sets them): that is `figures.next_steps` and the steps per closure shown.
+
+Only counters are touched on the training's threads; the file is written by the figures' own
+thread (at most once a second). Active when `dtf train` sets DTF_FIGURES.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from dtf.program import figures
+from dtf.program.hooks import on_import
+
+COORDINATOR = "tensorflow.python.distribute.coordinator.cluster_coordinator"
+STEPS = "_dtf_steps"
+
+
+def install() -> None:
+    if figures.enabled():
+        on_import("tensorflow", lambda _: _patch_coordinator())
+        on_import("tf_keras", lambda _: _patch_keras())
+
+
+def _patch_coordinator() -> None:
+    import importlib
+
+    module = importlib.import_module(COORDINATOR)
+    cluster_cls, closure_cls, queue_cls = module.Cluster, module.Closure, module._CoordinatedClosureQueue
+    schedule, execute_on, init = cluster_cls.schedule, closure_cls.execute_on, closure_cls.__init__
+    resource_cls = module.ResourceClosure
+    put_back, mark_failed = queue_cls.put_back, queue_cls.mark_failed
+
+    def patched_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        setattr(self, STEPS, figures.next_steps)
+
+    def patched_schedule(self: Any, function: Any, args: Any, kwargs: Any) -> Any:
+        f = figures.current()
+        if f is not None:
+            if getattr(f.in_flight, "queue", lambda: None)() is not self.closure_queue:  # a new coordinator
+                queue = weakref.ref(self.closure_queue)
+
+                def in_flight() -> int | None:
+                    q = queue()
+                    return None if q is None else int(q._queue.qsize()) + int(q.inflight_closure_count)
+
+                in_flight.queue = queue  # type: ignore[attr-defined]
+                f.in_flight = in_flight
+            f.steps_per_closure = figures.next_steps
+        return schedule(self, function, args, kwargs)
+
+    def patched_execute_on(self: Any, worker: Any) -> Any:
+        result = execute_on(self, worker)
+        f = figures.current()
+        if f is not None and not isinstance(self, resource_cls):
+            f.closure_done(int(worker.worker_index), int(getattr(self, STEPS, 1)))
+        return result
+
+    def patched_put_back(self: Any, closure: Any) -> Any:
+        f = figures.current()
+        if f is not None:
+            f.failed("a worker was lost: its closure is retried on another", retried=True)
+        return put_back(self, closure)
+
+    def patched_mark_failed(self: Any, e: BaseException) -> Any:
+        f = figures.current()
+        if f is not None:
+            f.failed(f"closure failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", retried=False)
+        return mark_failed(self, e)
+
+    closure_cls.__init__ = patched_init
+    cluster_cls.schedule = patched_schedule
+    closure_cls.execute_on = patched_execute_on
+    queue_cls.put_back = patched_put_back
+    queue_cls.mark_failed = patched_mark_failed
+
+
+def _patch_keras() -> None:
+    from tf_keras.src.engine import data_adapter
+
+    handler_cls = data_adapter._ClusterCoordinatorDataHandler
+    steps = handler_cls.steps
+
+    def patched_steps(self: Any) -> Iterator[int]:
+        try:
+            for step in steps(self):
+                figures.next_steps = int(self._step_increment) + 1
+                f = figures.current()
+                if f is not None:
+                    packed = self._model is not None and self._model.__dict__.get("_dtf_packing") is not None
+                    f.packing = "dtf" if packed else "program"
+                yield step
+        finally:
+            figures.next_steps = 1
+
+    handler_cls.steps = patched_steps

@@ -1,0 +1,153 @@
+"""`dtf top` against fake servers: one snapshot for scripts (--once, --json) on local processes;
+as a person sees it, in a terminal multiplexer (tmux: the screen captured, `q` sent, the pane
+clean afterwards); and on the SSH lab, that refreshing costs no new SSH connection."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, wait_until
+from lab import Lab
+from sites import LabSite, Site
+
+
+def top_json(site: Site) -> tuple[int, dict]:
+    r = site.dtf("top", "--json", timeout=90)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_once_and_json_on_a_local_cluster(local_site: Site):
+    site = local_site
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}}, restart_limit=0)
+    assert site.dtf("up", str(inv)).returncode == 0
+    code, doc = top_json(site)
+    assert code == 0, doc
+    assert (doc["schema"], doc["cluster"], doc["training"]) == (1, "fk", None)
+    assert doc["summary"]["states"] == {"alive": 3} and doc["summary"]["hosts"] == 2
+    for row in doc["tasks"]:
+        # Two samples per host were taken: the rates are known.
+        assert row["cpu"] is not None and row["rss"] > 0 and row["net_in"] is not None, row
+        assert row["uptime"] is not None and row["error"] is None
+    # A task whose server died and whose supervisor gave up: first on the screen, exit 7.
+    site.crash("b", "worker-1")
+    os.kill(site.supervisor("b", "worker-1")["server_pid"], 9)
+    wait_until(lambda: site.supervisor("b", "worker-1").get("state") == "failed")
+    r = site.dtf("top", "--once", timeout=90)
+    assert r.returncode == 7, (r.stdout, r.stderr)
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("cluster fk: 3 tasks on 2 hosts: 1 failed, 2 alive"), lines
+    assert lines[3].split()[:3] == ["b", "worker:1", "failed:"], lines
+    # Not a terminal and no --once: one line, no traceback.
+    r = site.dtf("top")
+    assert r.returncode == 2 and r.stderr.startswith("dtf: error: dtf top: not a terminal"), r.stderr
+
+
+class Tmux:
+    """A tmux server of the test's own (its own socket), one session running a command."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.socket = f"dtftop-{uuid.uuid4().hex[:8]}"
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=15)
+
+    def start(self, command: str, env: dict[str, str], width: int = 160, height: int = 30) -> None:
+        exports = " ".join(f"{k}={v}" for k, v in env.items())
+        r = self("new-session", "-d", "-s", "t", "-x", str(width), "-y", str(height),
+                 f"cd {REPO} && env -u COLUMNS -u LINES {exports} {command}", ";", "set-option", "-t", "t", "remain-on-exit", "on")
+        assert r.returncode == 0, r.stderr
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "t").stdout
+
+    def pane(self) -> str:
+        return self("display-message", "-p", "-t", "t", "#{pane_dead} #{pane_dead_status}").stdout.strip()
+
+    def close(self) -> None:
+        self("kill-server")
+
+
+@pytest.fixture
+def tmux(tmp_path: Path) -> Iterator[Tmux]:
+    if shutil.which("tmux") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no tmux (CI=true: `apt-get install tmux`, .ci/run does it)")
+        pytest.skip("no tmux: apt-get install tmux")
+    t = Tmux(tmp_path)
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+def dtf_top(site: Site, interval: float) -> tuple[str, dict[str, str]]:
+    env = {"DTF_HOME": str(site.home), "DTF_SERVER": "fake", "TERM": "xterm-256color"}
+    return f"{sys.executable} -m dtf.cli top --interval {interval:g}", env
+
+
+def test_top_as_a_person_sees_it_in_tmux(local_site: Site, tmux: Tmux):
+    site = local_site
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    assert site.dtf("up", str(inv)).returncode == 0
+    tmux.start(*dtf_top(site, 0.3))
+    screen = wait_until(lambda: s if "alive" in (s := tmux.screen()) and "%" in s else None, timeout=60)
+    lines = [line for line in screen.splitlines() if line.strip()]
+    assert lines[0].startswith("cluster fk: 3 tasks on 2 hosts: 3 alive | cpu "), screen
+    assert lines[1] == "training: none (no `dtf train` running)", screen
+    assert lines[2].split() == ["host", "task", "state", "restarts", "last", "exit", "uptime", "cpu", "mem",
+                                "net", "in", "net", "out", "steps/s"], screen
+    assert [line.split()[:3] for line in lines[3:6]] == [["a", "ps:0", "alive"], ["worker:0", "alive", "0"],
+                                                          ["b", "worker:1", "alive"]], screen
+    assert lines[-1].strip() == "q: quit", screen
+    assert tmux.pane() == "0", "dtf top ended on its own"
+    tmux("send-keys", "-t", "t", "q")
+    assert wait_until(lambda: tmux.pane() == "1 0", timeout=20)  # exited, with code 0
+    after = tmux.screen()
+    # The alternate screen is gone: nothing of the view is left on the pane.
+    assert "cluster fk" not in after and "q: quit" not in after and "alive" not in after, after
+
+
+def _uptime(text: str) -> float | None:
+    m = re.search(r"ps:0\s+alive\s+\d+\s+\S+\s+(?:(\d+)m)?(\d+)s", text)
+    return None if m is None else int(m.group(1) or 0) * 60 + int(m.group(2))
+
+
+@pytest.fixture
+def lab_site(tmp_path: Path, lab: Lab) -> Iterator[LabSite]:
+    the_site = LabSite(tmp_path, lab)
+    try:
+        yield the_site
+    finally:
+        the_site.cleanup()
+
+
+@pytest.mark.lab
+def test_refreshing_opens_no_new_ssh_connection(lab_site: LabSite, lab: Lab, tmux: Tmux):
+    site = lab_site
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    assert site.dtf("up", str(inv)).returncode == 0
+    logs = {h: lab.root / h / "sshd.log" for h in ("h0", "h1")}
+
+    def connections() -> dict[str, int]:
+        return {h: log.read_text(errors="replace").count("Connection from ") for h, log in logs.items()}
+
+    before = connections()
+    tmux.start(*dtf_top(site, 0.2))
+    first = wait_until(lambda: _uptime(tmux.screen()), timeout=60)
+    # At least 4 s of refreshes every 0.2 s (the ps's uptime, as the host reports it, moves on).
+    wait_until(lambda: (u := _uptime(tmux.screen())) is not None and u >= first + 4, timeout=60)
+    during = connections()
+    assert {h: during[h] - before[h] for h in logs} == {"h0": 1, "h1": 1}, (before, during)
+    tmux("send-keys", "-t", "t", "q")
+    assert wait_until(lambda: tmux.pane() == "1 0", timeout=20)
