@@ -89,7 +89,8 @@ def main() -> None:
                     dtf("down", home=home, timeout=900)  # whatever is left
                 figs["floor"].append(floor(lab, names[:n], lab.ssh_config))
             rows.append((n, {k: statistics.median(v) if v else None for k, v in figs.items()}))
-            print(f"  {n} hosts done (load {os.getloadavg()[0]:.1f})", flush=True)
+            print(f"  {n} hosts done (load {os.getloadavg()[0]:.1f}): "
+                  + ", ".join(f"{k} {v}" for k, v in rows[-1][1].items()), flush=True)
         print("\n| hosts | floor | `dtf up` | `dtf status` | `dtf down` |\n|---|---|---|---|---|")
         for n, m in rows:
             f = m["floor"]
