@@ -380,8 +380,12 @@ def cmd_stop(args: argparse.Namespace) -> StopReply:
             signal_group(t, signal.SIGKILL)
             killed.add(t)
     wait(5)
-    return StopReply(tasks={t: TaskStopped(was_running=t in groups, killed=t in killed,
-                                           gone=t not in groups or not alive(t)) for t in args.task})
+    stopped = {t: TaskStopped(was_running=t in groups, killed=t in killed, gone=t not in groups or not alive(t))
+               for t in args.task}
+    cleaned = None
+    if args.clean and all(s.gone for s in stopped.values()):
+        cleaned = cmd_clean(argparse.Namespace(dir=args.dir, keep_logs=args.keep_logs, if_unused=False))
+    return StopReply(tasks=stopped, cleaned=cleaned)
 
 
 def cmd_reach(args: argparse.Namespace) -> ReachReply:
@@ -539,6 +543,9 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument("--renew", action="store_true")
         else:
             c.add_argument("--grace", type=float, default=Defaults.STOP_GRACE)
+            # `down` in one round trip: once every task is gone, `clean` as well.
+            c.add_argument("--clean", action="store_true")
+            c.add_argument("--keep-logs", action="store_true")
     c = sub.add_parser("reach")
     c.add_argument("--dir")
     c.add_argument("--to", action="append", default=[])
