@@ -214,6 +214,38 @@ class ControlTransport(SSHTransport):
         except KeyboardInterrupt:
             return 130
 
+    def reaches(self, target: str, timeout: float) -> bool:
+        """Whether the host opens a TCP connection to `target`, asked over the master (`ssh -W`):
+        the master answers its client "session opened" only once the host confirmed the channel
+        (OpenSSH's mux_stdio_confirm), which `-v` prints; a refused channel ends the client."""
+        self.open()
+        try:
+            proc = subprocess.Popen(self.command("-v", "-W", target), stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError:
+            return False
+        assert proc.stderr is not None
+        opened = threading.Event()
+
+        def watch() -> None:
+            assert proc.stderr is not None
+            for line in iter(proc.stderr.readline, b""):
+                if b"master session id" in line:
+                    opened.set()
+                    return
+
+        reader = threading.Thread(target=watch, daemon=True, name="dtf-reach")
+        reader.start()
+        try:
+            reader.join(timeout)  # the line, or the client's end (a refused channel), or the deadline
+            return opened.is_set()
+        finally:
+            proc.kill()
+            proc.wait()
+            with contextlib.suppress(OSError):
+                proc.stdin.close()  # type: ignore[union-attr]
+                proc.stderr.close()
+
     def open_tcp(self, target: str, timeout: float) -> Any:
         with self._paramiko_lock:  # probes of one host run in parallel threads
             if not self._paramiko_open:
