@@ -16,7 +16,9 @@ The hosts' sshds share this machine's cores with dtf, so the floor grows with N 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -65,8 +67,9 @@ def timed(*args: str, home: Path) -> float:
     if r.returncode != 0:
         lines = r.stderr.strip().splitlines()
         lines = lines[next((i for i, s in enumerate(lines) if s.startswith("dtf: error")), 0):]
-        raise Failed(f"dtf {args[0]} failed after {time.monotonic() - t0:.1f}s: "
-                     + " / ".join(lines[:4]) + (f" ... ({len(lines)} lines)" if len(lines) > 4 else ""))
+        kinds = collections.Counter(re.sub(r"\d+", "N", line.split(": ", 1)[-1])[:70] for line in lines[1:])
+        raise Failed(f"dtf {args[0]} failed after {time.monotonic() - t0:.1f}s: {lines[0] if lines else ''} "
+                     + "; ".join(f"{n} x {kind}" for kind, n in kinds.most_common(4)))
     return time.monotonic() - t0
 
 

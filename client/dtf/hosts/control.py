@@ -163,9 +163,12 @@ class ControlTransport(SSHTransport):
             raise HostError(f"connection lost: {err}")
         return proc_result
 
-    def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT, stdin: bytes | None = None) -> Result:
+    def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT, stdin: bytes | None = None,
+            named: Sequence[str] | None = None) -> Result:
+        """Run argv over the master (`named`: the command its errors name, when argv wraps it)."""
         self.open()
         full = self.command() + [render(argv)]
+        argv = named or argv
         try:
             p = subprocess.run(full, input=stdin if stdin is not None else b"", capture_output=True,
                                timeout=timeout, start_new_session=True)
@@ -191,7 +194,7 @@ class ControlTransport(SSHTransport):
                     timeout: float = COMMAND_TIMEOUT) -> Result:
         """Upload a file and run a command, in one round trip (the launcher, then its `check`)."""
         script = f"{self._put_script(remote_dir, filename)} && exec {render(argv)}"
-        return self.run(["sh", "-c", script], timeout=timeout, stdin=data)
+        return self.run(["sh", "-c", script], timeout=timeout, stdin=data, named=argv)
 
     def put_file(self, local: Path, remote_dir: str, filename: str) -> None:
         with open(local, "rb") as f:
