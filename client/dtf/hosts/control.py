@@ -21,7 +21,6 @@ import glob
 import hashlib
 import os
 import re
-import socket
 import subprocess
 import tempfile
 import threading
@@ -33,7 +32,7 @@ from dtf.cluster.inventory import HostSpec
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.shell import quote_arg, render
 from dtf.hosts.transport import COMMAND_TIMEOUT, HostError, Readable, Result, SSHTransport, feed_process, temporary_name
-from dtf.hosts.tunnel import STOP_WAIT, Master, MasterFailed, _parallel, _wait_exited
+from dtf.hosts.tunnel import STOP_WAIT, Master, MasterFailed, _parallel, _wait_exited, listening
 
 NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
 SSH_FAILED = 255  # ssh's own exit status: the connection, not the command, failed
@@ -64,19 +63,6 @@ def hop_path(home: Path, cluster: str, hop: HostSpec) -> str:
 
 def persist_for(ttl: float) -> int:
     return max(10, round(ttl)) if ttl > 0 else NEVER_PERSIST
-
-
-def listening(path: str) -> bool:
-    """Whether a master answers on the socket (a connect, no process started)."""
-    if not os.path.exists(path):
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(2.0)
-        try:
-            s.connect(path)
-            return True
-        except OSError:
-            return False
 
 
 def reason(failed: MasterFailed, target: str, identity: str | None, timeout: float) -> str:
