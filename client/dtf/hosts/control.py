@@ -35,6 +35,7 @@ from dtf.hosts.transport import COMMAND_TIMEOUT, HostError, Readable, Result, SS
 from dtf.hosts.tunnel import STOP_WAIT, Master, MasterFailed, _parallel, _wait_exited, listening
 
 NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
+ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands) in ~15 s
 SSH_FAILED = 255  # ssh's own exit status: the connection, not the command, failed
 
 
@@ -65,12 +66,15 @@ def persist_for(ttl: float) -> int:
     return max(10, round(ttl)) if ttl > 0 else NEVER_PERSIST
 
 
-def reason(failed: MasterFailed, target: str, identity: str | None, timeout: float) -> str:
+def reason(failed: MasterFailed, target: str, identity: str | None, timeout: float,
+           jump: bool | None = None) -> str:
     """ssh's failure as dtf's one-line reasons (the same as the paramiko transport's)."""
     lines = [s.strip() for s in failed.log.splitlines() if s.strip()]
     last = lines[-1] if lines else str(failed)
     text = failed.log
-    where = target if failed.spec.host in target else f"jump host {failed.spec.host} of {target}"
+    if jump is None:  # which master failed: the host's, or one of its jump hosts'
+        jump = failed.spec.host not in target
+    where = f"jump host {failed.spec.host} of {target}" if jump else target
     if "REVOKED" in text:
         return f"the host key of {where} is marked @revoked: refusing to connect"
     if "IDENTIFICATION HAS CHANGED" in text or ("Host key for" in text and "has changed" in text):
@@ -102,13 +106,18 @@ class ControlTransport(SSHTransport):
         super().__init__(spec, ssh_config, connect_timeout)
         self.ssh = ssh
         self.master = Master(ssh, spec, ssh_config, path, connect_timeout, persist=persist,
-                             hop_path=hop_path, session=False)
+                             hop_path=hop_path, session=False, alive=ALIVE)
         self._paramiko_open = False
         self._paramiko_lock = threading.Lock()
 
     def _target(self) -> str:
-        user = f"{self.spec.user}@" if self.spec.user else ""
-        return f"{user}{self.spec.host}" + (f":{self.spec.port}" if self.spec.port else "")
+        """user@address:port as ssh_config resolves them (read, no network), for messages."""
+        conn = self.connection()
+        target = f"{conn.user}@{conn.host}:{conn.port}"
+        if conn.gateway is not None:
+            hop = conn.gateway if isinstance(conn.gateway, str) else conn.gateway.original_host
+            target += f" (via {hop})"
+        return target
 
     def open(self) -> None:
         if listening(self.master.path):
@@ -121,7 +130,8 @@ class ControlTransport(SSHTransport):
             except MasterFailed as e:
                 if "REVOKED" in e.log and e.spec is self.spec:
                     raise HostError(self._revoked())
-                raise HostError(reason(e, self._target(), self.spec.identity_file, self.connect_timeout))
+                raise HostError(reason(e, self._target(), self.spec.identity_file, self.connect_timeout,
+                                       jump=e.spec is not self.spec))
 
     def _revoked(self) -> str:
         """OpenSSH refused the host's revoked key: name the known_hosts line that marks it, as
@@ -146,7 +156,7 @@ class ControlTransport(SSHTransport):
     def _result(self, proc_result: Result) -> Result:
         if proc_result.exit_code == SSH_FAILED and not listening(self.master.path):
             err = (proc_result.stderr.strip().splitlines() or ["the master connection closed"])[-1]
-            raise HostError(f"connection lost: {err}")
+            raise HostError(f"unreachable: the SSH connection to {self._target()} was lost: {err}")
         return proc_result
 
     def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT, stdin: bytes | None = None,

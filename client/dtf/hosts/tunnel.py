@@ -49,7 +49,7 @@ from typing import Any
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.netutil import CONNECT_TIMEOUT, free_ports
-from dtf.hosts.openssh import ssh_argv, ssh_binary
+from dtf.hosts.openssh import ALIVE_INTERVAL, ssh_argv, ssh_binary
 from dtf.hosts.transport import HostError, SSHTransport
 
 PERSIST = 60  # ControlPersist: seconds an unused master stays (a killed `dtf train` leaves none behind)
@@ -144,7 +144,8 @@ class Master:
     def __init__(self, ssh: str, spec: HostSpec, ssh_config: str | None, path: str,
                  connect_timeout: float = CONNECT_TIMEOUT, chief_port: int | None = None,
                  through: Master | None = None, depth: int = 0, persist: int = PERSIST,
-                 hop_path: Callable[[HostSpec], str] | None = None, session: bool = True) -> None:
+                 hop_path: Callable[[HostSpec], str] | None = None, session: bool = True,
+                 alive: int = ALIVE_INTERVAL) -> None:
         self.ssh, self.spec, self.ssh_config, self.path = ssh, spec, ssh_config, path
         self.connect_timeout = connect_timeout
         self.chief_port = chief_port  # forwarded from the host's loopback back to this machine
@@ -154,6 +155,7 @@ class Master:
         self.hop_path = hop_path
         self.session = session  # run the empty session at start (a caller whose first use is one: no)
         self.lock = _lock_for(path)
+        self.alive_interval = alive  # ServerAliveInterval: a lost host ends the master after 3 of them
 
     def _control(self, command: str, timeout: float = 10.0) -> subprocess.CompletedProcess[str] | None:
         try:
@@ -195,7 +197,8 @@ class Master:
         for i, hop in enumerate(self.jumps()):
             path = self.hop_path(hop) if self.hop_path else f"{self.path}-j{i}"
             out.append(Master(self.ssh, hop, self.ssh_config, path, self.connect_timeout,
-                              through=out[-1] if out else None, depth=self.depth + 1, persist=self.persist))
+                              through=out[-1] if out else None, depth=self.depth + 1, persist=self.persist,
+                              alive=self.alive_interval))
         return out
 
     def start(self) -> None:
@@ -212,7 +215,7 @@ class Master:
                 if self.chief_port else [])
         argv = ssh_argv(self.ssh, self.spec, self.ssh_config, self.connect_timeout, *via,
                         "-o", "ControlMaster=yes", "-o", f"ControlPath={self.path}",
-                        "-o", f"ControlPersist={self.persist}", *back, "-N", "-f")
+                        "-o", f"ControlPersist={self.persist}", *back, "-N", "-f", alive=self.alive_interval)
         # stderr to a file, not a pipe: the master that `-f` leaves behind keeps it open.
         with open(log, "w") as err:
             try:
