@@ -199,8 +199,11 @@ def _ports_in_use(pid: int) -> set[int]:
 
 class Lab:
     def __init__(self, n_hosts: int = 3, root: str | Path = "/tmp/dtflab", mode: str = "auto",
-                 name: str | None = None, subnet: str | None = None, pick: bool = False) -> None:
-        """mode: "auto" (netns, else loopback), "netns" or "loopback". name/subnet: this pair
+                 name: str | None = None, subnet: str | None = None, pick: bool = False,
+                 bastion: bool = False) -> None:
+        """bastion: the last host is a jump host with OpenSSH's default limits (MaxStartups
+        10:30:100, MaxSessions 10), and ssh_config reaches every other host through it (ProxyJump).
+        mode: "auto" (netns, else loopback), "netns" or "loopback". name/subnet: this pair
         (name must match dtflab[a-z]*, subnet a /24 prefix); default lab_identity(), and where
         that is None, or with `pick` (a second lab beside the session's), the first free pair of
         IDENTITIES, chosen when the lab is built (self.name and self.subnet then say which)."""
@@ -210,6 +213,7 @@ class Lab:
         assert mode in ("auto", "netns", "loopback") and NAME_RE.match(f"{name}0") and n_hosts <= 200
         self.name, self.subnet, self.bridge = name, subnet, f"{name}0"
         self.n_hosts = n_hosts
+        self.bastion_name = f"h{n_hosts - 1}" if bastion else None
         self.root = Path(root).resolve()
         self.requested_mode = mode
         self.mode = ""  # "netns" or "loopback" once entered
@@ -320,6 +324,7 @@ class Lab:
         route = _sh(["ip", "-4", "route", "get", self.unused_address]).stdout
         if f"dev {bridge} " not in route or " via " in route:
             raise LabError(f"{sub}.0/24 is not routed on-link to {bridge}: {route.strip()}")
+        _room_for_neighbours(self.n_hosts)
         for i in range(self.n_hosts):
             ns, veth = f"{self.name}-h{i}", f"{self.name}-v{i}"
             if i:
@@ -350,14 +355,18 @@ class Lab:
                 "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
                 "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
                 f"PidFile {hdir / 'sshd.pid'}\nSubsystem sftp internal-sftp\n"
-                "MaxStartups 100\nMaxSessions 100\nLogLevel VERBOSE\n"
+                + ("" if name == self.bastion_name else "MaxStartups 100\nMaxSessions 100\n")
+                + "LogLevel VERBOSE\n"
                 + self._sshd_extra(name)
             )
         (self.root / "authorized_keys").write_text(Path(f"{self.key}.pub").read_text())
         self.known_hosts.write_text("\n".join(known) + "\n")
         for name, addr, port in entries + [("unreachable", self.unused_address, self.unused_port)]:
+            jump = f"  ProxyJump {self.bastion_name}\n" if self.bastion_name not in (None, name) else ""
+            if name == self.bastion_name:  # ssh's jump connection gets no -i: the key comes from here
+                jump = f"  IdentityFile {self.key}\n"
             blocks.append(f"Host {name}\n  HostName {addr}\n  User root\n  Port {port}\n"
-                          f"  UserKnownHostsFile {self.known_hosts}\n  StrictHostKeyChecking yes\n")
+                          f"  UserKnownHostsFile {self.known_hosts}\n  StrictHostKeyChecking yes\n{jump}")
         self.ssh_config.write_text("\n".join(blocks))
 
     def _sshd_extra(self, name: str) -> str:
@@ -604,6 +613,22 @@ class Lab:
                     Lab._cleanup_netns(name)
             except BlockingIOError:
                 pass  # a live lab holds the lock: its namespaces are not stale
+
+
+NEIGH = "/proc/sys/net/ipv4/neigh/default/gc_thresh{}"
+
+
+def _room_for_neighbours(n_hosts: int) -> None:
+    """Every namespace shares the kernel's one ARP table (gc_thresh3 entries, default 1024), and
+    `up`'s mesh check has each host resolve every other: 100 hosts need 9,900 entries, and past
+    the limit the kernel drops them ("neighbor table overflow": No route to host, timeouts).
+    Raise the limits (never lower them: other labs may need them) to room for this lab and more."""
+    need = {1: 1024, 2: 8 * 1024, 3: 16 * 1024} if n_hosts > 10 else {}
+    for level, value in need.items():
+        path = Path(NEIGH.format(level))
+        with contextlib.suppress(OSError, ValueError):
+            if int(path.read_text()) < value:
+                path.write_text(str(value))
 
 
 def _links_of(name: str) -> list[str]:

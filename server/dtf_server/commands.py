@@ -418,8 +418,12 @@ def cmd_stop(args: argparse.Namespace) -> StopReply:
             signal_group(t, signal.SIGKILL)
             killed.add(t)
     wait(5)
-    return StopReply(tasks={t: TaskStopped(was_running=t in groups, killed=t in killed,
-                                           gone=t not in groups or not alive(t)) for t in args.task})
+    stopped = {t: TaskStopped(was_running=t in groups, killed=t in killed, gone=t not in groups or not alive(t))
+               for t in args.task}
+    cleaned = None
+    if args.clean and all(s.gone for s in stopped.values()):
+        cleaned = cmd_clean(argparse.Namespace(dir=args.dir, keep_logs=args.keep_logs, if_unused=False))
+    return StopReply(tasks=stopped, cleaned=cleaned)
 
 
 def cmd_reach(args: argparse.Namespace) -> ReachReply:
@@ -435,7 +439,8 @@ def cmd_reach(args: argparse.Namespace) -> ReachReply:
         except OSError as e:
             return e.strerror or str(e)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(args.to)))) as pool:
+    # All at once (up to 256): a host checks 99 others in one connect time, not 99/32 of them.
+    with ThreadPoolExecutor(max_workers=max(1, min(256, len(args.to)))) as pool:
         results = list(pool.map(why_not, args.to))
     if args.dir:
         renew(args.dir, None)  # `up` asks last: whoever asks is using the cluster
@@ -600,6 +605,9 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument("--renew", action="store_true")
         else:
             c.add_argument("--grace", type=float, default=Defaults.STOP_GRACE)
+            # `down` in one round trip: once every task is gone, `clean` as well.
+            c.add_argument("--clean", action="store_true")
+            c.add_argument("--keep-logs", action="store_true")
     c = sub.add_parser("reach")
     c.add_argument("--dir")
     c.add_argument("--to", action="append", default=[])

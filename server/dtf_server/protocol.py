@@ -172,14 +172,15 @@ class TaskStopped:
 
 
 @dataclass(frozen=True)
-class StopReply:
-    tasks: dict[str, TaskStopped]
-
-
-@dataclass(frozen=True)
 class CleanReply:
     removed: list[str]
     in_use: bool = False  # --if-unused, and tasks (another dtf's) live there: nothing removed
+
+
+@dataclass(frozen=True)
+class StopReply:
+    tasks: dict[str, TaskStopped]
+    cleaned: CleanReply | None = None  # `stop --clean`, once every task was gone
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,9 @@ def decode(kind: type[R], text: str) -> R:
         if kind is RenewReply:
             return RenewReply(lease=_lease(data["lease"]))  # type: ignore[return-value]
         if kind is StopReply:
-            return StopReply(tasks={n: TaskStopped(**t) for n, t in data["tasks"].items()})  # type: ignore[return-value]
+            cleaned = data.get("cleaned")
+            return StopReply(tasks={n: TaskStopped(**t) for n, t in data["tasks"].items()},  # type: ignore[return-value]
+                             cleaned=CleanReply(**cleaned) if cleaned is not None else None)
         fields = {f.name for f in dataclasses.fields(kind)}
         return kind(**{k: v for k, v in data.items() if k in fields})
     except (KeyError, TypeError) as e:

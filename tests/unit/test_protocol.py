@@ -45,6 +45,7 @@ REPLIES = [
     StatusReply(tasks={"worker:0": TaskStatus.dead("never started")}, lease=None),
     RenewReply(lease=None),
     StopReply(tasks={"ps:0": TaskStopped(was_running=True, killed=True, gone=True)}),
+    StopReply(tasks={"ps:0": TaskStopped(was_running=True)}, cleaned=CleanReply(removed=["/x/ps-0"])),
     CleanReply(removed=["/x/ps-0/log"], in_use=False),
     CheckReply(python="3.11.2", executable="/usr/bin/python3", tensorflow=None, busy=[], client_address=None,
                running=[], machine="x86_64", system="Linux", libc="glibc 2.36", env_ready=False,

@@ -187,9 +187,13 @@ class HostPlan:
     def renew_argv(self, ttl: float | None = None) -> list[str]:
         return self.launcher_argv("renew", "--dir", self.root, *(["--ttl", f"{ttl:g}"] if ttl is not None else []))
 
-    def stop_argv(self, grace: float, only: Collection[str] | None = None) -> list[str]:
+    def stop_argv(self, grace: float, only: Collection[str] | None = None, clean: bool = False,
+                  keep_logs: bool = False) -> list[str]:
+        """Stop the tasks (or those in `only`); with `clean`, once all are gone remove dtf's files
+        too (`clean_argv`), in the same command."""
         return self.launcher_argv("stop", "--dir", self.root, "--grace", f"{grace:g}",
-                                  *self.task_args(only=only))
+                                  *self.task_args(only=only), *(["--clean"] if clean else []),
+                                  *(["--keep-logs"] if clean and keep_logs else []))
 
     def reach_argv(self, targets: Collection[str], timeout: float) -> list[str]:
         """Which targets this host cannot connect to; renews the lease (`up`'s last step: the

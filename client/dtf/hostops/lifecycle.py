@@ -180,6 +180,8 @@ def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.P
         finally:
             if not succeeded:
                 undo_failed = rollback(ops, starter, only)
+                if only is None:  # a cluster that did not start keeps no connection either
+                    ops.close_control()
                 for host, why in undo_failed.items():
                     failed[host] = f"{failed.get(host, 'started')}; rollback failed: {why}"
     if ops.cancel.is_set():
@@ -406,6 +408,7 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
     from dtf.hosts.tunnel import close_masters
 
     close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts])  # a killed `dtf train`'s
+    ops.close_control()
     failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
     if plan.slurm is not None:
         from dtf.hostops import slurm as slurm_ops

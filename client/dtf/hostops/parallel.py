@@ -100,7 +100,26 @@ class HostOps:
 
             assert self.plan.slurm is not None
             return SlurmStepTransport(hp.spec, self.plan.slurm, self.plan.ssh_config, self.connect_timeout)
-        return transport_for(hp.spec, self.plan.ssh_config, self.connect_timeout)
+        from dtf.hosts.openssh import ssh_binary
+
+        ssh = ssh_binary()
+        if hp.spec.connection != "ssh" or ssh is None:
+            return transport_for(hp.spec, self.plan.ssh_config, self.connect_timeout)
+        # Every command over the host's one master, kept for the cluster's life (dtf.hosts.control).
+        from dtf.cluster import state
+        from dtf.hosts import control
+
+        home, cluster = state.home(), self.plan.cluster
+        return control.ControlTransport(
+            hp.spec, ssh, control.host_path(home, cluster, hp.name), self.plan.ssh_config, self.connect_timeout,
+            persist=control.persist_for(hp.ttl), hop_path=lambda hop: control.hop_path(home, cluster, hop))
+
+    def close_control(self) -> None:
+        """Close the masters of the plan's cluster (`dtf down`, a failed `up`)."""
+        from dtf.cluster import state
+        from dtf.hosts.control import close_control
+
+        close_control(state.home(), self.plan.cluster)
 
     def each_host(self, fn: Callable[[HostPlan], T], hosts: Sequence[HostPlan] | None = None
                   ) -> dict[str, Outcome[T]]:

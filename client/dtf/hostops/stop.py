@@ -29,12 +29,16 @@ def stop_host(ops: HostOps, hp: HostPlan, keep_logs: bool = False, grace: float 
     ops.step(hp, "connecting")
     with ops.transport(hp) as t:
         ops.step(hp, "stopping servers")
-        stopped = ask(t, hp, StopReply, hp.stop_argv(grace, only), "stopping servers", grace + 30)
+        one_call = only is None and not purge  # stop and clean up in one round trip
+        stopped = ask(t, hp, StopReply, hp.stop_argv(grace, only, clean=one_call, keep_logs=keep_logs),
+                      "stopping servers", grace + 30)
         left = [n for n, s in stopped.tasks.items() if not s.gone]
         if left:
             raise HostError(f"still running after KILL: {', '.join(left)}")
         if only is not None:
             return HostStopped(stopped.tasks)
+        if stopped.cleaned is not None:
+            return HostStopped(stopped.tasks, stopped.cleaned.removed)
         purged = None
         if purge:  # before `clean`, which removes the launcher
             ops.step(hp, f"removing {hp.spec.workdir}/.cache")

@@ -25,10 +25,11 @@ def ssh_binary() -> str | None:
 
 
 def ssh_argv(ssh: str, spec: HostSpec, ssh_config: str | None, connect_timeout: float,
-             *options: str) -> list[str]:
-    """An OpenSSH command line for `spec`, as the inventory and ssh_config say."""
+             *options: str, alive: int = ALIVE_INTERVAL) -> list[str]:
+    """An OpenSSH command line for `spec`, as the inventory and ssh_config say (`alive`: seconds
+    between keepalives; ALIVE_COUNT unanswered ones end the connection)."""
     argv = [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout))}",
-            "-o", f"ServerAliveInterval={ALIVE_INTERVAL}", "-o", f"ServerAliveCountMax={ALIVE_COUNT}"]
+            "-o", f"ServerAliveInterval={alive}", "-o", f"ServerAliveCountMax={ALIVE_COUNT}"]
     if ssh_config:
         argv += ["-F", os.path.expanduser(ssh_config)]
     if spec.user:

@@ -534,11 +534,19 @@ def transport_for(spec: HostSpec, ssh_config: str | None = None,
 def resolver(ssh_config: str | None) -> Callable[[HostSpec], str]:
     """A function giving each host's TF address: `address` key, else ssh_config HostName."""
 
+    parsed: list[Any] = []  # the inventory's ssh_config, read once for every host
+
     def resolve(spec: HostSpec) -> str:
         if spec.address:
             return spec.address
         if spec.connection == "local":
             return "127.0.0.1"
+        if ssh_config:  # a Fabric Connection per host reads its config anew: 100 hosts took seconds
+            import paramiko
+
+            if not parsed:
+                parsed.append(paramiko.SSHConfig.from_path(os.path.expanduser(ssh_config)))
+            return str(parsed[0].lookup(spec.host).get("hostname", spec.host))
         return SSHTransport(spec, ssh_config).address()
 
     return resolve

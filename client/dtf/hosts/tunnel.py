@@ -49,7 +49,7 @@ from typing import Any
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.netutil import CONNECT_TIMEOUT, free_ports
-from dtf.hosts.openssh import ssh_argv, ssh_binary
+from dtf.hosts.openssh import ALIVE_INTERVAL, ssh_argv, ssh_binary
 from dtf.hosts.transport import HostError, SSHTransport
 
 PERSIST = 60  # ControlPersist: seconds an unused master stays (a killed `dtf train` leaves none behind)
@@ -104,19 +104,58 @@ def _wait_exited(pid: int, timeout: float) -> bool:
     return False
 
 
+def listening(path: str) -> bool:
+    """Whether a master answers on the socket (a connect, no process started)."""
+    if not os.path.exists(path):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2.0)
+        try:
+            s.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+class MasterFailed(HostError):
+    """A master (to the host, or to one of its jump hosts: `spec`) did not start: ssh's `log`."""
+
+    def __init__(self, message: str, spec: HostSpec, log: str, timed_out: bool) -> None:
+        super().__init__(message)
+        self.spec, self.log, self.timed_out = spec, log, timed_out
+
+
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_LOCK = threading.Lock()
+
+
+def _lock_for(path: str) -> threading.Lock:
+    """One lock per control path in this process: the hosts behind one jump host share its master,
+    and their threads must start it once."""
+    with _LOCKS_LOCK:
+        return _LOCKS.setdefault(path, threading.Lock())
+
+
 class Master:
     """One OpenSSH master connection to a host; `ssh -W` channels share it. Where ssh_config
-    names jump hosts, each hop gets a master of its own (`hops`), the next reached through it."""
+    names jump hosts, each hop gets a master of its own (`hops`), the next reached through it:
+    at `hop_path(hop)` when given (shared by every host behind that hop), else one per host."""
 
     def __init__(self, ssh: str, spec: HostSpec, ssh_config: str | None, path: str,
                  connect_timeout: float = CONNECT_TIMEOUT, chief_port: int | None = None,
-                 through: Master | None = None, depth: int = 0) -> None:
+                 through: Master | None = None, depth: int = 0, persist: int = PERSIST,
+                 hop_path: Callable[[HostSpec], str] | None = None, session: bool = True,
+                 alive: int = ALIVE_INTERVAL) -> None:
         self.ssh, self.spec, self.ssh_config, self.path = ssh, spec, ssh_config, path
         self.connect_timeout = connect_timeout
         self.chief_port = chief_port  # forwarded from the host's loopback back to this machine
         self.through = through  # the jump host's master this one connects through (None: ssh decides)
         self.depth = depth
-        self.lock = threading.Lock()
+        self.persist = persist  # ControlPersist: seconds the master stays once no command uses it
+        self.hop_path = hop_path
+        self.session = session  # run the empty session at start (a caller whose first use is one: no)
+        self.lock = _lock_for(path)
+        self.alive_interval = alive  # ServerAliveInterval: a lost host ends the master after 3 of them
 
     def _control(self, command: str, timeout: float = 10.0) -> subprocess.CompletedProcess[str] | None:
         try:
@@ -156,8 +195,10 @@ class Master:
         ssh_config says, its own jumps included)."""
         out: list[Master] = []
         for i, hop in enumerate(self.jumps()):
-            out.append(Master(self.ssh, hop, self.ssh_config, f"{self.path}-j{i}", self.connect_timeout,
-                              through=out[-1] if out else None, depth=self.depth + 1))
+            path = self.hop_path(hop) if self.hop_path else f"{self.path}-j{i}"
+            out.append(Master(self.ssh, hop, self.ssh_config, path, self.connect_timeout,
+                              through=out[-1] if out else None, depth=self.depth + 1, persist=self.persist,
+                              alive=self.alive_interval))
         return out
 
     def start(self) -> None:
@@ -174,7 +215,7 @@ class Master:
                 if self.chief_port else [])
         argv = ssh_argv(self.ssh, self.spec, self.ssh_config, self.connect_timeout, *via,
                         "-o", "ControlMaster=yes", "-o", f"ControlPath={self.path}",
-                        "-o", f"ControlPersist={PERSIST}", *back, "-N", "-f")
+                        "-o", f"ControlPersist={self.persist}", *back, "-N", "-f", alive=self.alive_interval)
         # stderr to a file, not a pipe: the master that `-f` leaves behind keeps it open.
         with open(log, "w") as err:
             try:
@@ -187,8 +228,10 @@ class Master:
             lines = [s for s in log.read_text(errors="replace").splitlines() if s.strip()]
             why = lines[-1] if lines else ("no answer" if code is None else f"ssh exited {code}")
             what = f"to jump host {self.spec.host} " if self.depth else ""
-            raise HostError(f"SSH connection {what}for the TF ports failed: {why}")
-        self._session()
+            raise MasterFailed(f"SSH connection {what}for the TF ports failed: {why}", self.spec,
+                               "\n".join(lines), code is None)
+        if self.session:
+            self._session()
 
     def _session(self) -> None:
         """One empty session over the master: sshd sets TCP_NODELAY then (see the module's doc).
@@ -198,7 +241,11 @@ class Master:
                            stdin=subprocess.DEVNULL, capture_output=True, timeout=self.connect_timeout + 10)
 
     def ensure(self) -> None:
-        """Start the master unless it runs (again, after it was lost)."""
+        """Start the master unless it runs (again, after it was lost). A socket that accepts a
+        connection is a running master: 100 hosts behind one jump host ask at once, and an
+        `ssh -O check` each, one after another under the lock, took seconds."""
+        if listening(self.path):
+            return
         with self.lock:
             if not self.alive():
                 self.start()

@@ -1,0 +1,119 @@
+"""Control at scale on the SSH lab, fake servers: prints, asserts nothing.
+
+    sudo .venv/bin/python bench/scale.py [--hosts 3,10,30,100] [--repeat 1] [--bastion]
+
+One lab of as many hosts as the largest count; for each count N, a cluster of one task per host
+(h0 the ps, the others workers) on the first N hosts, and in one run:
+- the floor: one `ssh HOST python3 -c pass` per host, all at once (a handshake and a python each),
+  straight to the hosts;
+- `dtf up`, `dtf status`, `dtf down` with DTF_SERVER=fake (no TensorFlow), each against the floor.
+With `--bastion`, every host is reached through one ProxyJump host whose sshd keeps OpenSSH's
+defaults (MaxStartups 10:30:100); the floor through it (ssh's own ProxyJump: one connection to
+the bastion per host) is printed too, with how many of its ssh commands the bastion dropped.
+The hosts' sshds share this machine's cores with dtf, so the floor grows with N here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from common import REPO  # noqa: F401  (puts tests/ on the path)
+from helpers import dtf
+from lab import Lab
+
+
+def floor(lab: Lab, hosts: list[str], config: Path, *options: str) -> tuple[float, int]:
+    """Seconds for one `ssh HOST python3 -c pass` per host, all started at once, and how many failed."""
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(["ssh", "-F", str(config), "-i", str(lab.key), "-o", "BatchMode=yes", *options, h,
+                               "python3", "-c", "pass"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for h in hosts]
+    failed = 0
+    for p in procs:
+        p.communicate(timeout=300)
+        failed += p.returncode != 0
+    return time.monotonic() - t0, failed
+
+
+def direct_floor(lab: Lab, hosts: list[str], bastion: bool) -> float:
+    """The floor, straight to the hosts (with a bastion: the same ssh through it is printed too, and
+    fails for the hosts its sshd drops past MaxStartups)."""
+    if bastion:
+        seconds, failed = floor(lab, hosts, lab.ssh_config)
+        print(f"  floor through the bastion (ssh's own ProxyJump), {len(hosts)} hosts: {seconds:.2f} s, "
+              f"{failed} failed", flush=True)
+    seconds, failed = floor(lab, hosts, lab.ssh_config, "-o", "ProxyJump=none")
+    if failed:
+        raise SystemExit(f"the floor failed on {failed} hosts")
+    return seconds
+
+
+class Failed(Exception):
+    pass
+
+
+def timed(*args: str, home: Path) -> float:
+    """Seconds `dtf ARGS` took; Failed (with dtf's first lines) if it failed."""
+    t0 = time.monotonic()
+    r = dtf(*args, home=home, timeout=900, env={"DTF_SERVER": "fake"})
+    if r.returncode != 0:
+        lines = r.stderr.strip().splitlines()
+        lines = lines[next((i for i, s in enumerate(lines) if s.startswith("dtf: error")), 0):]
+        kinds = collections.Counter(re.sub(r"\d+", "N", line.split(": ", 1)[-1])[:70] for line in lines[1:])
+        raise Failed(f"dtf {args[0]} failed after {time.monotonic() - t0:.1f}s: {lines[0] if lines else ''} "
+                     + "; ".join(f"{n} x {kind}" for kind, n in kinds.most_common(4)))
+    return time.monotonic() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", default="3,10,30,100", help="host counts, comma-separated")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--bastion", action="store_true", help="every host behind one ProxyJump host")
+    args = ap.parse_args()
+    counts = [int(n) for n in args.hosts.split(",")]
+    extra = 1 if args.bastion else 0
+    with tempfile.TemporaryDirectory() as tmp, Lab(max(counts) + extra, root=Path(tmp) / "lab",
+                                                   bastion=args.bastion) as lab:
+        home = Path(tmp) / "home"
+        names = [h.name for h in lab.hosts if h.name != lab.bastion_name]
+        print(f"lab: {len(names)} hosts{' behind bastion ' + lab.bastion_name if args.bastion else ''}, "
+              f"mode {lab.mode}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+        ports = lab.ports(1)
+        rows = []
+        for n in counts:
+            inv = lab.inventory(Path(tmp) / f"n{n}.yaml", [
+                {"host": h, **({"ps": ports} if i == 0 else {"workers": ports})}
+                for i, h in enumerate(names[:n])], cluster=f"scale{n}")
+            figs: dict[str, list[float]] = {k: [] for k in ("floor", "up", "status", "down")}
+            for _ in range(args.repeat):
+                figs["floor"].append(direct_floor(lab, names[:n], args.bastion))
+                try:
+                    for what in ("up", "status", "down"):
+                        figs[what].append(timed(*(["up", str(inv)] if what == "up" else [what]), home=home))
+                except Failed as e:
+                    print(f"  {n} hosts: {e}", flush=True)
+                    dtf("down", home=home, timeout=900)  # whatever is left
+                figs["floor"].append(direct_floor(lab, names[:n], args.bastion))
+            rows.append((n, {k: statistics.median(v) if v else None for k, v in figs.items()}))
+            print(f"  {n} hosts done (load {os.getloadavg()[0]:.1f}): "
+                  + ", ".join(f"{k} {v}" for k, v in rows[-1][1].items()), flush=True)
+        print("\n| hosts | floor | `dtf up` | `dtf status` | `dtf down` |\n|---|---|---|---|---|")
+        for n, m in rows:
+            f = m["floor"]
+            assert f is not None
+            cells = [f"{v:.2f} s ({v / f:.2f}x)" if v is not None else "failed"
+                     for v in (m["up"], m["status"], m["down"])]
+            print(f"| {n} | {f:.2f} s | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

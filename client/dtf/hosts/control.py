@@ -1,0 +1,291 @@
+"""Control at the SSH floor: one OpenSSH master per host, opened once and kept for the cluster's life.
+
+Every command dtf runs on a host (`up`'s steps, `status`, `logs`, `sync`, `down`, the lease's
+renewals) is a session over that host's master: a round trip, not a handshake. A master is
+started by the first command that finds none (ssh `-M -N -f`, stderr to a log file) and stays
+`ControlPersist` seconds after its last use: the cluster's lease (its ttl), so a killed laptop
+leaves none running beyond the lease; `dtf down` closes them (`close_control`).
+
+Jump hosts (ProxyJump): each hop gets one master per cluster, shared by every host behind it (the
+next hop reached with `ssh -S HOP -W`): 100 hosts behind a bastion make one connection to it,
+not 100 unauthenticated ones at once (sshd's MaxStartups 10:30:100 drops those).
+
+Where no `ssh` binary exists, `transport_for` keeps the paramiko transport (a handshake per command).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import glob
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dtf.cluster.inventory import HostSpec
+from dtf.hosts.netutil import CONNECT_TIMEOUT
+from dtf.hosts.shell import quote_arg, render
+from dtf.hosts.transport import COMMAND_TIMEOUT, HostError, Readable, Result, SSHTransport, feed_process, temporary_name
+from dtf.hosts.tunnel import STOP_WAIT, Master, MasterFailed, _parallel, _wait_exited, listening
+
+NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
+ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands) in ~15 s
+SSH_FAILED = 255  # ssh's own exit status: the connection, not the command, failed
+
+
+def _key(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
+def control_dir() -> Path:
+    """Where the control masters keep their sockets: short (a Unix socket path has ~100 bytes), and
+    apart from `dtf train`'s masters (dtf.hosts.tunnel), which end with the program."""
+    return Path(tempfile.gettempdir()) / f"dtf-ctl-{os.getuid()}"
+
+
+def cluster_prefix(home: Path, cluster: str) -> str:
+    """Every control socket of one cluster starts with this (`close_control` finds them by it)."""
+    return str(control_dir() / f"c{_key(str(home), cluster)}")
+
+
+def host_path(home: Path, cluster: str, host: str) -> str:
+    return f"{cluster_prefix(home, cluster)}-{_key(host)}"
+
+
+def hop_path(home: Path, cluster: str, hop: HostSpec) -> str:
+    return f"{cluster_prefix(home, cluster)}-j{_key(hop.user or '', hop.host, str(hop.port or ''))}"
+
+
+def persist_for(ttl: float) -> int:
+    return max(10, round(ttl)) if ttl > 0 else NEVER_PERSIST
+
+
+def reason(failed: MasterFailed, target: str, identity: str | None, timeout: float,
+           jump: bool | None = None) -> str:
+    """ssh's failure as dtf's one-line reasons (the same as the paramiko transport's)."""
+    lines = [s.strip() for s in failed.log.splitlines() if s.strip()]
+    last = lines[-1] if lines else str(failed)
+    text = failed.log
+    if jump is None:  # which master failed: the host's, or one of its jump hosts'
+        jump = failed.spec.host not in target
+    where = f"jump host {failed.spec.host} of {target}" if jump else target
+    if "REVOKED" in text:
+        return f"the host key of {where} is marked @revoked: refusing to connect"
+    if "IDENTIFICATION HAS CHANGED" in text or ("Host key for" in text and "has changed" in text):
+        return f"host key of {where} does not match known_hosts: refusing to connect"
+    if "Host key verification failed" in text:
+        return (f"host key of {where} is unknown: add it to known_hosts (ssh once to "
+                f"{failed.spec.host}) or set StrictHostKeyChecking accept-new")
+    if "Permission denied" in text:
+        return f"authentication refused for {where} (tried {identity or 'agent and default keys'}): {last}"
+    if failed.timed_out or "timed out" in text:
+        return f"unreachable: no answer from {where} within {timeout:g}s"
+    if "Could not resolve hostname" in text:
+        return f"unreachable: cannot resolve {failed.spec.host}: {last.rpartition(': ')[2]}"
+    m = re.search(r"connect to host \S+ port \d+: (.+)$", text, re.M)
+    if m:
+        return f"unreachable: {where}: {m.group(1)}"
+    return f"SSH to {where} failed: {last}"
+
+
+class ControlTransport(SSHTransport):
+    """SSH over the host's master (see the module's doc); commands are `ssh -S PATH HOST CMD`.
+
+    Streaming and TCP checks through the host (`stream`, `reaches`) keep the paramiko connection,
+    opened only when they are used."""
+
+    def __init__(self, spec: HostSpec, ssh: str, path: str, ssh_config: str | None = None,
+                 connect_timeout: float = CONNECT_TIMEOUT, persist: int = NEVER_PERSIST,
+                 hop_path: Callable[[HostSpec], str] | None = None) -> None:
+        super().__init__(spec, ssh_config, connect_timeout)
+        self.ssh = ssh
+        self.master = Master(ssh, spec, ssh_config, path, connect_timeout, persist=persist,
+                             hop_path=hop_path, session=False, alive=ALIVE)
+        self._paramiko_open = False
+        self._paramiko_lock = threading.Lock()
+
+    def _target(self) -> str:
+        """user@address:port as ssh_config resolves them (read, no network), for messages."""
+        conn = self.connection()
+        target = f"{conn.user}@{conn.host}:{conn.port}"
+        if conn.gateway is not None:
+            hop = conn.gateway if isinstance(conn.gateway, str) else conn.gateway.original_host
+            target += f" (via {hop})"
+        return target
+
+    def open(self) -> None:
+        if listening(self.master.path):
+            return
+        with self.master.lock:
+            if listening(self.master.path):
+                return
+            try:
+                self.master.start()
+            except MasterFailed as e:
+                if "REVOKED" in e.log and e.spec is self.spec:
+                    raise HostError(self._revoked())
+                raise HostError(reason(e, self._target(), self.spec.identity_file, self.connect_timeout,
+                                       jump=e.spec is not self.spec))
+
+    def _revoked(self) -> str:
+        """OpenSSH refused the host's revoked key: name the known_hosts line that marks it, as
+        dtf.hosts.knownhosts does for the paramiko transport."""
+        from dtf.hosts.knownhosts import KnownHosts, host_name
+
+        conn = self.connection()  # ssh_config read, no network
+        name = host_name(conn.host, int(conn.port))
+        marks = [e for e in KnownHosts.from_ssh_config(conn.ssh_config).entries(name) if e.revoked]
+        where = f" in {marks[0].where}" if marks else ""
+        return f"the host key of {name} is marked @revoked{where}: refusing to connect"
+
+    def close(self) -> None:
+        if self._paramiko_open:
+            super().close()  # the master stays: it is the cluster's
+
+    def command(self, *options: str) -> list[str]:
+        """ssh over the master; ControlMaster=no: never become a master of its own by accident."""
+        return [self.ssh, "-S", self.master.path, "-o", "ControlMaster=no", "-o", "BatchMode=yes",
+                "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}", *options, self.spec.host]
+
+    def _result(self, proc_result: Result) -> Result:
+        if proc_result.exit_code == SSH_FAILED and not listening(self.master.path):
+            err = (proc_result.stderr.strip().splitlines() or ["the master connection closed"])[-1]
+            raise HostError(f"unreachable: the SSH connection to {self._target()} was lost: {err}")
+        return proc_result
+
+    def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT, stdin: bytes | None = None,
+            named: Sequence[str] | None = None) -> Result:
+        """Run argv over the master (`named`: the command its errors name, when argv wraps it)."""
+        self.open()
+        full = self.command() + [render(argv)]
+        argv = named or argv
+        try:
+            p = subprocess.run(full, input=stdin if stdin is not None else b"", capture_output=True,
+                               timeout=timeout, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            raise HostError(f"command timed out after {timeout:g}s: {argv[0]} {' '.join(argv[2:3])}")
+        except OSError as e:
+            raise HostError(f"cannot run {self.ssh}: {e.strerror or e}")
+        return self._result(Result(p.returncode, p.stdout.decode(errors="replace"),
+                                         p.stderr.decode(errors="replace")))
+
+    @staticmethod
+    def _put_script(remote_dir: str, filename: str) -> str:
+        d = quote_arg(remote_dir)
+        tmp, final = quote_arg(f"{remote_dir}/{temporary_name(filename)}"), quote_arg(f"{remote_dir}/{filename}")
+        return f"mkdir -p {d} && cat > {tmp} && mv -f {tmp} {final} || {{ rm -f {tmp}; exit 1; }}"
+
+    def put_bytes(self, data: bytes, remote_dir: str, filename: str) -> None:
+        r = self.run(["sh", "-c", self._put_script(remote_dir, filename)], stdin=data)
+        if not r.ok:
+            raise HostError(f"upload to {remote_dir} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+
+    def put_and_run(self, data: bytes, remote_dir: str, filename: str, argv: Sequence[str],
+                    timeout: float = COMMAND_TIMEOUT) -> Result:
+        """Upload a file and run a command, in one round trip (the launcher, then its `check`)."""
+        script = f"{self._put_script(remote_dir, filename)} && exec {render(argv)}"
+        return self.run(["sh", "-c", script], timeout=timeout, stdin=data, named=argv)
+
+    def put_file(self, local: Path, remote_dir: str, filename: str) -> None:
+        with open(local, "rb") as f:
+            r = self.feed(["sh", "-c", self._put_script(remote_dir, filename)], f)
+        if not r.ok:
+            raise HostError(f"upload of {local.name} to {remote_dir} failed: "
+                            f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
+
+    def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
+             sent: Callable[[int], None] = lambda n: None) -> Result:
+        self.open()
+        return self._result(feed_process(self.command("-T") + [render(argv)], source, stall, sent))
+
+    def stream(self, argv: Sequence[str]) -> int:
+        """The command's output here as it comes, until it ends or Ctrl-C (130): a pty, so that
+        closing the session (Ctrl-C ends our ssh) sends the remote command SIGHUP."""
+        self.open()
+        try:
+            return subprocess.call(self.command("-tt") + [render(argv)], stdin=subprocess.DEVNULL)
+        except KeyboardInterrupt:
+            return 130
+
+    def reaches(self, target: str, timeout: float) -> bool:
+        """Whether the host opens a TCP connection to `target`, asked over the master (`ssh -W`):
+        the master answers its client "session opened" only once the host confirmed the channel
+        (OpenSSH's mux_stdio_confirm), which `-v` prints; a refused channel ends the client."""
+        self.open()
+        try:
+            proc = subprocess.Popen(self.command("-v", "-W", target), stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError:
+            return False
+        assert proc.stderr is not None
+        opened = threading.Event()
+
+        def watch() -> None:
+            assert proc.stderr is not None
+            for line in iter(proc.stderr.readline, b""):
+                if b"master session id" in line:
+                    opened.set()
+                    return
+
+        reader = threading.Thread(target=watch, daemon=True, name="dtf-reach")
+        reader.start()
+        try:
+            reader.join(timeout)  # the line, or the client's end (a refused channel), or the deadline
+            return opened.is_set()
+        finally:
+            proc.kill()
+            proc.wait()
+            with contextlib.suppress(OSError):
+                proc.stdin.close()  # type: ignore[union-attr]
+                proc.stderr.close()
+
+    def open_tcp(self, target: str, timeout: float) -> Any:
+        with self._paramiko_lock:  # probes of one host run in parallel threads
+            if not self._paramiko_open:
+                SSHTransport.open(self)
+                self._paramiko_open = True
+        return super().open_tcp(target, timeout)
+
+
+def _stop(ssh: str, path: str) -> None:
+    """Close one master and wait until it has exited (a hop's carries the hosts' until they have)."""
+    def control(command: str) -> str | None:
+        try:
+            # The host argument is required and ignored: the socket names the master.
+            r = subprocess.run([ssh, "-S", path, "-O", command, "dtf-host"], capture_output=True, text=True,
+                               timeout=10, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stderr + r.stdout if r.returncode == 0 else None
+
+    checked = control("check") if listening(path) else None
+    m = re.search(r"pid=(\d+)", checked or "")
+    if m and control("exit") is not None:
+        _wait_exited(int(m.group(1)), STOP_WAIT)
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def close_control(home: Path, cluster: str) -> int:
+    """Close every master of the cluster (the hosts' first, then their jump hosts'); how many ran."""
+    from dtf.hosts.openssh import ssh_binary
+
+    ssh = ssh_binary()
+    if not ssh:
+        return 0
+    found = glob.glob(glob.escape(cluster_prefix(home, cluster)) + "-*")
+    paths = [p for p in found if not p.endswith(".log")]
+    hosts = [p for p in paths if not os.path.basename(p).split("-", 1)[1].startswith("j")]
+    hops = [p for p in paths if p not in hosts]
+    for group in (hosts, hops):
+        _parallel([functools.partial(_stop, ssh, p) for p in group])
+    for p in found:  # the logs too, a failed start's included
+        with contextlib.suppress(OSError):
+            os.unlink(p if p.endswith(".log") else p + ".log")
+    return len(paths)

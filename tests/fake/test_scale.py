@@ -1,0 +1,174 @@
+"""Thirty hosts behind one bastion, fake servers (issue 18): control at the SSH floor and failures at
+scale, against real sshds. The bastion keeps OpenSSH's defaults (MaxStartups 10:30:100), and every
+host is reached through it (ProxyJump). The 100-host figures are bench/scale.py's.
+
+The lab of this module is a second lab beside the session's: DTF_SCALE_LAB_NAME and
+DTF_SCALE_LAB_SUBNET name it (else it takes a free pair, as a second lab does).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import Interruptible, assert_one_line_error, dtf, status_json, wait_until
+from lab import Lab
+from sites import listener
+
+pytestmark = pytest.mark.lab
+
+N = 30
+CLUSTER = "sc"
+FAKE = {"DTF_SERVER": "fake"}
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    if os.geteuid() != 0 or not os.access("/usr/sbin/sshd", os.X_OK) or shutil.which("ssh") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the scale lab needs root, sshd and ssh (CI=true)")
+        pytest.skip("the scale lab needs root, sshd and ssh")
+    name, subnet = os.environ.get("DTF_SCALE_LAB_NAME"), os.environ.get("DTF_SCALE_LAB_SUBNET")
+    with Lab(N + 1, root=tmp_path_factory.mktemp("scale"), bastion=True, name=name, subnet=subnet,
+             pick=not (name and subnet)) as lab:
+        yield lab
+
+
+@pytest.fixture
+def home(tmp_path: Path, big: Lab) -> Iterator[Path]:
+    home = tmp_path / "home"
+    yield home
+    if (home / "state" / f"{CLUSTER}.json").exists():
+        dtf("down", home=home, timeout=300)
+
+
+def names(lab: Lab) -> list[str]:
+    return [h.name for h in lab.hosts if h.name != lab.bastion_name]
+
+
+def inventory(lab: Lab, tmp_path: Path) -> tuple[int, Path]:
+    port = lab.ports(1)
+    return port[0], lab.inventory(tmp_path / "big.yaml", [{"host": h, **({"ps": port} if i == 0 else {"workers": port})}
+                                                 for i, h in enumerate(names(lab))], cluster=CLUSTER)
+
+
+def env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, "DTF_HOME": str(home), "COLUMNS": "200", **FAKE, **(extra or {})}
+
+
+def accepted(lab: Lab) -> dict[str, int]:
+    """SSH logins each sshd of the lab accepted so far (its log, LogLevel VERBOSE)."""
+    return {h.name: (lab.root / h.name / "sshd.log").read_text(errors="replace").count("Accepted publickey")
+            for h in lab.hosts}
+
+
+def control_masters(channels: bool = False) -> list[tuple[int, str]]:
+    """dtf's control masters on this machine (their sockets are below dtf-ctl-); with `channels`,
+    their ssh -W channels through a jump host's master too."""
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any("dtf-ctl-" in a for a in argv) and (Path(argv[0]).name == "ssh" or argv[0].startswith("ssh: ")) \
+                and (channels or "-W" not in argv):
+            found.append((int(pid), " ".join(argv)))
+    return found
+
+
+def nothing_left(lab: Lab, home: Path) -> None:
+    assert {h: p for h in names(lab) if (p := lab.processes(h))} == {}
+    assert [h for h in names(lab) if (Path(lab.host(h).workdir) / CLUSTER).exists()] == []
+    assert not (home / "state" / f"{CLUSTER}.json").exists()
+    try:
+        wait_until(lambda: not control_masters(channels=True), timeout=10)
+    except AssertionError:
+        raise AssertionError(control_masters(channels=True)) from None
+
+
+def test_thirty_hosts_behind_a_bastion_at_its_defaults_one_handshake_each(big: Lab, home: Path, tmp_path: Path):
+    _, inv = inventory(big, tmp_path)
+    before = accepted(big)
+    r = dtf("up", str(inv), home=home, env=FAKE, timeout=300)
+    assert r.returncode == 0, r.stderr
+    after = accepted(big)
+    new = {h: after[h] - before[h] for h in after}
+    assert new.pop(big.bastion_name) == 1  # one master to the bastion, every host's through it
+    assert set(new.values()) == {1}, new  # one handshake per host for the whole `up`
+    states = [t["state"] for t in status_json(home)["tasks"]]
+    assert states == ["alive"] * N
+    assert dtf("logs", "worker:3", home=home, timeout=60).returncode == 0
+    assert accepted(big) == after  # status and logs: a round trip over the masters, no handshake
+    assert len(control_masters()) == N + 1
+    r = dtf("down", home=home, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert accepted(big) == after
+    nothing_left(big, home)
+
+
+def test_each_failed_host_has_its_line_and_the_rest_is_rolled_back(big: Lab, home: Path, tmp_path: Path):
+    port, inv = inventory(big, tmp_path)
+    busy = ["h4", "h17", "h29"]
+    holders = [listener(big, h, port) for h in busy]
+    try:
+        r = dtf("up", str(inv), home=home, env=FAKE, timeout=300)
+    finally:
+        for p in holders:
+            p.kill()
+            p.wait()
+    err = assert_one_line_error(r, 4, "dtf up failed on 3 host(s)")
+    report = err[err.index("dtf: error:"):].splitlines()[1:]
+    failed = [line.split(":")[0].strip() for line in report if line.startswith("  ")]
+    assert failed == busy, err
+    assert all(f"{h}: port busy: {port} (worker:" in err for h in busy)
+    nothing_left(big, home)
+
+
+def test_a_host_that_never_answers_is_cut_off_by_its_deadline(big: Lab, home: Path, tmp_path: Path):
+    """Its sshd is stopped (SIGSTOP): TCP connects, no banner ever comes. `up` names it and rolls
+    the others back, without waiting for anything but that host's connect timeout."""
+    _, inv = inventory(big, tmp_path)
+    sshd = big.host("h7").proc
+    assert sshd is not None
+    os.kill(sshd.pid, signal.SIGSTOP)
+    try:
+        r = dtf("up", str(inv), "--connect-timeout", "3", home=home, env=FAKE, timeout=300)
+    finally:
+        os.kill(sshd.pid, signal.SIGCONT)
+    err = assert_one_line_error(r, 4, "dtf up failed on 1 host(s)", "h7: unreachable: no answer from")
+    assert "within 3s" in err
+    nothing_left(big, home)
+
+
+def test_ctrl_c_while_hosts_are_at_every_step_leaves_nothing(big: Lab, home: Path, tmp_path: Path):
+    """Ctrl-C lands while one host is still connecting (its sshd stopped), the others starting
+    servers that serve only once the test released them: every host is rolled back."""
+    _, inv = inventory(big, tmp_path)
+    release = tmp_path / "release"
+    sshd = big.host("h12").proc
+    assert sshd is not None
+    os.kill(sshd.pid, signal.SIGSTOP)
+    up = Interruptible("up", str(inv), "--connect-timeout", "5",
+                       env=env(home, {"DTF_SERVER": f"fake:ready_file={release}"}))
+    try:
+        up.wait_for("starting ")
+        wait_until(lambda: any(" fake " in c for h in names(big) for _, c in big.processes(h)), timeout=60)
+        up.ctrl_c()
+    finally:
+        release.write_text("")
+        os.kill(sshd.pid, signal.SIGCONT)
+    code, err = up.finish(timeout=120)
+    assert code == 130, err
+    assert "Traceback" not in err and "dtf: error: interrupted" in err
+    nothing_left(big, home)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
