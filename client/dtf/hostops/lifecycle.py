@@ -405,7 +405,8 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
         outcomes = stop.down(ops, keep_logs=keep_logs, grace=grace, purge=purge)
     from dtf.hosts.tunnel import close_masters
 
-    close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts])  # a killed `dtf train`'s
+    close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts]  # a killed `dtf train`'s
+                  + ([plan.slurm.login] if plan.slurm is not None else []))
     failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
     if plan.slurm is not None:
         from dtf.hostops import slurm as slurm_ops

@@ -163,6 +163,9 @@ def open_tunnel(record: Record, connect_timeout: float) -> Tunnel:
     from dtf.hosts.tunnel import Tunnel
 
     plan = record.plan
+    if plan.slurm is not None:  # only the login host is reached by SSH: every task through it
+        return Tunnel([(plan.slurm.login, [t.address for t in plan.tasks()])], plan.ssh_config, state.home(),
+                      plan.cluster, connect_timeout, relay_for=plan.slurm.addresses)
     hosts = [(hp.spec, [t.address for t in hp.tasks]) for hp in plan.remote_hosts]
     return Tunnel(hosts, plan.ssh_config, state.home(), plan.cluster, connect_timeout)
 
