@@ -208,6 +208,22 @@ class SlurmLab(Lab):
         return ["ssh", "-F", str(self.ssh_config), "-i", str(self.key), "-o", "BatchMode=yes",
                 "-o", "ConnectTimeout=5", self.host(host).name, *argv]
 
+    def kill_slurmd(self, host: Host | str) -> None:
+        """SIGKILL a compute host's slurmd, as a crashed daemon or a lost node: slurmctld marks the
+        node DOWN once it has not answered for SlurmdTimeout (30 s here)."""
+        h = self.host(host)
+        for proc in list(self._daemons):
+            if proc.poll() is None and f"exec slurmd -D -N {h.name} " in " ".join(map(str, proc.args)):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+                self._daemons.remove(proc)
+
+    def restart_slurmd(self, host: Host | str, timeout: float = 120) -> None:
+        """Start a killed slurmd again and wait until every compute node is idle (ReturnToService=2:
+        a DOWN node returns once its slurmd registers)."""
+        self._start_slurmd(self.host(host))
+        self._wait_idle(time.monotonic() + timeout)
+
     # ---- tearing down ---------------------------------------------------------------------
 
     def close(self) -> None:

@@ -64,7 +64,7 @@ def test_sbatch_command() -> None:
     assert inv.slurm is not None
     argv = slurm.sbatch_argv(inv)
     assert argv[:-1] == [
-        "sbatch", "--parsable", "--job-name=dtf-hpc", "--nodes=3", "--ntasks-per-node=1", "--output=/dev/null",
+        "sbatch", "--parsable", "--job-name=dtf-hpc", "--nodes=3", "--ntasks-per-node=1", "--no-requeue", "--output=/dev/null",
         "--partition=gpu", "--time=1:30:00", "--account=proj42", "--qos=normal", "--gpus-per-node=4",
         "--constraint=a100", "--exclusive"]
     assert argv[-1] == "--wrap=" + slurm.hold_script(inv)
@@ -164,7 +164,7 @@ def test_dry_run_shows_the_sbatch_command_and_the_layout(tmp_path: Path, monkeyp
     r = CliRunner().invoke(app, ["up", "--dry-run", str(path)])
     assert r.exit_code == 0, r.output
     assert "through the login host (ssh -l alice -p 2200 login.hpc.example.org)" in r.output
-    assert ("submit   sbatch --parsable --job-name=dtf-hpc --nodes=3 --ntasks-per-node=1 --output=/dev/null "
+    assert ("submit   sbatch --parsable --job-name=dtf-hpc --nodes=3 --ntasks-per-node=1 --no-requeue --output=/dev/null "
             "--partition=gpu --time=1:30:00 --account=proj42 --qos=normal --gpus-per-node=4 --constraint=a100 "
             "--exclusive '--wrap=command -v /opt/tf/bin/python3 >/dev/null 2>&1 || exec sleep infinity; "
             "exec /opt/tf/bin/python3 -c ") in r.output
