@@ -75,6 +75,7 @@ def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> N
     files after it lapsed); it holds while the lease is fresh, before the tasks started, and when
     the files go while the lease was fresh (`dtf down` cancels the job once every node is clean)."""
     import json
+    import os
     import subprocess
     import sys
     import time
@@ -93,10 +94,14 @@ def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> N
         except subprocess.TimeoutExpired:
             return True
 
+    lease.parent.mkdir()
+    lease.write_text(json.dumps({"ttl": 1, "renewed": time.time() - 5}))
+    os.utime(lease, (time.time() - 10, time.time() - 10))
     proc = start()
     try:
+        assert holds(proc)  # an earlier job's lease, lapsed: not this job's
+        lease.unlink()
         assert holds(proc)  # no cluster yet
-        lease.parent.mkdir()
         lease.write_text(json.dumps({"ttl": 60, "renewed": time.time()}))
         assert holds(proc)
         lease.unlink()  # `dtf down` removed the files: the lease was fresh

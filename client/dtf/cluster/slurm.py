@@ -22,15 +22,19 @@ from dtf.cluster.inventory import HostSpec, Inventory
 # supervisors remove the cluster's files once the lease lapsed, so files gone after a lease that
 # had lapsed are a lapse too; files gone while the lease was fresh are `dtf down` at work, which
 # cancels the job itself once every node is clean (ending it sooner would cut the other nodes' clean).
+# A lease file written before the job began is an earlier job's (a job ended by its lapse may end
+# before its supervisors removed the files): ignored, or the new job would end at once.
 HOLD_POLL = 2.0  # seconds
-_HOLD = """import json, sys, time
+_HOLD = """import json, os, sys, time
+begun = time.time()
 last = None
 while True:
     try:
         lease = json.load(open(sys.argv[1]))
+        written = os.stat(sys.argv[1]).st_mtime
     except (OSError, ValueError):
         lease = None
-    if lease is not None:
+    if lease is not None and written >= begun - 1:
         last = lease
     if last is not None and last["ttl"] and time.time() > last["renewed"] + last["ttl"]:
         sys.exit(0)
