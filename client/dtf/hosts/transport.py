@@ -81,6 +81,13 @@ class Transport:
         """Copy a local file to remote_dir/filename, atomically as put_bytes (large files: wheels)."""
         raise NotImplementedError
 
+    def put_then_run(self, data: bytes, remote_dir: str, filename: str, argv: Sequence[str],
+                     timeout: float = COMMAND_TIMEOUT) -> Result:
+        """put_bytes, then run `argv` (a twin where each command costs much, a Slurm job step,
+        does both in one)."""
+        self.put_bytes(data, remote_dir, filename)
+        return self.run(argv, timeout=timeout)
+
     def stream(self, argv: Sequence[str]) -> int:
         """Run `argv` with its output going to our stdout and stderr; return its exit code."""
         raise NotImplementedError
