@@ -336,6 +336,12 @@ class SSHTransport(Transport):
         if ssh is not None:  # OpenSSH carries the bytes in C, several times faster than paramiko
             return feed_process(ssh_argv(ssh, self.spec, self.ssh_config_path, self.connect_timeout, "-T", "--")
                                 + [render(argv)], source, stall, sent)
+        return self.feed_channel(argv, source, stall, sent)
+
+    def feed_channel(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
+                     sent: Callable[[int], None] = lambda n: None) -> Result:
+        """`feed` over this transport's open connection (paramiko copies the bytes: for small files,
+        where a new OpenSSH connection's handshake costs more than the copy)."""
         # A channel of our own, not Fabric's run(): its stdin pump writes 1000 bytes at a time.
         import paramiko
 
