@@ -10,7 +10,8 @@ The recipe and its two traps are ../shared/FACTS.md's "Slurm":
   its own whose hostname is h0.
 - slurmd needs the cgroup mounts under /sys/fs/cgroup, which `ip netns exec` hides (it remounts
   /sys): it is started with `nsenter --net` (no /sys remount) and `unshare -m -u` (its own
-  hostname, and its own PRIVATE tmpfs, as the lab's sshds have).
+  hostname, its own PRIVATE tmpfs, as the lab's sshds have, and the lab's hosts file over
+  /etc/hosts: the job steps resolve the nodes' names, as SlurmClusterResolver needs).
 
 Partitions: `main` (default) holds h1 and h2; `stuck` holds only h3, a node that is DOWN (no
 slurmd behind it, at the lab's unused address): a job there pends for ever, for "pending" tests.
@@ -118,6 +119,7 @@ class SlurmLab(Lab):
                  for h in self.computes]
         nodes.append(f"NodeName={DOWN_NODE} NodeAddr={self.unused_address} CPUs=2 RealMemory=4000 "
                      f"State=DOWN Reason=no_slurmd")
+        (d / "hosts").write_text("127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in self.hosts))
         compute = ",".join(h.name for h in self.computes)
         self.conf.write_text("\n".join([
             f"# the Slurm of lab {self.name} (tests/slurmlab.py)",
@@ -151,7 +153,10 @@ class SlurmLab(Lab):
     def _start_slurmd(self, h: Host) -> None:
         # Its own mount namespace: a private PRIVATE (as the lab's sshds have) and /sys as this
         # machine's, with the cgroup mounts slurmd reads.
+        # The nodes' names resolve there, as at a site (SlurmClusterResolver names the nodes):
+        # the lab's own hosts file over /etc/hosts, in slurmd's mount namespace only.
         inner = (f"mount --make-rprivate / && mount -t tmpfs -o mode=0755 dtflab-{h.name} {PRIVATE} && "
+                 f"mount --bind {self.slurm_dir / 'hosts'} /etc/hosts && "
                  f'hostname {h.name} && exec slurmd -D -N {h.name} -f "$0"')
         self._daemon(["nsenter", f"--net=/run/netns/{h.netns}", "unshare", "--mount", "--uts", "sh", "-c",
                       inner, str(self.conf)], f"slurmd-{h.name}.out")
@@ -207,6 +212,22 @@ class SlurmLab(Lab):
         """ssh from this machine to a lab host, as a user of the site would."""
         return ["ssh", "-F", str(self.ssh_config), "-i", str(self.key), "-o", "BatchMode=yes",
                 "-o", "ConnectTimeout=5", self.host(host).name, *argv]
+
+    def kill_slurmd(self, host: Host | str) -> None:
+        """SIGKILL a compute host's slurmd, as a crashed daemon or a lost node: slurmctld marks the
+        node DOWN once it has not answered for SlurmdTimeout (30 s here)."""
+        h = self.host(host)
+        for proc in list(self._daemons):
+            if proc.poll() is None and f"exec slurmd -D -N {h.name} " in " ".join(map(str, proc.args)):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+                self._daemons.remove(proc)
+
+    def restart_slurmd(self, host: Host | str, timeout: float = 120) -> None:
+        """Start a killed slurmd again and wait until every compute node is idle (ReturnToService=2:
+        a DOWN node returns once its slurmd registers)."""
+        self._start_slurmd(self.host(host))
+        self._wait_idle(time.monotonic() + timeout)
 
     # ---- tearing down ---------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from dtf.cluster import state
-from dtf.errors import DtfError, ExitCode, HostFailure, UsageError
+from dtf.errors import ClusterDown, DtfError, ExitCode, HostFailure, UsageError
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf_server.protocol import Defaults
 
@@ -273,7 +273,11 @@ def status(
     if record.plan.slurm is not None:
         from dtf.hostops.slurm import allocation_state
 
-        job = allocation_state(record.plan.slurm, record.plan.ssh_config, connect_timeout)
+        job, ended = allocation_state(record.plan.slurm, record.plan.ssh_config, connect_timeout)
+        if ended is not None:  # the nodes are not ours (or not there) any more: nothing to ask them
+            ui.show_status(record, [], json_out, job, ended)
+            raise ClusterDown(f"cluster {record.cluster!r}: {ended}" + (" (`dtf down` forgets it)" if
+                                                                       job.state != "RUNNING" else ""))
     rows = ui.status_rows(status.states(HostOps(record.plan, connect_timeout=connect_timeout)))
     ui.show_status(record, rows, json_out, job)
     if any(r["state"] != "alive" for r in rows):

@@ -237,16 +237,22 @@ def status_rows(states: list[TaskState]) -> list[dict[str, Any]]:
     return rows
 
 
-def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: JobState | None = None) -> None:
+def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: JobState | None = None,
+                ended: str | None = None) -> None:
+    """The status table (or JSON); `ended`: a Slurm job that no longer runs, why (in one line): the
+    JSON says it, the table is not shown (the caller says the line as its error)."""
     plan = record.plan
     slurm = None
     if plan.slurm is not None and job is not None:
         slurm = {"job": plan.slurm.job, "submitted_by_dtf": plan.slurm.submitted, "state": job.state or "gone",
-                 "reason": job.reason, "time_used": job.used, "time_left": job.left, "nodes": list(plan.slurm.nodes)}
+                 "reason": job.reason, "time_used": job.used, "time_left": job.left, "nodes": list(plan.slurm.nodes),
+                 "ended": ended}
     if as_json:
         out.print_json(json.dumps({"schema": STATUS_SCHEMA, "cluster": plan.cluster, "network": record.network,
                                    "firewall": plan.firewall, "tasks": rows,
                                    **({"slurm": slurm} if slurm else {})}))
+        return
+    if ended is not None:
         return
     if slurm is not None and job is not None:
         whose = "submitted by dtf" if slurm["submitted_by_dtf"] else "yours"

@@ -46,6 +46,7 @@ from typing import Any, NoReturn
 from dtf_server import envs, fence, layout, program, receive, sample
 from dtf_server.procs import (
     exit_reason,
+    log_line,
     ours,
     port_busy,
     port_open,
@@ -165,7 +166,11 @@ def cmd_run(args: argparse.Namespace) -> StartReply:
     renew(args.dir, None)
     tasks = [TaskSpec.from_arg(a) for a in args.task]
     results: dict[str, TaskStarted] = {}
-    pending: dict[str, subprocess.Popen[bytes]] = {}
+    pending: dict[str, subprocess.Popen[bytes] | _Step] = {}
+    if args.spawned:  # Slurm: one job step runs every copy (`run-step`); wait for this host's
+        for task in tasks:
+            pending[task.name] = _Step(layout.task_dir(args.dir, task.job, task.index), args.spawned)
+        tasks = []
     if args.clear_output:
         program.clear_outputs(args.dir, tasks)
     for task in tasks:
@@ -177,13 +182,17 @@ def cmd_run(args: argparse.Namespace) -> StartReply:
             continue
         argv = [sys.executable, launcher(), "supervise-program", "--dir", args.dir, "--task", task.to_arg()]
         pending[task.name] = spawn_supervisor(args.dir, task, argv, env)
-    deadline = time.monotonic() + 10
+    wait = RUN_STEP_WAIT if args.spawned else 10
+    deadline = time.monotonic() + wait
     while pending and time.monotonic() < deadline:
         for name, proc in list(pending.items()):
             job, index = parse_name(name)
             state = (read_json(layout.in_task(args.dir, job, index, layout.SUPERVISOR)) or {}).get("state")
-            if proc.poll() is not None and state is None:
-                results[name] = TaskStarted(ok=False, pid=proc.pid, reason=f"supervisor {exit_reason(proc.returncode)}",
+            if isinstance(proc, _Step) and not proc.seen:
+                state = None  # an earlier run's
+            code = proc.poll()
+            if code is not None and state is None:
+                results[name] = TaskStarted(ok=False, pid=proc.pid, reason=f"supervisor {exit_reason(code)}",
                                             log_tail=tail(layout.in_task(args.dir, job, index, layout.LOG)))
                 del pending[name]
             elif state is not None:
@@ -192,8 +201,48 @@ def cmd_run(args: argparse.Namespace) -> StartReply:
         if pending:
             time.sleep(READY_POLL)
     for name, proc in pending.items():
-        results[name] = TaskStarted(ok=False, pid=proc.pid, reason="its supervisor did not start within 10s")
+        never = isinstance(proc, _Step) and not proc.seen
+        results[name] = TaskStarted(ok=False, pid=proc.pid, reason=f"its {'job step' if never else 'supervisor'} "
+                                                                     f"did not start within {wait:g}s")
     return StartReply(tasks=results)
+
+
+RUN_STEP_WAIT = 60.0  # seconds a Slurm job step of program copies gets to start them (srun, imports)
+
+
+def cmd_run_step(args: argparse.Namespace) -> None:
+    """Slurm, collective mode: one task of the job step that runs every program copy (`srun
+    --ntasks=N`), so the copies see Slurm's own step environment (SLURM_PROCID,
+    SLURM_STEP_NODELIST...: SlurmClusterResolver reads it). The step's task SLURM_PROCID runs the
+    copy of worker task PROCID (`--task` in worker order; block distribution over the nodes in
+    Slurm's order puts it on that worker's node), supervised in the foreground as `run` would
+    detached; `run --spawned TOKEN` waits for it."""
+    os.environ.update(kv.split("=", 1) for kv in args.env)
+    tasks = [TaskSpec.from_arg(a) for a in args.task]
+    rank = int(os.environ.get("SLURM_PROCID", "-1"))
+    if not 0 <= rank < len(tasks):
+        print(f"dtf run-step: SLURM_PROCID {rank} is not one of the {len(tasks)} copies", file=sys.stderr)
+        sys.exit(2)
+    task = tasks[rank]
+    tdir = layout.task_dir(args.dir, task.job, task.index)
+    os.makedirs(tdir, exist_ok=True)
+    if args.clear_output:
+        program.clear_outputs(args.dir, [task])
+    if os.path.exists(os.path.join(tdir, layout.SUPERVISOR)):  # an earlier run's
+        os.unlink(os.path.join(tdir, layout.SUPERVISOR))
+    log = os.open(os.path.join(tdir, layout.LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.chdir(tdir)
+    if os.getpgid(0) != os.getpid():
+        os.setpgid(0, 0)  # one group to kill, as a detached supervisor has (`stop` signals it)
+    node = os.environ.get("SLURMD_NODENAME", "")
+    if args.host and node and args.host[rank] != node:
+        log_line(f"{task.name}: warning: Slurm ran this copy on {node}, dtf planned it on {args.host[rank]}")
+    write_json(os.path.join(tdir, layout.PID),
+               {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid()), "job": task.job,
+                "index": task.index, "port": task.port, "started": time.time(), "token": args.token})
+    program.ProgramSupervisor(args.dir, task, launcher()).run()
 
 
 def cmd_supervise_program(args: argparse.Namespace) -> None:
@@ -582,6 +631,14 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--task", action="append", default=[])
     c.add_argument("--env", action="append", default=[])
     c.add_argument("--clear-output", action="store_true")
+    c.add_argument("--spawned", default="")  # Slurm: `run-step` started the copies with this token
+    c = sub.add_parser("run-step")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--task", action="append", default=[])
+    c.add_argument("--host", action="append", default=[])
+    c.add_argument("--env", action="append", default=[])
+    c.add_argument("--token", required=True)
+    c.add_argument("--clear-output", action="store_true")
     c = sub.add_parser("supervise-program")
     c.add_argument("--dir", required=True)
     c.add_argument("--task", required=True)
@@ -638,7 +695,7 @@ COMMANDS: dict[str, Any] = {
     "check": cmd_check, "start": cmd_start, "supervise": cmd_supervise, "supervise-step": cmd_supervise_step,
     "serve": cmd_serve, "fake": cmd_fake, "status": cmd_status, "renew": cmd_renew, "stop": cmd_stop,
     "clean": cmd_clean, "reach": cmd_reach, "fence": cmd_fence, "sync": cmd_sync, "env": cmd_env, "purge": cmd_purge,
-    "serve-wheels": cmd_serve_wheels, "fetch-wheels": cmd_fetch_wheels, "run": cmd_run,
+    "serve-wheels": cmd_serve_wheels, "fetch-wheels": cmd_fetch_wheels, "run": cmd_run, "run-step": cmd_run_step,
     "supervise-program": cmd_supervise_program, "follow": cmd_follow, "top": cmd_top,
 }
 

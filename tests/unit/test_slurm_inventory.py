@@ -64,7 +64,7 @@ def test_sbatch_command() -> None:
     assert inv.slurm is not None
     argv = slurm.sbatch_argv(inv)
     assert argv[:-1] == [
-        "sbatch", "--parsable", "--job-name=dtf-hpc", "--nodes=3", "--ntasks-per-node=1", "--output=/dev/null",
+        "sbatch", "--parsable", "--job-name=dtf-hpc", "--nodes=3", "--ntasks-per-node=1", "--no-requeue", "--output=/dev/null",
         "--partition=gpu", "--time=1:30:00", "--account=proj42", "--qos=normal", "--gpus-per-node=4",
         "--constraint=a100", "--exclusive"]
     assert argv[-1] == "--wrap=" + slurm.hold_script(inv)
@@ -94,10 +94,14 @@ def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> N
         except subprocess.TimeoutExpired:
             return True
 
+    lease.parent.mkdir()
+    lease.write_text(json.dumps({"ttl": 1, "renewed": time.time() - 5}))
+    os.utime(lease, (time.time() - 10, time.time() - 10))
     proc = start()
     try:
+        assert holds(proc)  # an earlier job's lease, lapsed: not this job's
+        lease.unlink()
         assert holds(proc)  # no cluster yet
-        lease.parent.mkdir()
         lease.write_text(json.dumps({"ttl": 60, "renewed": time.time()}))
         assert holds(proc)
         lease.unlink()  # `dtf down` removed the files: the lease was fresh
@@ -179,7 +183,7 @@ def test_dry_run_shows_the_sbatch_command_and_the_layout(tmp_path: Path, monkeyp
     r = CliRunner().invoke(app, ["up", "--dry-run", str(path)])
     assert r.exit_code == 0, r.output
     assert "through the login host (ssh -l alice -p 2200 login.hpc.example.org)" in r.output
-    assert ("submit   sbatch --parsable --job-name=dtf-hpc --nodes=3 --ntasks-per-node=1 --output=/dev/null "
+    assert ("submit   sbatch --parsable --job-name=dtf-hpc --nodes=3 --ntasks-per-node=1 --no-requeue --output=/dev/null "
             "--partition=gpu --time=1:30:00 --account=proj42 --qos=normal --gpus-per-node=4 --constraint=a100 "
             "--exclusive '--wrap=command -v /opt/tf/bin/python3 >/dev/null 2>&1 || exec sleep infinity; "
             "exec /opt/tf/bin/python3 -c ") in r.output

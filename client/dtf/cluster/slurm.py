@@ -9,6 +9,7 @@ sleeps until it is cancelled); every task then runs as a job step of it (`srun -
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -21,15 +22,19 @@ from dtf.cluster.inventory import HostSpec, Inventory
 # supervisors remove the cluster's files once the lease lapsed, so files gone after a lease that
 # had lapsed are a lapse too; files gone while the lease was fresh are `dtf down` at work, which
 # cancels the job itself once every node is clean (ending it sooner would cut the other nodes' clean).
+# A lease file written before the job began is an earlier job's (a job ended by its lapse may end
+# before its supervisors removed the files): ignored, or the new job would end at once.
 HOLD_POLL = 2.0  # seconds
-_HOLD = """import json, sys, time
+_HOLD = """import json, os, sys, time
+begun = time.time()
 last = None
 while True:
     try:
         lease = json.load(open(sys.argv[1]))
+        written = os.stat(sys.argv[1]).st_mtime
     except (OSError, ValueError):
         lease = None
-    if lease is not None:
+    if lease is not None and written >= begun - 1:
         last = lease
     if last is not None and last["ttl"] and time.time() > last["renewed"] + last["ttl"]:
         sys.exit(0)
@@ -63,8 +68,11 @@ def sbatch_argv(inv: Inventory) -> list[str]:
     """Submit the allocation: prints `ID` (or `ID;CLUSTER` on a federation) and returns at once."""
     spec, cluster = inv.slurm, inv.cluster
     assert spec is not None and spec.nodes is not None, "an existing job is never submitted"
+    # --no-requeue: Slurm requeues a batch job that lost a node (JobRequeue=1, its default), and a
+    # requeued allocation would hold new nodes with none of dtf's tasks on them: it must end
+    # (NODE_FAIL), for `status` and `train` to say so.
     argv = ["sbatch", "--parsable", f"--job-name={job_name(cluster)}", f"--nodes={spec.nodes}",
-            "--ntasks-per-node=1", "--output=/dev/null"]
+            "--ntasks-per-node=1", "--no-requeue", "--output=/dev/null"]
     for option, value in (("partition", spec.partition), ("time", spec.time), ("account", spec.account),
                           ("qos", spec.qos)):
         if value is not None:
@@ -111,6 +119,67 @@ def parse_squeue(out: str) -> JobState:
         return JobState("", "", "")
     parts = (line.split("|") + [""] * 5)[:5]
     return JobState(*(p.strip() for p in parts))
+
+
+def show_job_argv(job: str) -> list[str]:
+    """The job's record (JobState, Reason, RunTime, TimeLimit...): slurmctld keeps a finished job's
+    for MinJobAge (300 s by default), where squeue no longer lists it."""
+    return ["scontrol", "--oneliner", "show", "job", job]
+
+
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z][\w/:]*)=(.*?)(?=\s+[A-Za-z][\w/:]*=|$)")
+
+
+def fields(line: str) -> dict[str, str]:
+    """`Key=value` fields of one line of `scontrol --oneliner show`; a value may hold spaces
+    (`Reason=Not responding [slurm@...]`): it runs up to the next ` Key=`."""
+    return {m.group(1): m.group(2).strip() for m in _FIELD.finditer(line.strip())}
+
+
+# What a job's end means, by Slurm's JobState, for the one line `status` and `train` say.
+ENDINGS = {
+    "TIMEOUT": "reached its time limit",
+    "PREEMPTED": "was preempted",
+    "NODE_FAIL": "lost a node",
+    "CANCELLED": "was cancelled",
+    "DEADLINE": "reached its deadline",
+    "BOOT_FAIL": "failed to boot its nodes",
+    "OUT_OF_MEMORY": "ran out of memory",
+    "FAILED": "failed",
+    "COMPLETED": "ended",
+}
+BAD_NODE = ("DOWN", "FAIL", "NOT_RESPONDING", "DRAIN")  # parts of a node's State that lose its tasks
+
+
+def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
+    """One line on why a job no longer runs, from `scontrol show job` (empty: Slurm forgot it) and,
+    for its nodes, `scontrol show node`: e.g. "slurm job 42 lost a node (NODE_FAIL: h2 DOWN+NOT_RESPONDING,
+    Not responding); its tasks ended with it"."""
+    job_line = next((x for x in show_job.splitlines() if x.strip()), "")
+    if not job_line:
+        return (f"slurm job {job} is no longer in the queue, and Slurm no longer says why (it keeps a "
+                f"finished job for MinJobAge): its tasks ended with it")
+    f = fields(job_line)
+    state = f.get("JobState", "?")
+    reason = f.get("Reason", "None")
+    bad = []
+    for line in show_nodes.splitlines():
+        node = fields(line)
+        if "NodeName" in node and any(b in node.get("State", "") for b in BAD_NODE):
+            why = node.get("Reason", "")
+            bad.append(f"node {node['NodeName']} {node.get('State')}" + (f": {why}" if why else ""))
+    running = state in ("RUNNING", "COMPLETING")
+    what = "lost a node" if running and bad else ENDINGS.get(state, f"is {state}")
+    detail = [state]
+    if state == "TIMEOUT" and f.get("TimeLimit"):
+        detail.append(f"time limit {f['TimeLimit']}")
+    elif reason not in ("None", ""):
+        detail.append(reason)
+    detail += bad
+    tail = ("it waits in the queue again, without dtf's tasks" if state == "PENDING" else
+            "its tasks there are lost (Slurm ends the job when the node times out)" if running
+            else "its tasks ended with it")
+    return f"slurm job {job} {what} ({'; '.join(detail)}): {tail}"
 
 
 def hostnames_argv(nodelist: str) -> list[str]:
@@ -200,6 +269,19 @@ def parse_node_addresses(out: str) -> dict[str, str]:
         if "NodeName" in fields:
             found[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
     return found
+
+
+def program_step_argv(job: str, nodes: list[str] | tuple[str, ...], per_node: int, cluster: str,
+                      argv: list[str]) -> list[str]:
+    """Collective mode: ONE job step of `per_node` tasks on each node, task r on node r // per_node
+    (block distribution, nodes in Slurm's order): each runs `argv`, which picks its copy by
+    SLURM_PROCID. One step for all, so that each copy sees the step's own Slurm environment
+    (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE) as under the
+    user's own `srun`: what SlurmClusterResolver reads. --overcommit: the allocation holds one CPU a
+    node (dtf's own steps share it, --overlap), the copies may be more than that."""
+    return ["srun", "--quiet", f"--jobid={job}", "--overlap", "--overcommit", f"--nodes={len(nodes)}",
+            f"--ntasks={len(nodes) * per_node}", f"--ntasks-per-node={per_node}", f"--nodelist={','.join(nodes)}",
+            "--distribution=block", f"--job-name=dtf-{cluster}-program", "--kill-on-bad-exit=0", *argv]
 
 
 def supervise_step_argv(job: str, node: str, cluster: str, task: str, launcher_argv: list[str]) -> list[str]:

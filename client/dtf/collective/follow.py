@@ -73,11 +73,25 @@ def follow_argv(hp: HostPlan, task: TaskPlan, beat: float = BEAT) -> list[str]:
     return hp.launcher_argv("follow", "--dir", hp.root, "--task", task.name, "--beat", f"{beat:g}")
 
 
+def node_transport(plan: Plan, hp: HostPlan, connect_timeout: float) -> Transport:
+    """How a host of the plan is reached: a Slurm node through job steps, else as its spec says."""
+    if hp.spec.connection == "slurm":
+        from dtf.hosts.slurmstep import SlurmStepTransport
+
+        assert plan.slurm is not None
+        return SlurmStepTransport(hp.spec, plan.slurm, plan.ssh_config, connect_timeout)
+    return transport_for(hp.spec, plan.ssh_config, connect_timeout)
+
+
 class _Stream:
     """A command's stdout and stderr as chunks, read with a timeout: a local process, or an SSH
     channel of its own."""
 
     def __init__(self, t: Transport, argv: Sequence[str]) -> None:
+        from dtf.hosts.slurmstep import SlurmStepTransport
+
+        if isinstance(t, SlurmStepTransport):  # a Slurm node: a job step, through the login host's SSH
+            argv, t = t.step(argv), t.login
         self.proc: subprocess.Popen[bytes] | None = None
         self.chan: Any = None
         self.chunks: queue.Queue[tuple[str, bytes]] = queue.Queue()
@@ -151,7 +165,7 @@ def follow_task(plan: Plan, task: TaskPlan, events: queue.Queue[Event], stop: th
         return [c.decode(errors="replace") for c in complete]
 
     try:
-        with transport_for(hp.spec, plan.ssh_config, connect_timeout) as t:
+        with node_transport(plan, hp, connect_timeout) as t:
             stream = _Stream(t, follow_argv(hp, task))
             try:
                 while not stop.is_set():

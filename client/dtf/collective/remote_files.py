@@ -15,9 +15,13 @@ import shutil
 import stat
 import tarfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dtf.cluster.plan import HostPlan
 from dtf.hosts.transport import HostError, LocalTransport, SSHTransport, Transport
+
+if TYPE_CHECKING:
+    from dtf.hosts.slurmstep import SlurmStepTransport
 
 EXTRACT_TIMEOUT = 120.0
 # Run by the host's python: unpack TAR into DEST (replacing it atomically when `--once` finds it
@@ -91,6 +95,10 @@ def fetch_tree(t: Transport, remote: str, local: Path) -> int:
             return 0
         shutil.copytree(source, local, dirs_exist_ok=True)
         return len(_files(source))
+    from dtf.hosts.slurmstep import SlurmStepTransport
+
+    if isinstance(t, SlurmStepTransport):
+        return _fetch_by_tar(t, remote, local)
     assert isinstance(t, SSHTransport)
     import paramiko
 
@@ -120,3 +128,43 @@ def fetch_tree(t: Transport, remote: str, local: Path) -> int:
         return walk(path, local)
     except (OSError, paramiko.SSHException) as e:
         raise HostError(f"copying {remote} back failed: {e}")
+
+
+# A Slurm node has no SFTP: the tree comes back as a tar on a job step's stdout (exit 3: no tree).
+_TAR_OUT = 'cd "$1" 2>/dev/null || exit 3; exec tar -cf - .'
+FETCH_STALL = 60.0  # seconds without a byte before a fetch through a job step is given up
+
+
+def _fetch_by_tar(t: SlurmStepTransport, remote: str, local: Path) -> int:
+    import paramiko
+
+    from dtf.hosts.shell import render
+
+    data = io.BytesIO()
+    try:
+        chan = t.login.connection().transport.open_session(timeout=30)
+        try:
+            chan.settimeout(FETCH_STALL)
+            chan.exec_command(render(t.step(["sh", "-c", _TAR_OUT, "sh", remote])))
+            while chunk := chan.recv(65536):
+                data.write(chunk)
+            code = chan.recv_exit_status()
+            err = chan.makefile_stderr("rb").read().decode(errors="replace").strip()
+        finally:
+            chan.close()
+    except (OSError, paramiko.SSHException) as e:
+        raise HostError(f"copying {remote} back failed: {e}")
+    if code == 3:
+        return 0
+    if code != 0:
+        raise HostError(f"copying {remote} back failed: {(err.splitlines() or [f'exit {code}'])[-1]}")
+    data.seek(0)
+    count = 0
+    with tarfile.open(fileobj=data) as tar:
+        members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]
+        count = sum(1 for m in members if m.isfile())
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(local, members=members, filter="data")
+        else:
+            tar.extractall(local, members=members)
+    return count

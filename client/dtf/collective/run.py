@@ -122,14 +122,33 @@ def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt
     return [*gpus.env_prefix(env), hp.python, "-m", "dtf.program.runner", program, *args]
 
 
-def run_argv(hp: HostPlan, specs: list[TaskSpec], fresh: bool) -> list[str]:
+def run_argv(hp: HostPlan, specs: list[TaskSpec], fresh: bool, spawned: str = "") -> list[str]:
+    """The launcher's `run` on a host: start its copies; `spawned` (Slurm): one job step started
+    them (`run_step_argv`), wait for them."""
     return hp.launcher_argv("run", "--dir", hp.root, *[a for k, v in hp.env for a in ("--env", f"{k}={v}")],
-                            *(["--clear-output"] if fresh else []),
+                            *(["--clear-output"] if fresh else []), *(["--spawned", spawned] if spawned else []),
                             *[a for s in specs for a in ("--task", s.to_arg())])
+
+
+def run_step_argv(hp: HostPlan, specs: list[tuple[str, TaskSpec]], fresh: bool, token: str) -> list[str]:
+    """Slurm: what every task of the one job step of copies runs (the launcher's `run-step`): every
+    copy's (host, spec) in worker order; the step's task SLURM_PROCID runs the copy of that worker.
+    The nodes share their settings (python, workdir, environment), so one argv serves them all."""
+    return hp.launcher_argv("run-step", "--dir", hp.root, *[a for k, v in hp.env for a in ("--env", f"{k}={v}")],
+                            *(["--clear-output"] if fresh else []), "--token", token,
+                            *[a for _, s in specs for a in ("--task", s.to_arg())],
+                            *[a for host, _ in specs for a in ("--host", host)])
 
 
 def out_dir(hp: HostPlan, task: TaskPlan) -> str:
     return f"{task.dir}/{host_program.OUT}"
+
+
+def host_program_wait() -> float:
+    """Seconds the launcher's `run --spawned` waits for a job step's copies."""
+    from dtf_server.commands import RUN_STEP_WAIT
+
+    return RUN_STEP_WAIT
 
 
 def prefix(task: TaskPlan) -> str:
@@ -217,15 +236,46 @@ class CollectiveRun:
         outcomes = stop.stop_tasks(self.ops, self.only, grace=self.grace)
         return {h: o.reason for h, o in outcomes.items() if not o.ok}
 
+    def specs(self, hp: HostPlan, attempt: int) -> list[TaskSpec]:
+        """The copies of a host's worker tasks."""
+        return [TaskSpec(job=t.job, index=t.index, port=t.port,
+                         argv=copy_argv(self.plan, t, self.remote_program[hp.name], self.args, attempt,
+                                        {n: x.task_path for n, x in self.record.synced.items()}))
+                for t in hp.tasks if t.job == "worker"]
+
+    def start_step(self, attempt: int) -> str:
+        """Slurm: start every copy as ONE job step of the allocation (`srun --ntasks=N`, detached on
+        the login host), as the user's own srun would; the token the copies' pid.json carry."""
+        import uuid
+
+        from dtf.cluster import slurm
+        from dtf.hostops.slurm import detach_steps
+        from dtf.hosts.slurmstep import SlurmStepTransport
+
+        allocation = self.plan.slurm
+        assert allocation is not None
+        token = uuid.uuid4().hex[:16]
+        specs = {s.name: (hp.name, s) for hp in self.hosts for s in self.specs(hp, attempt)}
+        ordered = [specs[t.name] for t in sorted(self.workers, key=lambda t: t.index)]
+        first = self.hosts[0]
+        argv = slurm.program_step_argv(allocation.job, [hp.name for hp in self.hosts],
+                                       len(first.spec.worker_ports), self.plan.cluster,
+                                       run_step_argv(first, ordered, attempt == 1, token))
+        try:
+            with self.ops.transport(first) as t:
+                assert isinstance(t, SlurmStepTransport)
+                detach_steps(t.login, [argv])
+        except HostError as e:
+            raise HostFailure("starting the program (a Slurm job step)", {allocation.login.host: str(e)})
+        return token
+
     def start_copies(self, attempt: int) -> None:
+        token = self.start_step(attempt) if self.plan.slurm is not None else ""
+
         def one(hp: HostPlan) -> StartReply:
-            specs = [TaskSpec(job=t.job, index=t.index, port=t.port,
-                              argv=copy_argv(self.plan, t, self.remote_program[hp.name], self.args, attempt,
-                                             {n: x.task_path for n, x in self.record.synced.items()}))
-                     for t in hp.tasks if t.job == "worker"]
             with self.ops.transport(hp) as t:
-                return launcher.ask(t, hp, StartReply, run_argv(hp, specs, fresh=attempt == 1),
-                                    "starting the program", 60)
+                return launcher.ask(t, hp, StartReply, run_argv(hp, self.specs(hp, attempt), attempt == 1, token),
+                                    "starting the program", 60 + (host_program_wait() if token else 0))
 
         outcomes = self.ops.each_host(one, self.hosts)
         failed = {h: o.reason for h, o in outcomes.items() if not o.ok}

@@ -407,7 +407,8 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
         outcomes = stop.down(ops, keep_logs=keep_logs, grace=grace, purge=purge)
     from dtf.hosts.tunnel import close_masters
 
-    close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts])  # a killed `dtf train`'s
+    close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts]  # a killed `dtf train`'s
+                  + ([plan.slurm.login] if plan.slurm is not None else []))
     ops.close_control()
     failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
     if plan.slurm is not None:

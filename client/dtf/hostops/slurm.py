@@ -131,13 +131,32 @@ def release(allocation: Allocation, ssh_config: str | None, say: Say,
 
 
 def allocation_state(allocation: Allocation, ssh_config: str | None,
-                     connect_timeout: float = CONNECT_TIMEOUT) -> JobState:
-    """The job's state as squeue shows it (`status`)."""
+                     connect_timeout: float = CONNECT_TIMEOUT, what: str = "dtf status") -> tuple[JobState, str | None]:
+    """The job's state as squeue shows it (`status`, `train`), and unless it runs, one line on
+    why: Slurm's state and reason (time limit, preemption, a lost node and the node's own reason)."""
     try:
         with SSHTransport(allocation.login, ssh_config, connect_timeout) as t:
-            return job_state(t, allocation.job)
+            state = job_state(t, allocation.job)
+            if state.state in ("RUNNING", "COMPLETING") and not bad_nodes(t, allocation):
+                return state, None
+            return state, ended(t, allocation)
     except HostError as e:
-        raise HostFailure("dtf status (Slurm)", {allocation.login.host: str(e)})
+        raise HostFailure(f"{what} (Slurm)", {allocation.login.host: str(e)})
+
+
+def bad_nodes(t: Transport, allocation: Allocation) -> bool:
+    """Whether a node of the allocation is down or not responding (its tasks are lost, even while
+    Slurm has not ended the job yet: that waits for SlurmdTimeout)."""
+    r = t.run(slurm.show_nodes_argv(allocation.nodes), timeout=QUERY_TIMEOUT)
+    return r.ok and any(any(b in slurm.fields(line).get("State", "") for b in slurm.BAD_NODE)
+                        for line in r.stdout.splitlines())
+
+
+def ended(t: Transport, allocation: Allocation) -> str:
+    """One line on why the allocation's job no longer runs (dtf.cluster.slurm.ended_line)."""
+    job = t.run(slurm.show_job_argv(allocation.job), timeout=QUERY_TIMEOUT)
+    nodes = t.run(slurm.show_nodes_argv(allocation.nodes), timeout=QUERY_TIMEOUT)
+    return slurm.ended_line(allocation.job, job.stdout if job.ok else "", nodes.stdout if nodes.ok else "")
 
 
 def detach_steps(t: Transport, argvs: list[list[str]]) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from dtf.cluster.plan import HostPlan, TaskPlan
 from dtf.files import environment, shipping
 from dtf.hostops.environments import Environments, EnvReport
-from dtf.hostops.launcher import decode, upload
+from dtf.hostops.launcher import decode
 from dtf.hostops.parallel import HostOps, Outcome
 from dtf.hostops.reach import probe_all
 from dtf.hosts.control import ControlTransport
@@ -75,15 +75,15 @@ class Starter:
         """Ship the launcher and check the host: its python and TensorFlow (a managed host's
         environment is checked by `Environments.build`, once the ports are known to be free),
         no other dtf's cluster of this name there, its planned ports free."""
-        self.ops.step(hp, "uploading launcher")
+        self.ops.step(hp, "uploading launcher, checking python and "
+                      + ("its environment" if hp.managed else "TensorFlow"))
         self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
-        self.ops.step(hp, "checking python and " + ("its environment" if hp.managed else "TensorFlow"))
         if isinstance(t, ControlTransport):  # one round trip: the launcher, then its check
             r = t.put_and_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), hp.check_argv(only),
                               timeout=30)
         else:
-            upload(t, hp)
-            r = t.run(hp.check_argv(only), timeout=30)
+            r = t.put_then_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), hp.check_argv(only),
+                               timeout=30)
         if r.exit_code in (126, 127) and hp.managed:  # the shell's "not found" / "not executable"
             where = "on the PATH of an SSH command" if "/" not in hp.base_python else "there"
             raise HostError(f"no python3 on the host (looked for {hp.base_python!r} {where}; "

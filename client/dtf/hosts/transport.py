@@ -115,6 +115,13 @@ class Transport:
         """Copy a local file to remote_dir/filename, atomically as put_bytes (large files: wheels)."""
         raise NotImplementedError
 
+    def put_then_run(self, data: bytes, remote_dir: str, filename: str, argv: Sequence[str],
+                     timeout: float = COMMAND_TIMEOUT) -> Result:
+        """put_bytes, then run `argv` (a twin where each command costs much, a Slurm job step,
+        does both in one)."""
+        self.put_bytes(data, remote_dir, filename)
+        return self.run(argv, timeout=timeout)
+
     def stream(self, argv: Sequence[str]) -> int:
         """Run `argv` with its output going to our stdout and stderr; return its exit code."""
         raise NotImplementedError
@@ -397,6 +404,12 @@ class SSHTransport(Transport):
         if ssh is not None:  # OpenSSH carries the bytes in C, several times faster than paramiko
             return feed_process(ssh_argv(ssh, self.spec, self.ssh_config_path, self.connect_timeout, "-T", "--")
                                 + [render(argv)], source, stall, sent)
+        return self.feed_channel(argv, source, stall, sent)
+
+    def feed_channel(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
+                     sent: Callable[[int], None] = lambda n: None) -> Result:
+        """`feed` over this transport's open connection (paramiko copies the bytes: for small files,
+        where a new OpenSSH connection's handshake costs more than the copy)."""
         # A channel of our own, not Fabric's run(): its stdin pump writes 1000 bytes at a time.
         import paramiko
 

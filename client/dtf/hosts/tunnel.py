@@ -25,6 +25,11 @@ through it (ProxyCommand `ssh -S HOP -W`), so the bytes still never cross Python
 
 Where there is no `ssh` binary, the same proxy carries connections over a paramiko channel
 (`direct-tcpip`), copying in Python: slower, but it works.
+
+On a Slurm cluster the laptop reaches only the login host: the tunnel has that one route, whose
+`ssh -W` targets are the compute nodes' task addresses (the login host opens those connections),
+and the tasks reach the coordinator back through a relay on the login host (`LoginRelay`,
+dtf_server.relay: why there, in its doc).
 """
 
 from __future__ import annotations
@@ -269,6 +274,96 @@ class Master:
         return [self.ssh, "-S", self.path, "-o", "ControlMaster=no", "-W", target, self.spec.host]
 
 
+RELAY_READY = 20.0  # seconds the login host's relay gets to say where it listens
+RELAY_RETRY = 1.0  # seconds between two looks at the relay (started again if its session ended)
+
+
+class LoginRelay:
+    """Slurm: the relay on the login host (dtf_server.relay) that carries the tasks' connections to
+    the coordinator into the login master's remote forward. It runs in a session over that master
+    and ends with it; started again if the session ended (a lost master) while the tunnel is open."""
+
+    def __init__(self, master: Master, port: int, nodes: Sequence[str], python: str,
+                 timeout: float = RELAY_READY) -> None:
+        self.master, self.port, self.nodes, self.python, self.timeout = master, port, list(nodes), python, timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+        self.closed = threading.Event()
+        self.watcher = threading.Thread(target=self._watch, daemon=True, name="dtf-relay-watch")
+
+    def argv(self) -> list[str]:
+        from dtf_server import relay
+
+        source = Path(relay.__file__).read_text()
+        remote = shlex.join([self.python, "-c", source, str(self.port), str(self.port), *self.nodes])
+        return [self.master.ssh, "-S", self.master.path, "-o", "ControlMaster=no", self.master.spec.host, remote]
+
+    def start(self) -> str:
+        """Start the relay; the address it listens on (HostError: it did not say in time)."""
+        proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        self.proc = proc
+        assert proc.stdout is not None
+        line = b""
+        deadline = time.monotonic() + self.timeout
+        while not line.endswith(b"\n") and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(proc.stdout.fileno(), 1)
+            if not chunk:
+                break
+            line += chunk
+        text = line.decode(errors="replace").strip()
+        if not text.startswith("listening "):
+            self._end()
+            err = b""
+            if proc.stderr is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    err = proc.stderr.read(4096) if proc.poll() is not None else b""
+            why = text.removeprefix("error: ") or (err.decode(errors="replace").strip().splitlines() or
+                                                  [f"no answer in {self.timeout:g}s"])[-1]
+            raise HostError(f"the relay back to the coordinator on the login host failed: {why}")
+        self.address = text.split()[1]
+        return self.address
+
+    def open(self) -> str:
+        address = self.start()
+        self.watcher.start()
+        return address
+
+    def _watch(self) -> None:
+        while not self.closed.wait(RELAY_RETRY):
+            if self.proc is not None and self.proc.poll() is None:
+                continue
+            with contextlib.suppress(HostError, OSError):  # the login host is unreachable now: try again later
+                self.master.ensure()
+                if not self.closed.is_set():
+                    self.start()
+
+    def _end(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()  # the relay's stdin closes: it exits
+        if proc.poll() is None:
+            proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    def close(self) -> None:
+        self.closed.set()
+        if self.watcher.is_alive():
+            self.watcher.join(timeout=RELAY_RETRY + self.timeout + 5)
+        self._end()
+
+
 class PythonRoute:
     """The fallback where no `ssh` binary exists: channels of one paramiko connection."""
 
@@ -443,7 +538,10 @@ class Tunnel:
     manager: on exit the proxy, its channels and the masters are gone."""
 
     def __init__(self, hosts: Sequence[tuple[HostSpec, Sequence[str]]], ssh_config: str | None,
-                 home: Path, cluster: str, connect_timeout: float = CONNECT_TIMEOUT) -> None:
+                 home: Path, cluster: str, connect_timeout: float = CONNECT_TIMEOUT,
+                 relay_for: Sequence[str] = ()) -> None:
+        """`relay_for`: a Slurm allocation's node addresses; `hosts` is then its login host alone,
+        whose relay carries the tasks' connections back to the coordinator (LoginRelay)."""
         ssh = ssh_binary()
         # The chief's port: the tasks reach the coordinator at 127.0.0.1:PORT on their own host, a
         # remote forward of each host's SSH connection back to this machine (a checkpoint written
@@ -459,9 +557,20 @@ class Tunnel:
                 via = PythonRoute(spec, ssh_config, connect_timeout, self.chief_port)
             self.routes.append(Route(spec.host, via, set(targets)))
         self.proxy = Proxy(self.routes)
+        self.relay: LoginRelay | None = None
+        if relay_for:
+            login = self.routes[0].via
+            if not isinstance(login, Master):
+                raise HostError("a Slurm cluster's tasks reach the coordinator through OpenSSH's remote "
+                                "forward: install the ssh client (`ssh` on the PATH)")
+            self.relay = LoginRelay(login, self.chief_port, relay_for, login.spec.python)
 
     @property
     def chief_address(self) -> str:
+        """Where the tasks reach the coordinator: 127.0.0.1 on each host (its remote forward), or
+        on Slurm the login host's relay."""
+        if self.relay is not None:
+            return self.relay.address
         return f"127.0.0.1:{self.chief_port}"
 
     def env(self, direct: Sequence[str] = ()) -> dict[str, str]:
@@ -478,6 +587,13 @@ class Tunnel:
                 from dtf.errors import HostFailure
 
                 raise HostFailure("dtf train (SSH to the TF ports)", failed)
+            if self.relay is not None:
+                try:
+                    self.relay.open()
+                except HostError as e:
+                    from dtf.errors import HostFailure
+
+                    raise HostFailure("dtf train (the way back to the coordinator)", {self.routes[0].host: str(e)})
             self.proxy.start()
         except BaseException:
             self.close()
@@ -489,6 +605,8 @@ class Tunnel:
 
     def close(self) -> None:
         self.proxy.close()
+        if self.relay is not None:
+            self.relay.close()
         _parallel([r.via.stop for r in self.routes])
 
 

@@ -119,6 +119,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
         raise UsageError(f"cluster {plan.cluster!r} has no ps task: ParameterServerStrategy needs one "
                          f"(`dtf train --collective` runs without)")
     ops = HostOps(plan, connect_timeout=connect_timeout)
+    job_ended(record, connect_timeout, raise_it=True)
     dead = dead_tasks(ops, record.network)
     if dead:
         raise ClusterDown(f"cluster {plan.cluster!r}: not serving: {', '.join(dead)} "
@@ -134,6 +135,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
             code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose, hook_env)
             if code == 0 or interrupted:
                 return code
+            job_ended(record, connect_timeout, raise_it=True)  # a Slurm job's end: no attempt brings it back
             lost = lost_ps(ops, before, record.network)
             if not lost:
                 return code
@@ -193,6 +195,19 @@ class RunFigures:
             self.dir.rmdir()
 
 
+def job_ended(record: Record, connect_timeout: float, raise_it: bool = False) -> str | None:
+    """On a Slurm cluster whose job no longer runs (its time limit, a preemption, a lost node):
+    one line on why, with Slurm's reason (ClusterDown with it, `raise_it`); else None."""
+    if record.plan.slurm is None:
+        return None
+    from dtf.hostops.slurm import allocation_state
+
+    _, ended = allocation_state(record.plan.slurm, record.plan.ssh_config, connect_timeout, what="dtf train")
+    if ended is not None and raise_it:
+        raise ClusterDown(f"cluster {record.plan.cluster!r}: {ended}")
+    return ended
+
+
 def ps_states(ops: HostOps) -> list[TaskState]:
     """Each ps task's state as its host reports it."""
     return [s for s in states(ops) if s.task.job == "ps"]
@@ -207,6 +222,9 @@ def open_tunnel(record: Record, connect_timeout: float) -> Tunnel:
     from dtf.hosts.tunnel import Tunnel
 
     plan = record.plan
+    if plan.slurm is not None:  # only the login host is reached by SSH: every task through it
+        return Tunnel([(plan.slurm.login, [t.address for t in plan.tasks()])], plan.ssh_config, state.home(),
+                      plan.cluster, connect_timeout, relay_for=plan.slurm.addresses)
     hosts = [(hp.spec, [t.address for t in hp.tasks]) for hp in plan.remote_hosts]
     return Tunnel(hosts, plan.ssh_config, state.home(), plan.cluster, connect_timeout)
 
