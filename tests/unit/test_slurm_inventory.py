@@ -111,24 +111,18 @@ def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> N
         lease.write_text(json.dumps({"ttl": 1, "renewed": time.time() - 5}))
         assert not holds(proc, 30) and proc.returncode == 0
         # The supervisors removed the files once it lapsed: the script saw the lease while it was
-        # fresh, then never again. The lease is a FIFO, so the test knows when the script has read
-        # it (however slow this machine is to start Python), and its name is gone before the
-        # script reads again.
+        # fresh, then never again. A fresh lease appears and goes until the script has seen one
+        # (however slow this machine is to start Python): then it ends once that one lapses.
         lease.unlink()
-        os.mkfifo(lease)
         proc = start()
         deadline = time.monotonic() + 60
-        while True:  # opening the FIFO to write succeeds once the script opened it to read
-            try:
-                fd = os.open(lease, os.O_WRONLY | os.O_NONBLOCK)
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "the script never read the lease"
-                time.sleep(0.01)
-        os.write(fd, json.dumps({"ttl": 1, "renewed": time.time()}).encode())
-        lease.unlink()
-        os.close(fd)
-        assert not holds(proc, 30) and proc.returncode == 0
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "the script never ended after a lease it saw lapsed"
+            lease.write_text(json.dumps({"ttl": 1, "renewed": time.time()}))
+            time.sleep(0.3)
+            lease.unlink()
+            holds(proc, 2)
+        assert proc.returncode == 0
     finally:
         proc.kill()
         proc.wait()
