@@ -363,7 +363,9 @@ def cmd_top(args: argparse.Namespace) -> None:
                 samples[name] = TaskSample(status)
                 continue
             cpu, net_in, net_out = sample.rates(before.get(name), u, now - then)
-            samples[name] = TaskSample(status, cpu=cpu, rss=u.rss, net_in=net_in, net_out=net_out)
+            train = read_json(layout.in_task(args.dir, *parse_name(name), layout.TRAIN))
+            samples[name] = TaskSample(status, cpu=cpu, rss=u.rss, net_in=net_in, net_out=net_out,
+                                       train=train if status.alive else None)
         before, then = now_usage, now
         try:
             print(encode(TopSample(tasks=samples, time=time.time(), lease=read_lease(args.dir))), flush=True)
