@@ -1,6 +1,6 @@
 """`dtf top` against fake servers: one snapshot for scripts (--once, --json) on local processes;
 as a person sees it, in a terminal multiplexer (tmux: the screen captured, `q` sent, the pane
-clean afterwards); and on the SSH lab, that refreshing costs no new SSH connection."""
+clean afterwards, after `q` and after Ctrl-C); and on the SSH lab, that refreshing costs no new SSH connection."""
 
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ def dtf_top(site: Site, interval: float) -> tuple[str, dict[str, str]]:
     return f"{sys.executable} -m dtf.cli top --interval {interval:g}", env
 
 
-def test_top_as_a_person_sees_it_in_tmux(local_site: Site, tmux: Tmux):
+@pytest.mark.parametrize("key", ["q", "C-c"])
+def test_top_as_a_person_sees_it_in_tmux(local_site: Site, tmux: Tmux, key: str):
     site = local_site
     inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
     assert site.dtf("up", str(inv)).returncode == 0
@@ -125,7 +126,7 @@ def test_top_as_a_person_sees_it_in_tmux(local_site: Site, tmux: Tmux):
                                                           ["b", "worker:1", "alive"]], screen
     assert lines[-1].strip() == "q: quit", screen
     assert tmux.exit_code() is None, "dtf top ended on its own"
-    tmux("send-keys", "-t", "t", "q")
+    tmux("send-keys", "-t", "t", key)
     wait_until(lambda: tmux.exit_code() is not None, timeout=20)
     after = tmux.screen()
     assert tmux.exit_code() == 0, after
