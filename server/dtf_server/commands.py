@@ -345,7 +345,8 @@ def cmd_status(args: argparse.Namespace) -> StatusReply:
 
 def cmd_top(args: argparse.Namespace) -> None:
     """Print one TopSample line every `--interval` seconds until stdout's reader is gone (EPIPE:
-    `dtf top` quit, or its SSH connection closed) or `--for` seconds passed. It never renews the
+    `dtf top` quit, or its SSH connection closed), the cluster's directory is gone, or `--for`
+    seconds passed. It never renews the
     lease: a view left open does not keep an abandoned cluster alive."""
     tasks = [(t, *parse_name(t)) for t in args.task]
     before: dict[str, sample.Usage] = {}
@@ -371,7 +372,7 @@ def cmd_top(args: argparse.Namespace) -> None:
             print(encode(TopSample(tasks=samples, time=time.time(), lease=read_lease(args.dir))), flush=True)
         except BrokenPipeError:
             return
-        if now >= end:
+        if now >= end or not os.path.isdir(args.dir):  # the cluster is gone (`dtf down`, a lapsed lease)
             return
         time.sleep(max(0.0, min(args.interval - (sample.clock() - now), end - now)))
 

@@ -1,6 +1,6 @@
 """`dtf top` against fake servers: one snapshot for scripts (--once, --json) on local processes;
-as a person sees it, in a terminal multiplexer (tmux: the screen captured, `q` sent, the pane
-clean afterwards, after `q` and after Ctrl-C); and on the SSH lab, that refreshing costs no new SSH connection."""
+as a person sees it, in a terminal multiplexer (tmux: the screen captured, `q` or Ctrl-C sent, the
+pane clean afterwards); and on the SSH lab, that refreshing costs no new SSH connection."""
 
 from __future__ import annotations
 
