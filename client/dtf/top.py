@@ -84,7 +84,17 @@ def snapshot(plan: Plan, feeds: dict[str, HostFeed], train: dict[str, Any] | Non
                        error=st.reason)
         if t.job == "worker" and str(t.index) in workers:
             row["steps_per_s"] = workers[str(t.index)].get("steps_per_s")
+        if sample is not None and sample.train and train is not None and train.get("mode") == "collective":
+            row["steps_per_s"] = sample.train.get("steps_per_s")  # the copy's own, from its host
+            copy = (train.get("copies") or {}).get(t.name)
+            if copy is not None:
+                copy.update(steps=sample.train.get("steps"), steps_per_s=sample.train.get("steps_per_s"))
         rows.append(row)
+    if train is not None and train.get("mode") == "collective":
+        # The copies step together (each step is an all-reduce of them all): the run goes at the
+        # pace of its slowest copy.
+        rates = [r["steps_per_s"] for r in rows if r["job"] == "worker" and r["steps_per_s"] is not None]
+        train["steps_per_s"] = round(min(rates), 2) if rates else None
     states: dict[str, int] = {}
     for r in rows:
         states[r["state"]] = states.get(r["state"], 0) + 1
@@ -145,8 +155,11 @@ def training_lines(train: dict[str, Any] | None) -> list[str]:
         head += ", waiting for the ps to serve again"
     if train["mode"] == "collective":
         copies = train.get("copies") or {}
-        parts = [f"{name} {c.get('state')}" for name, c in sorted(copies.items())]
-        return [head + f" | {len(train['joined'])} of {len(copies)} copies joined",
+        parts = [f"{name} {c.get('state')}" + (f" {c['steps_per_s']:.1f} steps/s" if c.get("steps_per_s") is not None
+                                               else "") for name, c in sorted(copies.items())]
+        rate = f", {train['steps_per_s']:.1f} steps/s (the slowest copy's)" if train.get("steps_per_s") is not None \
+            else ""
+        return [head + f" | {len(train['joined'])} of {len(copies)} copies joined{rate}",
                 "copies: " + (", ".join(parts) or "starting")]
     if train.get("steps") is None:
         return [head + " | the program has scheduled nothing yet", _last(train)]

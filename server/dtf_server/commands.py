@@ -396,7 +396,8 @@ def cmd_status(args: argparse.Namespace) -> StatusReply:
 
 def cmd_top(args: argparse.Namespace) -> None:
     """Print one TopSample line every `--interval` seconds until stdout's reader is gone (EPIPE:
-    `dtf top` quit, or its SSH connection closed) or `--for` seconds passed. It never renews the
+    `dtf top` quit, or its SSH connection closed), the cluster's directory is gone, or `--for`
+    seconds passed. It never renews the
     lease: a view left open does not keep an abandoned cluster alive."""
     tasks = [(t, *parse_name(t)) for t in args.task]
     before: dict[str, sample.Usage] = {}
@@ -414,13 +415,15 @@ def cmd_top(args: argparse.Namespace) -> None:
                 samples[name] = TaskSample(status)
                 continue
             cpu, net_in, net_out = sample.rates(before.get(name), u, now - then)
-            samples[name] = TaskSample(status, cpu=cpu, rss=u.rss, net_in=net_in, net_out=net_out)
+            train = read_json(layout.in_task(args.dir, *parse_name(name), layout.TRAIN))
+            samples[name] = TaskSample(status, cpu=cpu, rss=u.rss, net_in=net_in, net_out=net_out,
+                                       train=train if status.alive else None)
         before, then = now_usage, now
         try:
             print(encode(TopSample(tasks=samples, time=time.time(), lease=read_lease(args.dir))), flush=True)
         except BrokenPipeError:
             return
-        if now >= end:
+        if now >= end or not os.path.isdir(args.dir):  # the cluster is gone (`dtf down`, a lapsed lease)
             return
         time.sleep(max(0.0, min(args.interval - (sample.clock() - now), end - now)))
 

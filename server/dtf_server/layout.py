@@ -12,6 +12,7 @@ Everything of one cluster lives below its root, WORKDIR/CLUSTER:
         supervisor.json        restarts, last exit, the server's pid
         ready.json             written by the server once it serves
         crash                  (fake servers only) makes the fake server exit: for tests
+        train.json             collective mode: the program copy's training figures (`top` reads them)
 
 What outlives a cluster (kept by `dtf down` as a cache, removed by `dtf down --purge`) lives
 beside the clusters, below WORKDIR/.cache (a cluster name cannot start with a dot):
@@ -40,6 +41,7 @@ PID = "pid.json"
 SUPERVISOR = "supervisor.json"
 READY = "ready.json"
 CRASH = "crash"
+TRAIN = "train.json"  # the name dtf.program.figures writes
 
 
 CACHE = ".cache"

@@ -258,6 +258,7 @@ class TaskSample:
     rss: int | None = None  # bytes resident, its whole process group
     net_in: float | None = None  # bytes per second received on its TCP connections
     net_out: float | None = None  # bytes per second sent
+    train: dict[str, Any] | None = None  # collective mode: the copy's figures (dtf.program.figures)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`dtf top` against fake servers: one snapshot for scripts (--once, --json) on local processes;
-as a person sees it, in a terminal multiplexer (tmux: the screen captured, `q` sent, the pane
-clean afterwards); and on the SSH lab, that refreshing costs no new SSH connection."""
+as a person sees it, in a terminal multiplexer (tmux: the screen captured, `q` or Ctrl-C sent, the
+pane clean afterwards); and on the SSH lab, that refreshing costs no new SSH connection."""
 
 from __future__ import annotations
 
@@ -39,6 +39,16 @@ def test_once_and_json_on_a_local_cluster(local_site: Site):
         # Two samples per host were taken: the rates are known.
         assert row["cpu"] is not None and row["rss"] > 0 and row["net_in"] is not None, row
         assert row["uptime"] is not None and row["error"] is None
+    # Collective mode: a copy's figures, in its task's directory, come with its host's samples.
+    live = site.home / "live" / "fk"
+    live.mkdir(parents=True)
+    (live / "run.json").write_text(json.dumps({"schema": 1, "kind": "collective", "pid": os.getpid(), "attempt": 1,
+                                               "attempts": 3, "copies": {}}))
+    (site.workdir("a") / "fk" / "worker-0" / "train.json").write_text(json.dumps({"steps": 9, "steps_per_s": 4.5}))
+    code, doc = top_json(site)
+    assert {r["task"]: r["steps_per_s"] for r in doc["tasks"]} == {"ps:0": None, "worker:0": 4.5, "worker:1": None}
+    assert doc["training"]["steps_per_s"] == 4.5
+    (live / "run.json").unlink()
     # A task whose server died and whose supervisor gave up: first on the screen, exit 7.
     site.crash("b", "worker-1")
     os.kill(site.supervisor("b", "worker-1")["server_pid"], 9)
@@ -58,6 +68,7 @@ class Tmux:
 
     def __init__(self, tmp: Path) -> None:
         self.socket = f"dtftop-{uuid.uuid4().hex[:8]}"
+        self.status = tmp / "tmux-exit-status"  # tmux's own #{pane_dead_status} comes late, or never
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=15)
@@ -65,14 +76,17 @@ class Tmux:
     def start(self, command: str, env: dict[str, str], width: int = 160, height: int = 30) -> None:
         exports = " ".join(f"{k}={v}" for k, v in env.items())
         r = self("new-session", "-d", "-s", "t", "-x", str(width), "-y", str(height),
-                 f"cd {REPO} && env -u COLUMNS -u LINES {exports} {command}", ";", "set-option", "-t", "t", "remain-on-exit", "on")
+                 f"cd {REPO} && env -u COLUMNS -u LINES {exports} {command}; echo $? > {self.status}",
+                 ";", "set-option", "-t", "t", "remain-on-exit", "on")
         assert r.returncode == 0, r.stderr
 
     def screen(self) -> str:
         return self("capture-pane", "-p", "-t", "t").stdout
 
-    def pane(self) -> str:
-        return self("display-message", "-p", "-t", "t", "#{pane_dead} #{pane_dead_status}").stdout.strip()
+    def exit_code(self) -> int | None:
+        """The command's exit code once it ended (None while it runs)."""
+        text = self.status.read_text().strip() if self.status.exists() else ""
+        return int(text) if text else None
 
     def close(self) -> None:
         self("kill-server")
@@ -96,7 +110,8 @@ def dtf_top(site: Site, interval: float) -> tuple[str, dict[str, str]]:
     return f"{sys.executable} -m dtf.cli top --interval {interval:g}", env
 
 
-def test_top_as_a_person_sees_it_in_tmux(local_site: Site, tmux: Tmux):
+@pytest.mark.parametrize("key", ["q", "C-c"])
+def test_top_as_a_person_sees_it_in_tmux(local_site: Site, tmux: Tmux, key: str):
     site = local_site
     inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
     assert site.dtf("up", str(inv)).returncode == 0
@@ -110,10 +125,11 @@ def test_top_as_a_person_sees_it_in_tmux(local_site: Site, tmux: Tmux):
     assert [line.split()[:3] for line in lines[3:6]] == [["a", "ps:0", "alive"], ["worker:0", "alive", "0"],
                                                           ["b", "worker:1", "alive"]], screen
     assert lines[-1].strip() == "q: quit", screen
-    assert tmux.pane() == "0", "dtf top ended on its own"
-    tmux("send-keys", "-t", "t", "q")
-    assert wait_until(lambda: tmux.pane() == "1 0", timeout=20)  # exited, with code 0
+    assert tmux.exit_code() is None, "dtf top ended on its own"
+    tmux("send-keys", "-t", "t", key)
+    wait_until(lambda: tmux.exit_code() is not None, timeout=20)
     after = tmux.screen()
+    assert tmux.exit_code() == 0, after
     # The alternate screen is gone: nothing of the view is left on the pane.
     assert "cluster fk" not in after and "q: quit" not in after and "alive" not in after, after
 
@@ -150,4 +166,5 @@ def test_refreshing_opens_no_new_ssh_connection(lab_site: LabSite, lab: Lab, tmu
     during = connections()
     assert {h: during[h] - before[h] for h in logs} == {"h0": 1, "h1": 1}, (before, during)
     tmux("send-keys", "-t", "t", "q")
-    assert wait_until(lambda: tmux.pane() == "1 0", timeout=20)
+    wait_until(lambda: tmux.exit_code() is not None, timeout=20)
+    assert tmux.exit_code() == 0

@@ -40,7 +40,7 @@ def test_a_copy_runs_the_program_through_dtf_runner_with_its_own_tf_config() -> 
     env = dict(a.split("=", 1) for a in argv[1:argv.index("python3")])
     assert json.loads(env.pop("TF_CONFIG"))["task"] == {"type": "worker", "index": 2}
     assert env == {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", "DTF_COLLECTIVE": "1", "DTF_CLUSTER": "c",
-                   "DTF_ATTEMPT": "3", "DTF_SYNCED": "{}"}
+                   "DTF_ATTEMPT": "3", "DTF_SYNCED": "{}", "DTF_FIGURES": ".."}  # its task's dir: `dtf top`
     synced = collective.copy_argv(plan, plan.task("worker:2"), "p.py", [], 1, {"data": "../../.cache/sync/ab"})
     assert 'DTF_SYNCED={"data": "../../../.cache/sync/ab"}' in synced  # a copy works one level down
 

@@ -178,3 +178,22 @@ def test_dtf_trains_own_figures_live_while_it_runs(tmp_path: Path, monkeypatch):
         assert train is not None
         assert (train["mode"], train["attempt"], train["attempts"], train["joined"]) == ("collective", 2, 3, ["worker:0"])
     assert not live.exists()
+
+
+def test_collective_copies_steps_from_their_hosts(tmp_path: Path):
+    plan = plan_of(tmp_path, hosts=2, workers=1)
+    feeds = feeds_for(plan, {})
+    for name, rate in (("h00", 40.0), ("h01", 38.5)):
+        s = feeds[name].sample
+        assert s is not None
+        worker = next(n for n in s.tasks if n.startswith("worker"))
+        tasks = {**s.tasks, worker: TaskSample(alive(), cpu=1.0, train={"steps": 100, "steps_per_s": rate})}
+        feeds[name] = HostFeed(sample=TopSample(tasks=tasks, time=s.time), samples=2)
+    train = {"mode": "collective", "attempt": 1, "attempts": 3, "joined": ["worker:0", "worker:1"],
+             "copies": {"worker:0": {"joined": True, "state": "running"}, "worker:1": {"joined": True, "state": "running"}}}
+    doc = top.snapshot(plan, feeds, train)
+    assert {r["task"]: r["steps_per_s"] for r in doc["tasks"]} == {"ps:0": None, "worker:0": 40.0, "worker:1": 38.5}
+    assert doc["training"]["steps_per_s"] == 38.5  # the copies step together: the slowest one's pace
+    assert top.training_lines(doc["training"]) == [
+        "training (collective): attempt 1 of 3 | 2 of 2 copies joined, 38.5 steps/s (the slowest copy's)",
+        "copies: worker:0 running 40.0 steps/s, worker:1 running 38.5 steps/s"]

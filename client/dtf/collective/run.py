@@ -115,6 +115,8 @@ def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt
     env = {"TF_CONFIG": json.dumps(tf_configs(plan)[task.name], separators=(",", ":")),
            "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", "DTF_COLLECTIVE": "1",
            "DTF_CLUSTER": plan.cluster, "DTF_ATTEMPT": str(attempt),
+           # Its training figures, in its task's directory: the host's `top` reads them (dtf top).
+           "DTF_FIGURES": "..",
            # A copy works in its task's output directory, one below the task's directory.
            "DTF_SYNCED": json.dumps({name: posixpath.join("..", path) for name, path in (synced or {}).items()})}
     position = hp.spec.worker_ports.index(task.port)

@@ -92,7 +92,7 @@ class Watch:
             launcher.ask(t, hp, StatusReply, hp.launcher_argv("status", "--dir", hp.root, *hp.task_args()),
                          "status", launcher.RENEW_TIMEOUT, upload_if=lambda: launcher.root_exists(t, hp))
         except launcher.LauncherMissing:
-            raise HostError(f"dtf's files are gone from {hp.root} (lease lapsed?)")
+            raise HostError(f"dtf's files are gone from {hp.root} (taken down, or its lease lapsed)")
 
     def _read(self, hp: HostPlan, stream: LineStream) -> None:
         silent_for = STALL * self.interval + 5

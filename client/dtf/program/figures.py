@@ -21,8 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dtf_server import layout
+
 ENV = "DTF_FIGURES"  # the directory: set by `dtf train` for the program ("off": publish nothing)
-TRAIN = "train.json"
+TRAIN = layout.TRAIN  # "train.json"
 RUN = "run.json"
 PERIOD = 1.0  # seconds between two writes, at most one write per period
 SCHEMA = 1
@@ -134,7 +136,8 @@ def current() -> Figures | None:
     if _current is None and enabled():
         with _making:  # the coordinator's worker threads may be first, several at once
             if _current is None:
-                made = Figures(Path(os.environ[ENV]) / TRAIN, attempt=int(os.environ.get("DTF_ATTEMPT", "1") or 1))
+                where = Path(os.path.expanduser(os.environ[ENV]))
+                made = Figures(where / TRAIN, attempt=int(os.environ.get("DTF_ATTEMPT", "1") or 1))
                 made.start()
                 _current = made
     return _current

@@ -18,6 +18,7 @@ thread (at most once a second). Active when `dtf train` sets DTF_FIGURES.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -30,9 +31,51 @@ STEPS = "_dtf_steps"
 
 
 def install() -> None:
-    if figures.enabled():
-        on_import("tensorflow", lambda _: _patch_coordinator())
-        on_import("tf_keras", lambda _: _patch_keras())
+    if not figures.enabled():
+        return
+    if os.environ.get("DTF_COLLECTIVE") == "1":  # a copy on a host: no coordinator, its own steps
+        on_import("tf_keras", lambda _: _patch_copy())
+        return
+    on_import("tensorflow", lambda _: _patch_coordinator())
+    on_import("tf_keras", lambda _: _patch_keras())
+
+
+def _patch_copy() -> None:
+    """Collective mode: each call of fit's train function is one execution of
+    `steps_per_execution` steps on this copy (its worker index from TF_CONFIG)."""
+    import json
+
+    from tf_keras.src.engine import training
+
+    model_cls = training.Model
+    make_train_function = model_cls.make_train_function
+    try:
+        index = int(json.loads(os.environ.get("TF_CONFIG", "{}"))["task"]["index"])
+    except (KeyError, TypeError, ValueError):
+        index = 0
+
+    def patched_make_train_function(self: Any, force: bool = False) -> Any:
+        function = make_train_function(self, force)
+        if function is None or getattr(function, "_dtf_counted", False):
+            return function
+        steps = int(self._steps_per_execution.numpy()) if self._steps_per_execution is not None else 1
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            result = function(*args, **kwargs)
+            f = figures.current()
+            if f is not None:
+                f.closure_done(index, steps)
+            return result
+
+        counted._dtf_counted = True  # type: ignore[attr-defined]
+        f = figures.current()
+        if f is not None:
+            f.steps_per_closure, f.packing = steps, "program"
+        self.train_function = counted
+        return counted
+
+    patched_make_train_function.__wrapped__ = make_train_function  # type: ignore[attr-defined]
+    model_cls.make_train_function = patched_make_train_function
 
 
 def _patch_coordinator() -> None:
