@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dtf.hosts.control import cluster_prefix
 from helpers import Interruptible, assert_one_line_error, dtf, status_json, wait_until
 from lab import Lab
 from sites import listener
@@ -68,16 +69,18 @@ def accepted(lab: Lab) -> dict[str, int]:
             for h in lab.hosts}
 
 
-def control_masters(channels: bool = False) -> list[tuple[int, str]]:
-    """dtf's control masters on this machine (their sockets are below dtf-ctl-); with `channels`,
-    their ssh -W channels through a jump host's master too."""
+def control_masters(home: Path, channels: bool = False) -> list[tuple[int, str]]:
+    """The control masters of this test's cluster (their sockets start with its prefix: other
+    tests beside it have masters of their own); with `channels`, their ssh -W channels through a
+    jump host's master too."""
+    prefix = cluster_prefix(home, CLUSTER)
     found = []
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if any("dtf-ctl-" in a for a in argv) and (Path(argv[0]).name == "ssh" or argv[0].startswith("ssh: ")) \
+        if any(prefix in a for a in argv) and (Path(argv[0]).name == "ssh" or argv[0].startswith("ssh: ")) \
                 and (channels or "-W" not in argv):
             found.append((int(pid), " ".join(argv)))
     return found
@@ -88,9 +91,9 @@ def nothing_left(lab: Lab, home: Path) -> None:
     assert [h for h in names(lab) if (Path(lab.host(h).workdir) / CLUSTER).exists()] == []
     assert not (home / "state" / f"{CLUSTER}.json").exists()
     try:
-        wait_until(lambda: not control_masters(channels=True), timeout=10)
+        wait_until(lambda: not control_masters(home, channels=True), timeout=10)
     except AssertionError:
-        raise AssertionError(control_masters(channels=True)) from None
+        raise AssertionError(control_masters(home, channels=True)) from None
 
 
 def test_thirty_hosts_behind_a_bastion_at_its_defaults_one_handshake_each(big: Lab, home: Path, tmp_path: Path):
@@ -106,7 +109,7 @@ def test_thirty_hosts_behind_a_bastion_at_its_defaults_one_handshake_each(big: L
     assert states == ["alive"] * N
     assert dtf("logs", "worker:3", home=home, timeout=60).returncode == 0
     assert accepted(big) == after  # status and logs: a round trip over the masters, no handshake
-    assert len(control_masters()) == N + 1
+    assert len(control_masters(home)) == N + 1
     r = dtf("down", home=home, timeout=300)
     assert r.returncode == 0, r.stderr
     assert accepted(big) == after

@@ -161,10 +161,14 @@ def test_refreshing_opens_no_new_ssh_connection(lab_site: LabSite, lab: Lab, tmu
     before = connections()
     tmux.start(*dtf_top(site, 0.2))
     first = wait_until(lambda: _uptime(tmux.screen()), timeout=60)
+    shown = connections()
     # At least 4 s of refreshes every 0.2 s (the ps's uptime, as the host reports it, moves on).
     wait_until(lambda: (u := _uptime(tmux.screen())) is not None and u >= first + 4, timeout=60)
     during = connections()
-    assert {h: during[h] - before[h] for h in logs} == {"h0": 1, "h1": 1}, (before, during)
+    # The view costs at most one connection per host (none while the cluster's control master,
+    # kept since `up`, is open: its samples come over it), and refreshing costs none.
+    assert during == shown, (before, shown, during)
+    assert all(during[h] - before[h] <= 1 for h in logs), (before, during)
     tmux("send-keys", "-t", "t", "q")
     wait_until(lambda: tmux.exit_code() is not None, timeout=20)
     assert tmux.exit_code() == 0

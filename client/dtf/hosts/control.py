@@ -31,7 +31,16 @@ from typing import Any
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.shell import quote_arg, render
-from dtf.hosts.transport import COMMAND_TIMEOUT, HostError, Readable, Result, SSHTransport, feed_process, temporary_name
+from dtf.hosts.transport import (
+    COMMAND_TIMEOUT,
+    HostError,
+    LineStream,
+    Readable,
+    Result,
+    SSHTransport,
+    feed_process,
+    temporary_name,
+)
 from dtf.hosts.tunnel import STOP_WAIT, Master, MasterFailed, _parallel, _wait_exited, listening
 
 NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
@@ -97,8 +106,8 @@ def reason(failed: MasterFailed, target: str, identity: str | None, timeout: flo
 class ControlTransport(SSHTransport):
     """SSH over the host's master (see the module's doc); commands are `ssh -S PATH HOST CMD`.
 
-    Streaming and TCP checks through the host (`stream`, `reaches`) keep the paramiko connection,
-    opened only when they are used."""
+    Every command, stream and check goes over the master; only `open_tcp` (a TCP connection
+    through the host, in-process) opens the paramiko connection, when it is used."""
 
     def __init__(self, spec: HostSpec, ssh: str, path: str, ssh_config: str | None = None,
                  connect_timeout: float = CONNECT_TIMEOUT, persist: int = NEVER_PERSIST,
@@ -212,6 +221,26 @@ class ControlTransport(SSHTransport):
             return subprocess.call(self.command("-tt") + [render(argv)], stdin=subprocess.DEVNULL)
         except KeyboardInterrupt:
             return 130
+
+    def lines(self, argv: Sequence[str]) -> LineStream:
+        """The command's stdout line by line (a launcher's `top`), as a session of the master: no
+        new handshake. Closing it ends our ssh client; the remote command's next write then fails."""
+        self.open()
+        try:
+            proc = subprocess.Popen(self.command("-T") + [render(argv)], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            raise HostError(f"cannot run {self.ssh}: {e.strerror or e}")
+        out = proc.stdout
+        assert out is not None
+
+        def close() -> None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            out.close()
+
+        return LineStream(out.fileno, lambda: os.read(out.fileno(), 65536), close)
 
     def reaches(self, target: str, timeout: float) -> bool:
         """Whether the host opens a TCP connection to `target`, asked over the master (`ssh -W`):
