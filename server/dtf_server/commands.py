@@ -210,6 +210,18 @@ def cmd_run(args: argparse.Namespace) -> StartReply:
 RUN_STEP_WAIT = 60.0  # seconds a Slurm job step of program copies gets to start them (srun, imports)
 
 
+def _foreground_in(tdir: str) -> None:
+    """Become a task's supervisor in the foreground (a Slurm job step): output to the task's log,
+    working directory the task's, one process group to kill, as a detached supervisor has (`stop`
+    signals it)."""
+    log = os.open(os.path.join(tdir, layout.LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.chdir(tdir)
+    if os.getpgid(0) != os.getpid():
+        os.setpgid(0, 0)
+
+
 def cmd_run_step(args: argparse.Namespace) -> None:
     """Slurm, collective mode: one task of the job step that runs every program copy (`srun
     --ntasks=N`), so the copies see Slurm's own step environment (SLURM_PROCID,
@@ -230,12 +242,7 @@ def cmd_run_step(args: argparse.Namespace) -> None:
         program.clear_outputs(args.dir, [task])
     if os.path.exists(os.path.join(tdir, layout.SUPERVISOR)):  # an earlier run's
         os.unlink(os.path.join(tdir, layout.SUPERVISOR))
-    log = os.open(os.path.join(tdir, layout.LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.chdir(tdir)
-    if os.getpgid(0) != os.getpid():
-        os.setpgid(0, 0)  # one group to kill, as a detached supervisor has (`stop` signals it)
+    _foreground_in(tdir)
     node = os.environ.get("SLURMD_NODENAME", "")
     if args.host and node and args.host[rank] != node:
         log_line(f"{task.name}: warning: Slurm ran this copy on {node}, dtf planned it on {args.host[rank]}")
@@ -280,12 +287,7 @@ def cmd_supervise_step(args: argparse.Namespace) -> None:
     for stale in (layout.READY, layout.SUPERVISOR):  # left by an earlier run
         if os.path.exists(os.path.join(tdir, stale)):
             os.unlink(os.path.join(tdir, stale))
-    log = os.open(os.path.join(tdir, layout.LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.chdir(tdir)
-    if os.getpgid(0) != os.getpid():
-        os.setpgid(0, 0)  # one group to kill, as a detached supervisor has (`stop` signals it)
+    _foreground_in(tdir)
     write_json(os.path.join(tdir, layout.PID),
                {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid()), "job": task.job,
                 "index": task.index, "port": task.port, "started": time.time(), "token": args.token})

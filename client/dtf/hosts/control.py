@@ -39,6 +39,7 @@ from dtf.hosts.transport import (
     Result,
     SSHTransport,
     feed_process,
+    process_lines,
     temporary_name,
 )
 from dtf.hosts.tunnel import STOP_WAIT, Master, MasterFailed, _parallel, _wait_exited, listening
@@ -227,20 +228,9 @@ class ControlTransport(SSHTransport):
         new handshake. Closing it ends our ssh client; the remote command's next write then fails."""
         self.open()
         try:
-            proc = subprocess.Popen(self.command("-T") + [render(argv)], stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+            return process_lines(self.command("-T") + [render(argv)])
         except OSError as e:
             raise HostError(f"cannot run {self.ssh}: {e.strerror or e}")
-        out = proc.stdout
-        assert out is not None
-
-        def close() -> None:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            out.close()
-
-        return LineStream(out.fileno, lambda: os.read(out.fileno(), 65536), close)
 
     def reaches(self, target: str, timeout: float) -> bool:
         """Whether the host opens a TCP connection to `target`, asked over the master (`ssh -W`):

@@ -151,6 +151,23 @@ class Transport:
         self.close()
 
 
+def process_lines(argv: Sequence[str]) -> LineStream:
+    """A process of this machine (a session of its own) whose stdout is read as a LineStream;
+    closing the stream kills it. OSError if it cannot start."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    out = proc.stdout
+    assert out is not None
+
+    def close() -> None:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        out.close()
+
+    return LineStream(out.fileno, lambda: os.read(out.fileno(), 65536), close)
+
+
 class LocalTransport(Transport):
     """The tasks of a `connection: local` host run as processes of this machine."""
 
@@ -197,20 +214,9 @@ class LocalTransport(Transport):
 
     def lines(self, argv: Sequence[str]) -> LineStream:
         try:
-            proc = subprocess.Popen(expand_local(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            return process_lines(expand_local(argv))
         except FileNotFoundError as e:
             raise HostError(str(e))
-        out = proc.stdout
-        assert out is not None
-
-        def close() -> None:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            out.close()
-
-        return LineStream(out.fileno, lambda: os.read(out.fileno(), 65536), close)
 
     def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:
