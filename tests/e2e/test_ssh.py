@@ -17,6 +17,10 @@ from helpers import EXAMPLES, REPO, as_in_a_terminal, assert_one_line_error, dtf
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
+# Fake servers (no TensorFlow import: 2.7 CPU-s each) where a test is about how dtf reaches and
+# drives the hosts, not about what serves on them (the first test runs TensorFlow's).
+FAKE = {"DTF_SERVER": "fake"}
+
 
 def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp_path):
     ps, w0, w1, w2 = lab.ports(4)
@@ -182,7 +186,7 @@ def test_down_keeps_an_unreachable_host_for_a_retry(lab, write_inventory, home):
         pytest.skip("cutting a host's link needs network namespaces (lab in loopback mode)")
     ps, w0 = lab.ports(2)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
-    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    assert dtf("up", str(inv), home=home, timeout=120, env=FAKE).returncode == 0
     lab.link_down("h1")
     try:
         r = dtf("down", "--connect-timeout", "3", home=home, timeout=120)
@@ -215,7 +219,7 @@ def test_ssh_config_alias_with_proxyjump(lab, write_inventory, home, tmp_path):
     inv = write_inventory([{"host": "h1", "ps": [ps]},
                            {"host": "behind-h0", "workers": [w0], "workdir": h2.workdir}])
     inv.write_text(inv.read_text().replace(str(lab.ssh_config), str(config)))
-    r = dtf("up", str(inv), home=home, timeout=120)
+    r = dtf("up", str(inv), home=home, timeout=120, env=FAKE)
     assert r.returncode == 0, r.stderr
     rows = status_json(home)["tasks"]
     assert [(x["task"], x["address"], x["state"]) for x in rows] == [
@@ -246,7 +250,7 @@ def test_hostile_workdir_is_never_executed(lab, write_inventory, home, tmp_path)
     workdir = f"{h1.workdir}/a b/$(touch {marker})/`touch {marker}`/'; touch {marker}; echo '"
     ps, w0 = lab.ports(2)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0], "workdir": workdir}])
-    r = dtf("up", str(inv), home=home, timeout=120)
+    r = dtf("up", str(inv), home=home, timeout=120, env=FAKE)
     assert r.returncode == 0, r.stderr
     assert Path(workdir, "lab", "worker-0", "pid.json").exists()  # the literal path, as written
     assert dtf("status", home=home, timeout=60).returncode == 0

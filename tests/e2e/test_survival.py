@@ -30,9 +30,20 @@ from helpers import (
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
+# Fake servers (no TensorFlow import, 2.7 CPU-s each) where a test is about dtf's own handling of
+# tasks and the program never reaches a server: every scenario here that a server or the training
+# takes part in runs with TensorFlow's.
+FAKE = {"DTF_SERVER": "fake"}
+
 
 def task_row(home: Path, task: str) -> dict:
     return next(r for r in status_json(home)["tasks"] if r["task"] == task)
+
+
+# How often a test asks `dtf status` while it waits for a task to change: each call is a dtf
+# start and a launcher start on every host (about 0.7 CPU-s on the lab), which polling every 0.2 s
+# made a third of these tests' CPU.
+POLL = 1.0
 
 
 def wait_serving(home: Path, task: str, after_pid: int, timeout: float = 60) -> dict:
@@ -43,7 +54,7 @@ def wait_serving(home: Path, task: str, after_pid: int, timeout: float = 60) -> 
         if row["state"] == "alive" and row["server_pid"] not in (None, after_pid):
             return row
         assert time.monotonic() < deadline, row
-        time.sleep(0.2)
+        time.sleep(POLL)
 
 
 def epochs_done(text: str) -> list[tuple[int, int]]:
@@ -86,7 +97,7 @@ def test_a_dead_server_is_restarted_on_its_port_until_the_limit(lab, write_inven
     deadline = time.monotonic() + 30
     while (row := task_row(home, "worker:0"))["state"] != "failed":
         assert time.monotonic() < deadline, row
-        time.sleep(0.2)
+        time.sleep(POLL)
     r = dtf("status", home=home, timeout=60)
     assert r.returncode == 7
     assert "worker:0 (h1): gave up after 2 restart(s); last exit: killed by SIGKILL" in r.stderr
@@ -110,12 +121,12 @@ def test_a_dead_server_is_restarted_on_its_port_until_the_limit(lab, write_inven
 def test_up_on_a_partly_dead_cluster_and_on_a_changed_inventory(lab, write_inventory, home, tmp_path):
     ps, w0, w1 = lab.ports(3)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
-    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    assert dtf("up", str(inv), home=home, timeout=120, env=FAKE).returncode == 0
     # A whole task dies (supervisor and server: a reboot, a `kill -9 -PGID`).
     os.killpg(task_row(home, "worker:0")["pid"], signal.SIGKILL)
     assert task_row(home, "worker:0")["state"] == "dead"
     ps_pid = task_row(home, "ps:0")["server_pid"]
-    r = dtf("up", str(inv), home=home, timeout=120)
+    r = dtf("up", str(inv), home=home, timeout=120, env=FAKE)
     assert r.returncode == 0, r.stderr
     assert "restarted worker:0 (was dead)" in r.stdout
     assert [x["state"] for x in status_json(home)["tasks"]] == ["alive", "alive"]
@@ -124,7 +135,7 @@ def test_up_on_a_partly_dead_cluster_and_on_a_changed_inventory(lab, write_inven
     # The inventory changes: dtf says what differs and changes nothing...
     changed = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
                                {"host": "h2", "workers": [w1]}])
-    r = dtf("up", str(changed), home=home, timeout=120)
+    r = dtf("up", str(changed), home=home, timeout=120, env=FAKE)
     assert r.returncode == 8, r.stderr
     assert "Traceback" not in r.stderr
     assert r.stderr.splitlines()[0].startswith(f"dtf: error: cluster 'lab' is up from {inv}, and {changed} differs")
@@ -132,18 +143,17 @@ def test_up_on_a_partly_dead_cluster_and_on_a_changed_inventory(lab, write_inven
                                          f"  task worker:1: added on h2 at {lab.host('h2').address}:{w1}"]
     assert lab.processes("h2") == [] and task_row(home, "ps:0")["server_pid"] == ps_pid
     # ... unless told to replace the cluster.
-    r = dtf("up", "--replace", str(changed), home=home, timeout=180)
+    r = dtf("up", "--replace", str(changed), home=home, timeout=180, env=FAKE)
     assert r.returncode == 0, r.stderr
     assert [x["task"] for x in status_json(home)["tasks"]] == ["ps:0", "worker:0", "worker:1"]
     assert task_row(home, "ps:0")["server_pid"] != ps_pid
 
 
 HELD_PYTHON = """#!{python}
-# This test's python on the hosts: as the real one, except that a TensorFlow server's start waits
-# (before TensorFlow is imported) until the test has pressed Ctrl-C: a barrier, not a race with
-# how fast the servers start.
+# This test's python on the hosts: as the real one, except that a server's start waits until the
+# test has pressed Ctrl-C: a barrier, not a race with how fast the servers start.
 import os, sys, time
-if sys.argv[2:3] == ["serve"]:
+if sys.argv[2:3] in (["serve"], ["fake"]):
     open(os.path.join({where!r}, f"reached-{{os.getpid()}}"), "w").close()
     deadline = time.monotonic() + 600
     while not os.path.exists(os.path.join({where!r}, "release")) and time.monotonic() < deadline:
@@ -161,7 +171,7 @@ def test_ctrl_c_during_up_rolls_back(lab, write_inventory, home, tmp_path):
     ports = lab.ports(3)
     inv = write_inventory([{"host": h, "workers" if i else "ps": [p]}
                            for i, (h, p) in enumerate(zip(("h0", "h1", "h2"), ports))], python=str(python))
-    up = Interruptible("up", str(inv), env={**os.environ, "DTF_HOME": str(home)})
+    up = Interruptible("up", str(inv), env={**os.environ, "DTF_HOME": str(home), **FAKE})
     try:
         up.wait_for("starting 1 server(s)")
         deadline = time.monotonic() + 120
@@ -261,7 +271,7 @@ def test_a_lost_ps_resumes_from_the_last_checkpoint(lab, write_inventory, home, 
 def test_a_program_that_fails_on_its_own_is_not_run_again(lab, write_inventory, home, tmp_path):
     ps, w0 = lab.ports(2)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
-    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    assert dtf("up", str(inv), home=home, timeout=120, env=FAKE).returncode == 0  # the program never reaches them
     program = tmp_path / "bad.py"
     program.write_text("import sys\nprint('attempt', flush=True)\nsys.exit(3)\n")
     r = dtf("train", str(program), home=home, timeout=120)
@@ -347,7 +357,7 @@ def test_a_worker_host_cut_off_for_20s_mid_training(lab, write_inventory, home, 
 def test_train_against_a_dead_cluster_fails_fast_naming_the_tasks(lab, write_inventory, home, tmp_path):
     ps, w0 = lab.ports(2)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
-    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    assert dtf("up", str(inv), home=home, timeout=120, env=FAKE).returncode == 0  # killed before the run
     for task in ("ps:0", "worker:0"):
         os.killpg(task_row(home, task)["pid"], signal.SIGKILL)
     t0 = time.monotonic()
