@@ -14,6 +14,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from dtf.hosts.netutil import free_ports
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 PROGRAMS = REPO / "tests" / "e2e" / "programs"
@@ -239,3 +243,18 @@ def ssh_processes() -> list[tuple[int, list[str]]]:
             continue
         out.append((int(pid.name), argv))
     return out
+
+
+# The tests that only train on a local cluster (and leave it as they found it: each checks so)
+# share one (the `local_cluster` fixture of tests/e2e/conftest.py): they are this xdist group, so
+# one test process runs them all and starts its three TensorFlow servers once, not once per module.
+LOCAL_CLUSTER = pytest.mark.xdist_group("local-cluster")
+
+
+def write_local_inventory(where: Path) -> Path:
+    """A local cluster `loc` (1 ps, 2 workers on free ports) working in WHERE/work."""
+    ps, w0, w1 = free_ports(3)
+    path = where / "local.yaml"
+    path.write_text(f"cluster: loc\nhosts:\n  - host: localhost\n    connection: local\n"
+                    f"    workdir: {where / 'work'}\n    ps: [{ps}]\n    workers: [{w0}, {w1}]\n")
+    return path

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import dtf, leftovers
+from helpers import dtf, leftovers, write_local_inventory
 
 
 @pytest.fixture
@@ -17,3 +17,15 @@ def home(tmp_path: Path, lab):
     for record in (home / "state").glob("*.json") if (home / "state").is_dir() else []:
         dtf("down", "-c", record.stem, home=home, timeout=120)
     assert leftovers(lab) == {}
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """One local cluster (1 ps, 2 workers), up for the tests marked LOCAL_CLUSTER: its inventory
+    and DTF_HOME."""
+    where = tmp_path_factory.mktemp("local-cluster")
+    inventory, home = write_local_inventory(where), where / "home"
+    r = dtf("up", str(inventory), home=home)
+    assert r.returncode == 0, r.stderr
+    yield inventory, home
+    assert dtf("down", home=home).returncode == 0

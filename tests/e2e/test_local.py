@@ -13,8 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from dtf.hosts.netutil import free_ports
-from helpers import Train, as_in_a_terminal, assert_one_line_error, dtf, pids_alive, status_json, wait_until
+from helpers import (
+    LOCAL_CLUSTER,
+    Train,
+    as_in_a_terminal,
+    assert_one_line_error,
+    dtf,
+    pids_alive,
+    status_json,
+    wait_until,
+    write_local_inventory,
+)
 
 pytestmark = pytest.mark.tf
 
@@ -45,29 +54,9 @@ def always_down(tmp_path: Path):
         dtf("down", home=tmp_path / "home")
 
 
-def write_local_inventory(where: Path) -> Path:
-    ps, w0, w1 = free_ports(3)
-    path = where / "local.yaml"
-    path.write_text(f"cluster: loc\nhosts:\n  - host: localhost\n    connection: local\n"
-                    f"    workdir: {where / 'work'}\n    ps: [{ps}]\n    workers: [{w0}, {w1}]\n")
-    return path
-
-
 @pytest.fixture
 def local_inventory(tmp_path: Path) -> Path:
     return write_local_inventory(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory):
-    """One local cluster, up for the tests that only use it (and leave it as it was: each checks
-    so): its inventory and DTF_HOME. Three TensorFlow servers started once, not once per test."""
-    where = tmp_path_factory.mktemp("running")
-    inventory, home = write_local_inventory(where), where / "home"
-    r = dtf("up", str(inventory), home=home)
-    assert r.returncode == 0, r.stderr
-    yield inventory, home
-    assert dtf("down", home=home).returncode == 0
 
 
 def test_local_cluster_up_train_status_logs_down(tmp_path: Path, local_inventory: Path):
@@ -163,9 +152,9 @@ SLOW = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xdist_group("local-running")  # one worker: one `running` cluster
-def test_ctrl_c_stops_the_program_and_leaves_the_cluster_up(tmp_path: Path, running):
-    _, home = running
+@LOCAL_CLUSTER
+def test_ctrl_c_stops_the_program_and_leaves_the_cluster_up(tmp_path: Path, local_cluster):
+    _, home = local_cluster
     program = tmp_path / "slow.py"
     program.write_text(SLOW)
     # Its own session, like a terminal's foreground job: Ctrl-C is SIGINT to the whole group.
@@ -198,7 +187,8 @@ def test_the_same_program_runs_without_a_cluster(tmp_path: Path):
 
 def test_down_keep_logs_and_never_kills_what_it_did_not_start(tmp_path: Path, local_inventory: Path):
     home = tmp_path / "home"
-    assert dtf("up", str(local_inventory), home=home).returncode == 0
+    # Fake servers: this is about what `down` stops, not about what serves.
+    assert dtf("up", str(local_inventory), home=home, env={"DTF_SERVER": "fake"}).returncode == 0
     # worker:1 dies; its pid is then taken over (as pids are reused) by a stranger process.
     task_dir = tmp_path / "work" / "loc" / "worker-1"
     record = json.loads((task_dir / "pid.json").read_text())
@@ -233,12 +223,12 @@ BACKUP = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xdist_group("local-running")  # one worker: one `running` cluster
-def test_backup_and_restore_writes_and_reads_on_the_coordinator(tmp_path: Path, running):
+@LOCAL_CLUSTER
+def test_backup_and_restore_writes_and_reads_on_the_coordinator(tmp_path: Path, local_cluster):
     """A relative backup_dir shows who does the file I/O: the coordinator writes below ITS working
     directory, a ps would write below its own (its task directory). A second run restores from
     the backup: the epochs are done, so it trains no more."""
-    inventory, home = running
+    inventory, home = local_cluster
     program = tmp_path / "backup.py"
     program.write_text(BACKUP)
     laptop = tmp_path / "laptop"
@@ -251,11 +241,11 @@ def test_backup_and_restore_writes_and_reads_on_the_coordinator(tmp_path: Path, 
     assert not list((inventory.parent / "work").rglob("relative"))  # the tasks' workdir
 
 
-@pytest.mark.xdist_group("local-running")  # one worker: one `running` cluster
-def test_a_second_dtf_home_cannot_take_over_a_running_cluster(tmp_path: Path, running):
+@LOCAL_CLUSTER
+def test_a_second_dtf_home_cannot_take_over_a_running_cluster(tmp_path: Path, local_cluster):
     """Same inventory, another DTF_HOME (another laptop, another user): refused, and its rollback
     leaves the running cluster alone."""
-    local_inventory, home = running
+    local_inventory, home = local_cluster
     other = tmp_path / "other"
     pids = {r["task"]: r["server_pid"] for r in status_json(home)["tasks"]}
     r = dtf("up", str(local_inventory), home=other)
@@ -287,11 +277,11 @@ UNTIL_TOLD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xdist_group("local-running")  # one worker: one `running` cluster
-def test_top_shows_the_training_dtf_train_publishes(tmp_path: Path, running):
+@LOCAL_CLUSTER
+def test_top_shows_the_training_dtf_train_publishes(tmp_path: Path, local_cluster):
     """While `dtf train` runs, `dtf top --json` shows its steps/s (overall and per worker), the steps
     per closure the program chose, the attempt; once it ended, no training and no files left."""
-    _, home = running
+    _, home = local_cluster
     program, stop = tmp_path / "until_told.py", tmp_path / "stop"
     program.write_text(UNTIL_TOLD)
     run = Train(home, tmp_path / "train.out", str(program), str(stop))

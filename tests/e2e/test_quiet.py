@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dtf.hosts.netutil import free_ports
-from helpers import NOISE, dtf
+from helpers import LOCAL_CLUSTER, NOISE, dtf
 
 pytestmark = pytest.mark.tf
 
@@ -36,17 +35,12 @@ CHATTER = [*NOISE, "Ignoring error status when releasing multi-device function h
 
 
 @pytest.fixture
-def cluster(tmp_path: Path):
-    ps, w0 = free_ports(2)
-    inventory = tmp_path / "local.yaml"
-    inventory.write_text(f"cluster: quiet\nhosts:\n  - host: localhost\n    connection: local\n"
-                         f"    workdir: {tmp_path / 'work'}\n    ps: [{ps}]\n    workers: [{w0}]\n")
-    home = tmp_path / "home"
-    assert dtf("up", str(inventory), home=home).returncode == 0
-    yield home
-    assert dtf("down", home=home).returncode == 0
+def cluster(local_cluster) -> Path:
+    """The local cluster of tests/e2e/conftest.py (shared: this test only trains on it)."""
+    return local_cluster[1]
 
 
+@LOCAL_CLUSTER
 def test_the_program_speaks_and_tensorflow_only_with_verbose(tmp_path: Path, cluster: Path):
     program = tmp_path / "prog.py"
     program.write_text(PROGRAM)

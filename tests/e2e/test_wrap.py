@@ -8,28 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from dtf.hosts.netutil import free_ports
-from helpers import EXAMPLES, dtf
+from helpers import EXAMPLES, LOCAL_CLUSTER, dtf
 
 PROGRAMS = Path(__file__).parent / "programs"
 
-# The tests share one cluster (they only train on it): one worker runs them all.
-pytestmark = [pytest.mark.tf, pytest.mark.slow, pytest.mark.xdist_group("wrap")]
+# The tests share the local cluster of tests/e2e/conftest.py (they only train on it).
+pytestmark = [pytest.mark.tf, pytest.mark.slow, LOCAL_CLUSTER]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    """A local cluster (1 ps, 2 workers) up for this module's tests; its DTF_HOME."""
-    tmp_path = tmp_path_factory.mktemp("wrap-cluster")
-    ps, w0, w1 = free_ports(3)
-    inventory = tmp_path / "local.yaml"
-    inventory.write_text(f"cluster: wrap\nhosts:\n  - host: localhost\n    connection: local\n"
-                         f"    workdir: {tmp_path / 'work'}\n    ps: [{ps}]\n    workers: [{w0}, {w1}]\n")
-    home = tmp_path / "home"
-    r = dtf("up", str(inventory), home=home)
-    assert r.returncode == 0, r.stderr
-    yield home
-    assert dtf("down", home=home).returncode == 0
+@pytest.fixture
+def cluster(local_cluster) -> Path:
+    return local_cluster[1]
 
 
 def test_the_tutorial_script_trains_unchanged(cluster: Path):
