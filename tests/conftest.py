@@ -65,3 +65,18 @@ def write_inventory(lab: Lab, tmp_path: Path) -> Callable[..., Path]:
         return lab.inventory(tmp_path / f"inventory{next(count)}.yaml", hosts, cluster, **defaults)
 
     return write
+
+
+# The order the tests are handed out in (`make test` runs them on several pytest-xdist workers,
+# each taking the next test, or the next group, as it finishes one): the longest first, so that
+# none of them starts last and runs alone on an otherwise idle machine. Classes by marker, the
+# order within each as collected (pytest sorts stably).
+_FIRST = ("slow", "tf", "slurm", "lab")
+
+
+@pytest.hookimpl(trylast=True)  # after tests/slurm/conftest.py has marked its tests
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, mark in enumerate(_FIRST) if item.get_closest_marker(mark)), len(_FIRST))
+
+    items.sort(key=rank)

@@ -1,7 +1,8 @@
 """The Slurm lab (tests/slurmlab.py), one per test process, for every test in this directory.
 
-Every test here is marked `slurm` and `lab`. Outside CI, a machine without root, sshd or the Slurm
-packages skips them with the reason; under CI=true a Slurm lab that cannot start fails them.
+Every test here is marked `slurm` and `lab`, and all are one xdist group (one test process runs
+them). Outside CI, a machine without root, sshd or the Slurm packages skips them with the reason;
+under CI=true a Slurm lab that cannot start fails them.
 Its name and subnet: DTF_SLURM_LAB_NAME / DTF_SLURM_LAB_SUBNET where set (a lab of your own beside
 the session's SSH lab; under pytest-xdist, for the first worker only), else the first free pair of
 tests/lab.py's IDENTITIES.
@@ -27,6 +28,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.slurm)
             item.add_marker(pytest.mark.lab)
+            # One pytest-xdist worker runs them all (`make test`: --dist loadgroup), so one Slurm
+            # lab (slurmctld, two slurmd, three munged) is built, not one per worker.
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="session")
