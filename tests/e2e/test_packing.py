@@ -62,12 +62,15 @@ def test_a_long_round_trip_packs_steps_and_an_explicit_value_wins(lab, write_inv
             assert f" iterations {200 if setting in ('none', 'auto') else 40} after " in outs[setting], run.stdout
         return {setting: (outs[setting], errs[setting]) for setting in settings}
 
-    for setting, (out, err) in train("none", "auto").items():
+    fits = train("none", "auto", "1", "5")
+    for setting in ("none", "auto"):
+        out, err = fits[setting]
         chosen = re.search(r"^dtf: packing (\d+) steps? per closure \(round trip ([\d.]+) ms", err, re.M)
         assert chosen, err[-3000:]
         print(f"{setting}: {chosen.group(0)}")
         assert int(chosen.group(1)) > 1 and float(chosen.group(2)) >= 20  # 24 ms added per round trip
         assert out.endswith(" after 1")  # the program's own value is back after fit
-    for setting, (out, err) in train("1", "5").items():
+    for setting in ("1", "5"):
+        out, err = fits[setting]
         assert "dtf: packing" not in err
         assert out.endswith(f" after {setting}")
