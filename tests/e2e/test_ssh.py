@@ -18,7 +18,8 @@ from helpers import EXAMPLES, REPO, as_in_a_terminal, assert_one_line_error, dtf
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
 # Fake servers (no TensorFlow import: 2.7 CPU-s each) where a test is about how dtf reaches and
-# drives the hosts, not about what serves on them (the first test runs TensorFlow's).
+# drives the hosts, not about what serves on them (the first test runs TensorFlow's). A failing
+# `up` starts servers too: on the hosts whose turn came before the failure, rolled back after it.
 FAKE = {"DTF_SERVER": "fake"}
 
 
@@ -121,7 +122,7 @@ def test_unreachable_host_is_reported_while_others_roll_back(lab, write_inventor
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
                            {"host": "unreachable", "workers": [w1], "workdir": "/tmp/dtf-nowhere"}])
     t0 = time.monotonic()
-    r = dtf("up", "--connect-timeout", "3", str(inv), home=home, timeout=120)
+    r = dtf("up", "--connect-timeout", "3", str(inv), home=home, timeout=120, env=FAKE)
     elapsed = time.monotonic() - t0
     assert_one_line_error(r, 4, "dtf up failed on 1 host(s)", "unreachable: unreachable:", "unreachable")
     assert elapsed < 60, elapsed  # bounded by the connect timeout, not by a TCP retry loop
@@ -145,7 +146,7 @@ def test_port_taken_on_a_host(lab, write_inventory, home):
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
     blocker = _listener(lab, "h1", w0)
     try:
-        r = dtf("up", str(inv), home=home, timeout=120)
+        r = dtf("up", str(inv), home=home, timeout=120, env=FAKE)
     finally:
         blocker.kill()
         blocker.wait()
@@ -167,7 +168,7 @@ def test_tensorflow_version_mismatch_is_refused(lab, write_inventory, home):
     ps, w0 = lab.ports(2)
     fake = REPO / "tests" / "fakes" / "python-tf-mismatch"
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0], "python": str(fake)}])
-    r = dtf("up", str(inv), home=home, timeout=120)
+    r = dtf("up", str(inv), home=home, timeout=120, env=FAKE)  # the check reads the package metadata
     assert_one_line_error(r, 4, "h1: TensorFlow mismatch: 2.0.0 on the host", "2.21.0 on this machine")
     assert leftovers(lab) == {}
 
@@ -176,7 +177,7 @@ def test_missing_python_is_reported(lab, write_inventory, home):
     ps, w0 = lab.ports(2)
     inv = write_inventory([{"host": "h0", "ps": [ps], "python": "/nonexistent/bin/python3"},
                            {"host": "h1", "workers": [w0]}])
-    r = dtf("up", str(inv), home=home, timeout=120)
+    r = dtf("up", str(inv), home=home, timeout=120, env=FAKE)
     assert_one_line_error(r, 4, "h0: python missing: '/nonexistent/bin/python3'")
     assert leftovers(lab) == {}
 
