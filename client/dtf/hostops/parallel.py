@@ -109,10 +109,8 @@ class HostOps:
         from dtf.cluster import state
         from dtf.hosts import control
 
-        home, cluster = state.home(), self.plan.cluster
-        return control.ControlTransport(
-            hp.spec, ssh, control.host_path(home, cluster, hp.name), self.plan.ssh_config, self.connect_timeout,
-            persist=control.persist_for(hp.ttl), hop_path=lambda hop: control.hop_path(home, cluster, hop))
+        return control.ControlTransport(control.cluster_master(
+            ssh, hp.spec, state.home(), self.plan.cluster, self.plan.ssh_config, self.connect_timeout, hp.ttl))
 
     def close_control(self) -> None:
         """Close the masters of the plan's cluster (`dtf down`, a failed `up`)."""
