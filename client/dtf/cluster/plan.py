@@ -156,13 +156,22 @@ class HostPlan:
     def start_argv_for(self, only: Collection[str] | None, spawned: str = "") -> list[str]:
         """Start the tasks (or those in `only`); `spawned`: they were started as Slurm job steps
         with this token (`supervise_step_argv`): only wait until they serve."""
+        return self.launcher_argv("start", *self._start_args(only, spawned))
+
+    def _start_args(self, only: Collection[str] | None, spawned: str = "") -> list[str]:
         env_args = [a for k, v in self.env for a in ("--env", f"{k}={v}")]
-        return self.launcher_argv(
-            "start", "--dir", self.root, "--timeout", f"{self.start_timeout:g}",
-            "--ttl", f"{self.ttl:g}", "--restart-limit", str(self.spec.restart_limit),
-            "--restart-backoff", f"{self.spec.restart_backoff:g}",
-            *env_args, *(["--spawned", spawned] if spawned else []), *self.task_args(with_argv=True, only=only),
-        )
+        return ["--dir", self.root, "--timeout", f"{self.start_timeout:g}",
+                "--ttl", f"{self.ttl:g}", "--restart-limit", str(self.spec.restart_limit),
+                "--restart-backoff", f"{self.spec.restart_backoff:g}",
+                *env_args, *(["--spawned", spawned] if spawned else []), *self.task_args(with_argv=True, only=only)]
+
+    def check_start_argv(self, only: Collection[str] | None, tensorflow: str | None) -> list[str]:
+        """`check_argv` and `start_argv_for` in one launcher call (a host with its own python):
+        the host starts its servers when it passes the check (`tensorflow`: the laptop's version,
+        the host's must be the same; a fresh start, `only` None, refuses a cluster running there)."""
+        ports = [a for t in self.tasks_in(only) for a in ("--port", str(t.port))]
+        return self.launcher_argv("check-start", *ports, "--tensorflow", tensorflow or "",
+                                  *(["--fresh"] if only is None else []), *self._start_args(only))
 
     def supervise_step_argv(self, task: TaskPlan, token: str) -> list[str]:
         """A task's supervisor in the foreground: what its Slurm job step runs."""
@@ -198,8 +207,9 @@ class HostPlan:
     def reach_argv(self, targets: Collection[str], timeout: float) -> list[str]:
         """Which targets this host cannot connect to; renews the lease (`up`'s last step: the
         lease counts from the end of `up`)."""
-        return self.launcher_argv("reach", "--dir", self.root, "--timeout", f"{timeout:g}",
-                                  *[a for t in targets for a in ("--to", t)])
+        # -S: the standard library is all it needs; the site's .pth files cost a python start time
+        return [self.python, "-S", self.launcher, "reach", "--dir", self.root, "--timeout", f"{timeout:g}",
+                *[a for t in targets for a in ("--to", t)]]
 
     def fence_argv(self, allow: Collection[str]) -> list[str]:
         """Close this host's TF ports to all but `allow` (and loopback): `firewall: members`."""
