@@ -23,8 +23,8 @@ from dtf.errors import HostFailure
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError, Transport, transport_for
 
-# Hosts at once in `up`'s steps that wait for nothing but their host (HostOps.each_host's turns):
-# DTF_TURNS in the environment changes it.
+# Hosts at once in the steps where a host waits for nothing but itself (up's check-start and mesh
+# check, status, the lease's renewal, stop and down: HostOps.each_host's turns); DTF_TURNS changes it.
 TURNS = 32
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
 # (hosts, title) -> a context manager yielding the per-host progress callback (the CLI's live table).
@@ -117,7 +117,7 @@ class HostOps:
 
     @staticmethod
     def turns() -> int:
-        """How many hosts at once `up`'s own steps take (TURNS, or DTF_TURNS)."""
+        """How many hosts at once the steps that wait for nothing but their host take (TURNS, or DTF_TURNS)."""
         import os
 
         value = os.environ.get("DTF_TURNS", "")
