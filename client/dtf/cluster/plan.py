@@ -139,6 +139,11 @@ class HostPlan:
     def launcher_argv(self, *args: str) -> list[str]:
         return [self.python, self.launcher, *args]
 
+    def bare_launcher_argv(self, *args: str) -> list[str]:
+        """A launcher command that needs the standard library only (status, renew, stop, reach):
+        `python -S`, without the site's .pth files, which cost a python start time too."""
+        return [self.python, "-S", self.launcher, *args]
+
     def tasks_in(self, only: Collection[str] | None) -> list[TaskPlan]:
         """Every task of this host, or the ones named in `only`."""
         return [t for t in self.tasks if only is None or t.name in only]
@@ -191,25 +196,25 @@ class HostPlan:
 
     def status_argv(self) -> list[str]:
         """Status of every task; renews the lease (whoever asks is using the cluster)."""
-        return self.launcher_argv("status", "--dir", self.root, "--renew", *self.task_args())
+        return self.bare_launcher_argv("status", "--dir", self.root, "--renew", *self.task_args())
 
     def renew_argv(self, ttl: float | None = None) -> list[str]:
-        return self.launcher_argv("renew", "--dir", self.root, *(["--ttl", f"{ttl:g}"] if ttl is not None else []))
+        return self.bare_launcher_argv("renew", "--dir", self.root,
+                                       *(["--ttl", f"{ttl:g}"] if ttl is not None else []))
 
     def stop_argv(self, grace: float, only: Collection[str] | None = None, clean: bool = False,
                   keep_logs: bool = False) -> list[str]:
         """Stop the tasks (or those in `only`); with `clean`, once all are gone remove dtf's files
         too (`clean_argv`), in the same command."""
-        return self.launcher_argv("stop", "--dir", self.root, "--grace", f"{grace:g}",
-                                  *self.task_args(only=only), *(["--clean"] if clean else []),
-                                  *(["--keep-logs"] if clean and keep_logs else []))
+        return self.bare_launcher_argv("stop", "--dir", self.root, "--grace", f"{grace:g}",
+                                       *self.task_args(only=only), *(["--clean"] if clean else []),
+                                       *(["--keep-logs"] if clean and keep_logs else []))
 
     def reach_argv(self, targets: Collection[str], timeout: float) -> list[str]:
         """Which targets this host cannot connect to; renews the lease (`up`'s last step: the
         lease counts from the end of `up`)."""
-        # -S: the standard library is all it needs; the site's .pth files cost a python start time
-        return [self.python, "-S", self.launcher, "reach", "--dir", self.root, "--timeout", f"{timeout:g}",
-                *[a for t in targets for a in ("--to", t)]]
+        return self.bare_launcher_argv("reach", "--dir", self.root, "--timeout", f"{timeout:g}",
+                                       *[a for t in targets for a in ("--to", t)])
 
     def fence_argv(self, allow: Collection[str]) -> list[str]:
         """Close this host's TF ports to all but `allow` (and loopback): `firewall: members`."""
