@@ -3,8 +3,8 @@
     sudo .venv/bin/python bench/provision.py [--repeat 3]
 
 - `dtf up` wall time for 1 and for 3 lab hosts (2 tasks on 1 host; 1 ps + 2 workers on 3 hosts)
-- the floor: `ssh HOST python -c 'import tensorflow'` on the same lab
-- `dtf down` wall time, `dtf --help` wall time
+- the floor: `ssh HOST python -c 'import tensorflow'` on one host, and on the 3 hosts at once
+- `dtf status` (3 hosts), `dtf down` wall time, `dtf --help` wall time
 """
 
 from __future__ import annotations
@@ -40,20 +40,32 @@ def main() -> None:
         three = lab.inventory(Path(tmp) / "three.yaml", [
             {"host": "h0", "ps": [ports[0]]}, {"host": "h1", "workers": [ports[1]]},
             {"host": "h2", "workers": [ports[2]]}])
-        figures: dict[str, list[float]] = {k: [] for k in ("up1", "up3", "down1", "down3", "floor", "help")}
+        figures: dict[str, list[float]] = {k: [] for k in ("up1", "up3", "status3", "down1", "down3", "floor",
+                                                           "floor3", "help")}
+
+        def floor(hosts: list[str]) -> float:
+            t0 = time.monotonic()
+            procs = [subprocess.Popen(["ssh", "-F", str(lab.ssh_config), "-i", str(lab.key), h, sys.executable, "-c",
+                                       "'import tensorflow'"], stdin=subprocess.DEVNULL) for h in hosts]
+            for p in procs:
+                if p.wait(timeout=300) != 0:
+                    raise SystemExit(f"the floor failed: {p.args}")
+            return time.monotonic() - t0
+
         for _ in range(args.repeat):
             figures["up1"].append(timed("up", str(one), home=home))
             figures["down1"].append(timed("down", home=home))
+            figures["floor3"].append(floor(["h0", "h1", "h2"]))
             figures["up3"].append(timed("up", str(three), home=home))
+            figures["status3"].append(timed("status", home=home))
             figures["down3"].append(timed("down", home=home))
-            t0 = time.monotonic()
-            subprocess.run(["ssh", "-F", str(lab.ssh_config), "-i", str(lab.key), "h1",
-                            sys.executable, "-c", "'import tensorflow'"], check=True, timeout=300)
-            figures["floor"].append(time.monotonic() - t0)
+            figures["floor"].append(floor(["h1"]))
             figures["help"].append(timed("--help", home=home))
         print(f"dtf up, 1 host (2 tasks):            {fmt(figures['up1'])}")
         print(f"dtf up, 3 hosts (3 tasks):           {fmt(figures['up3'])}")
         print(f"floor: ssh host python -c 'import tensorflow': {fmt(figures['floor'])}")
+        print(f"floor, the 3 hosts at once:          {fmt(figures['floor3'])}")
+        print(f"dtf status, 3 hosts:                 {fmt(figures['status3'])}")
         print(f"dtf down, 1 host:                    {fmt(figures['down1'])}")
         print(f"dtf down, 3 hosts:                   {fmt(figures['down3'])}")
         print(f"dtf --help:                          {fmt(figures['help'])}")

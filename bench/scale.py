@@ -1,6 +1,6 @@
 """Control at scale on the SSH lab, fake servers: prints, asserts nothing.
 
-    sudo .venv/bin/python bench/scale.py [--hosts 3,10,30,100] [--repeat 1] [--bastion]
+    sudo .venv/bin/python bench/scale.py [--hosts 3,10,30,100] [--repeat 1] [--bastion] [--profile]
 
 One lab of as many hosts as the largest count; for each count N, a cluster of one task per host
 (h0 the ps, the others workers) on the first N hosts, and in one run:
@@ -21,11 +21,12 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import REPO  # noqa: F401  (puts tests/ on the path)
+from common import REPO  # (puts tests/ on the path)
 from helpers import dtf
 from lab import Lab
 
@@ -60,6 +61,41 @@ class Failed(Exception):
     pass
 
 
+def profiled_up(inv: Path, home: Path) -> float:
+    """`dtf up` with its per-host progress lines (stderr, one line per step off a terminal) timed as
+    they come: prints where the time went (the CLI's start, each step's median and slowest host,
+    the end after the last host) and returns the seconds."""
+    env = {**os.environ, "DTF_HOME": str(home), "COLUMNS": "200", "DTF_SERVER": "fake"}
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "up", str(inv)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    assert proc.stderr is not None
+    seen: list[tuple[float, str, str]] = []  # (seconds since the start, host, step)
+    for line in proc.stderr:
+        m = re.match(r"^  (\S+): (.*)$", line.rstrip("\n"))
+        if m:
+            seen.append((time.monotonic() - t0, m.group(1), m.group(2)))
+    code = proc.wait()
+    total = time.monotonic() - t0
+    if code != 0:
+        raise Failed(f"dtf up failed after {total:.1f}s")
+    spans: dict[str, list[float]] = collections.defaultdict(list)
+    last: dict[str, tuple[float, str]] = {}
+    for at, host, step in seen:
+        if host in last:
+            began, what = last[host]
+            spans[re.sub(r"\d+", "N", what)].append(at - began)
+        last[host] = (at, step)
+    first = min((at for at, _, _ in seen), default=total)
+    done = max((at for at, _, _ in seen), default=total)
+    print(f"    up {total:.2f} s: first progress line at {first:.2f} s (the CLI's start and plan), "
+          f"last at {done:.2f} s, exit {total - done:.2f} s after it", flush=True)
+    for what, xs in spans.items():
+        print(f"    {what[:70]:70s} n={len(xs):3d} median {statistics.median(xs):6.2f} s  max {max(xs):6.2f} s",
+              flush=True)
+    return total
+
+
 def timed(*args: str, home: Path) -> float:
     """Seconds `dtf ARGS` took; Failed (with dtf's first lines) if it failed."""
     t0 = time.monotonic()
@@ -78,6 +114,7 @@ def main() -> None:
     ap.add_argument("--hosts", default="3,10,30,100", help="host counts, comma-separated")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--bastion", action="store_true", help="every host behind one ProxyJump host")
+    ap.add_argument("--profile", action="store_true", help="print where `up`'s time went, per step")
     args = ap.parse_args()
     counts = [int(n) for n in args.hosts.split(",")]
     extra = 1 if args.bastion else 0
@@ -98,6 +135,9 @@ def main() -> None:
                 figs["floor"].append(direct_floor(lab, names[:n], args.bastion))
                 try:
                     for what in ("up", "status", "down"):
+                        if what == "up" and args.profile:
+                            figs[what].append(profiled_up(inv, home))
+                            continue
                         figs[what].append(timed(*(["up", str(inv)] if what == "up" else [what]), home=home))
                 except Failed as e:
                     print(f"  {n} hosts: {e}", flush=True)

@@ -112,6 +112,25 @@ def cmd_check(args: argparse.Namespace) -> CheckReply:
                       free=envs.free_space(args.wheels) if env_ready is False else -1)
 
 
+def check_passes(check: CheckReply, tensorflow: str, fresh: bool) -> bool:
+    """Whether `up` goes on to start the host's servers after this check (the client decides the
+    same from the CheckReply, and says why not)."""
+    return (check.tensorflow is not None and (not tensorflow or check.tensorflow == tensorflow)
+            and not check.busy and not (fresh and check.running))
+
+
+def cmd_check_start(args: argparse.Namespace) -> StartReply | None:
+    """`up`'s check and start in one launcher call (one python start, one round trip): print the
+    CheckReply; if the host passes it (its TensorFlow is `--tensorflow`, the ports are free and,
+    with `--fresh`, no task of this cluster runs there), start the servers and answer their
+    StartReply (the last line, as every command's reply)."""
+    check = cmd_check(argparse.Namespace(dir=args.dir, port=args.port, env=None, wheels=None))
+    print(encode(check), flush=True)
+    if not check_passes(check, args.tensorflow, args.fresh):
+        return None
+    return cmd_start(args)
+
+
 def cmd_env(args: argparse.Namespace) -> EnvReply:
     return envs.build(args.env, args.wheels, args.uv, args.requirements)
 
@@ -134,7 +153,8 @@ def cmd_purge(args: argparse.Namespace) -> PurgeReply:
 
 
 def supervise_argv(root: str, task: TaskSpec, limit: int, backoff: float) -> list[str]:
-    return [sys.executable, launcher(), "supervise", "--dir", root, "--task", task.to_arg(),
+    # -S: a supervisor needs the standard library only (its server, a python of its own, gets the site)
+    return [sys.executable, "-S", launcher(), "supervise", "--dir", root, "--task", task.to_arg(),
             "--restart-limit", str(limit), "--restart-backoff", f"{backoff:g}"]
 
 
@@ -603,10 +623,14 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--file", action="append", default=[])
     c.add_argument("--wait", type=float, default=30.0)
     c.add_argument("--timeout", type=float, default=30.0)
-    for name in ("start", "supervise", "supervise-step"):
+    for name in ("start", "check-start", "supervise", "supervise-step"):
         c = sub.add_parser(name)
         c.add_argument("--dir", required=True)
-        if name == "start":
+        if name == "check-start":
+            c.add_argument("--port", type=int, action="append", default=[])
+            c.add_argument("--tensorflow", default="")  # the laptop's version ("": not compared)
+            c.add_argument("--fresh", action="store_true")  # a task of this cluster running there refuses
+        if name in ("start", "check-start"):
             c.add_argument("--task", action="append", default=[])
         else:
             c.add_argument("--task", required=True)
@@ -616,7 +640,7 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument("--env", action="append", default=[])
         if name == "supervise-step":
             c.add_argument("--token", required=True)
-        if name == "start":
+        if name in ("start", "check-start"):
             c.add_argument("--timeout", type=float, default=Defaults.START_TIMEOUT)
             c.add_argument("--ttl", type=float, default=Defaults.TTL)
             # Slurm: the supervisors were started as job steps with this token; wait for them.
@@ -697,7 +721,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 COMMANDS: dict[str, Any] = {
-    "check": cmd_check, "start": cmd_start, "supervise": cmd_supervise, "supervise-step": cmd_supervise_step,
+    "check": cmd_check, "check-start": cmd_check_start,
+    "start": cmd_start, "supervise": cmd_supervise, "supervise-step": cmd_supervise_step,
     "serve": cmd_serve, "fake": cmd_fake, "status": cmd_status, "renew": cmd_renew, "stop": cmd_stop,
     "clean": cmd_clean, "reach": cmd_reach, "fence": cmd_fence, "sync": cmd_sync, "env": cmd_env, "purge": cmd_purge,
     "serve-wheels": cmd_serve_wheels, "fetch-wheels": cmd_fetch_wheels, "run": cmd_run, "run-step": cmd_run_step,

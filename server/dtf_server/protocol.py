@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields.
-PROTOCOL = 8  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
+PROTOCOL = 9  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
 # 5: run, supervise-program, follow (collective mode); 6: `sync` from host to host (--from, --serve,
-# --free-port); 7: top (a stream of TopSample lines); 8: run-step (Slurm), stop --clean, StopReply.cleaned
+# --free-port); 7: top (a stream of TopSample lines); 8: run-step (Slurm), stop --clean, StopReply.cleaned;
+# 9: check-start (`up`'s check and start in one call: a CheckReply line, then the StartReply)
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The

@@ -4,6 +4,7 @@ re-established while the coordinator retries; nothing is left on the laptop or t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,10 +14,27 @@ from pathlib import Path
 
 import pytest
 
-from dtf.hosts.tunnel import control_path
+from dtf.hosts.control import host_path
 from helpers import EXAMPLES, Barrier, Train, dtf, leftovers, ssh_processes, status_json, wait_gone
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
+
+
+def logins(lab) -> dict[str, int]:
+    """SSH logins each sshd of the lab accepted so far (its log, LogLevel VERBOSE)."""
+    return {h.name: (lab.root / h.name / "sshd.log").read_text(errors="replace").count("Accepted publickey")
+            for h in lab.hosts}
+
+
+def master_pid(path: str) -> int:
+    """The process of the control master at `path` (OpenSSH renames it "ssh: PATH [mux]")."""
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            if (argv[0].startswith("ssh: ") or Path(argv[0]).name == "ssh") and "-W" not in argv \
+                    and any(path in a for a in argv):
+                return int(pid)
+    raise AssertionError(f"no master at {path}")
 
 
 def test_laptop_behind_port_22_trains_through_ssh_and_survives_a_killed_master(lab, write_inventory, home, tmp_path):
@@ -35,16 +53,16 @@ def test_laptop_behind_port_22_trains_through_ssh_and_survives_a_killed_master(l
 
         # The fit example, relative output path: checkpoints and SavedModel land on the laptop.
         epochs = 6
+        before = logins(lab)
         # The program waits at the end of epoch 2 until the master is dead: the kill lands mid-training.
         barrier = Barrier(tmp_path / "barrier", r"^epoch 2/\d+ done")
         run = Train(home, tmp_path / "train.out", "--output", "fit",
                     *barrier.argv(EXAMPLES / "mnist_fit.py", "--epochs", str(epochs), "--steps-per-epoch", "30"),
                     cwd=tmp_path)
         with barrier.held(run):
-            masters = [(pid, argv) for pid, argv in ssh_processes() if "-W" not in argv]
-            assert len(masters) == 3, masters  # one per host
-            path = control_path(home, "lab", "h1")
-            victim = next(pid for pid, argv in masters if any(path in a for a in argv))
+            # The run goes over the cluster's control masters, kept since `up`: no new handshake.
+            assert ssh_processes() == [] and logins(lab) == before, (before, logins(lab))
+            victim = master_pid(host_path(home, "lab", "h1"))
             os.kill(victim, signal.SIGKILL)  # a dropped SSH connection: its channels go with it
             wait_gone([victim])
             killed = time.monotonic()
@@ -57,7 +75,9 @@ def test_laptop_behind_port_22_trains_through_ssh_and_survives_a_killed_master(l
         assert s["final_loss"] < 0.5 * s["first_loss"], s
         assert Path(s["saved_model"], "saved_model.pb").exists()
         assert list((tmp_path / "fit" / "checkpoints").glob("ckpt-*.index"))
-        assert ssh_processes() == []  # the proxy, its channels and the masters ended with `dtf train`
+        assert ssh_processes() == []  # the proxy and its channels ended with `dtf train`
+        # h1's master was started again (one handshake), by the proxy's next CONNECT or a status
+        assert {h: n - before[h] for h, n in logins(lab).items()} == {"h0": 0, "h1": 1, "h2": 0}
         t0 = time.monotonic()
         assert dtf("down", home=home, timeout=120).returncode == 0
         print(f"down (ssh) {time.monotonic() - t0:.1f}s")

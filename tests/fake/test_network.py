@@ -7,6 +7,7 @@ Real TensorFlow trains through SSH in tests/e2e/test_through_ssh.py.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from dtf.cluster.inventory import HostSpec
+from dtf.hosts import control
 from dtf.hosts.tunnel import Master, PythonRoute, control_path, ssh_binary
 from helpers import Interruptible, ssh_processes, status_json, wait_until
 from lab import Lab
@@ -73,6 +75,26 @@ def connects(lab: Lab, host: str | None, address: str, port: int) -> bool:
     return lab.run(host, [sys.executable, "-c", code], timeout=20).returncode == 0
 
 
+def logins(lab: Lab) -> dict[str, int]:
+    """SSH logins each sshd of the lab accepted so far (its log, LogLevel VERBOSE)."""
+    return {h.name: (lab.root / h.name / "sshd.log").read_text(errors="replace").count("Accepted publickey")
+            for h in lab.hosts}
+
+
+def channels(home: Path) -> list[str]:
+    """`ssh -W` channels over the site's control masters (a `dtf train`'s in ssh mode)."""
+    prefix, found = str(control.control_dir() / "c"), []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if "-W" in argv and any(a.startswith(prefix) for a in argv) and str(home).encode() in environ:
+            found.append(" ".join(argv))
+    return found
+
+
 @pytest.mark.parametrize("carrier", ["openssh", "python"])
 def test_auto_picks_ssh_when_only_port_22_passes_and_the_proxy_carries_only_tasks(
         site: LabSite, tmp_path: Path, carrier: str):
@@ -91,14 +113,17 @@ def test_auto_picks_ssh_when_only_port_22_passes_and_the_proxy_carries_only_task
         status = status_json(site.home)
         assert status["network"] == "ssh" and [x["state"] for x in status["tasks"]] == ["alive"] * 3
         stranger = f"{lab.host('h2').address}:22"
+        before = logins(lab)
         r = site.dtf("train", str(probe), stranger, env=env)
         assert r.returncode == 0, r.stdout + r.stderr
+        if carrier == "openssh":  # over the cluster's control masters, kept since `up`
+            assert logins(lab) == before, (before, logins(lab))
         for host, port in [("h0", p) for p in site.ports_of("a")] + [("h1", p) for p in site.ports_of("b")]:
             target = f"{lab.host(host).address}:{port}"
             assert f"{target} -> HTTP/1.1 200 Connection established | hello {target}" in r.stdout, r.stdout
         assert f"{stranger} -> HTTP/1.1 403 Forbidden" in r.stdout
         assert "no_grpc_proxy localhost,127.0.0.1,::1" in r.stdout
-        assert ssh_processes() == []  # the proxy and the masters ended with `dtf train`
+        assert ssh_processes() == [] and channels(site.home) == []  # the proxy and its channels ended with `dtf train`
         t0 = time.monotonic()
         r = site.dtf("down")
         print(f"{carrier}: up {up_s:.1f}s, down {time.monotonic() - t0:.1f}s (ssh mode, fake servers)")

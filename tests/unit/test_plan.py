@@ -62,7 +62,7 @@ def test_commands_are_exact_argv():
         "--env", "TF_GRPC_DEFAULT_OPTIONS=grpc.keepalive_time_ms=30000,grpc.keepalive_timeout_ms=20000",
         "--task", spec(0, 3000), "--task", spec(1, 3001)]
     assert hp.start_argv_for({"worker:1"})[-2:] == ["--task", spec(1, 3001)]
-    assert hp.stop_argv(5) == ["/opt/tf/bin/python3", launcher, "stop", "--dir",
+    assert hp.stop_argv(5) == ["/opt/tf/bin/python3", "-S", launcher, "stop", "--dir",
                                "~/.dtf/demo", "--grace", "5", "--task", "worker:0", "--task", "worker:1"]
     assert hp.tasks[1].log == "~/.dtf/demo/worker-1/log"
 
@@ -149,4 +149,4 @@ def test_restart_policy_and_lease_reach_the_start_command():
     assert argv[argv.index("--ttl") + 1] == "0"
     assert argv[argv.index("--restart-limit") + 1] == "0"
     assert argv[argv.index("--restart-backoff") + 1] == "2.5"
-    assert p.hosts[0].status_argv()[3:5] == ["--dir", "~/.dtf/demo"] and "--renew" in p.hosts[0].status_argv()
+    assert p.hosts[0].status_argv()[4:6] == ["--dir", "~/.dtf/demo"] and "--renew" in p.hosts[0].status_argv()

@@ -4,6 +4,7 @@ ships as one deterministic zipapp, uploads are atomic."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import zipfile
@@ -14,6 +15,7 @@ import pytest
 
 from dtf.cluster.inventory import HostSpec
 from dtf.files import shipping
+from dtf.hosts.netutil import free_ports
 from dtf.hosts.transport import LocalTransport
 from dtf_server import protocol
 from dtf_server.protocol import (
@@ -106,6 +108,60 @@ def test_the_launcher_is_one_deterministic_zipapp_named_by_its_content(tmp_path:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert protocol.decode(CheckReply, r.stdout).python == sys.version.split()[0]
+
+
+def test_the_launcher_runs_its_bytecode_and_a_python_of_another_version_its_source(tmp_path: Path):
+    path = tmp_path / shipping.launcher_name()
+    path.write_bytes(shipping.launcher_bytes())
+    where = "import sys; sys.path.insert(0, sys.argv[1]); from dtf_server import commands; print(commands.main.__code__.co_filename)"
+    r = subprocess.run([sys.executable, "-S", "-c", where, str(path)], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "dtf_server/commands.py", r.stderr  # the pyc's (from source: the zip's path)
+    # Another python's magic number: its zipimport ignores the pyc and compiles the source.
+    old = tmp_path / "old.pyz"
+    with zipfile.ZipFile(BytesIO(shipping.launcher_bytes())) as src, zipfile.ZipFile(old, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            dst.writestr(info, b"\0\0\r\n" + data[4:] if info.filename.endswith(".pyc") else data)
+    r = subprocess.run([sys.executable, "-S", "-c", where, str(old)], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == f"{old}/dtf_server/commands.py", r.stderr
+    r = subprocess.run([sys.executable, "-S", str(old), "check", "--port", "1"], capture_output=True, text=True,
+                       timeout=60)
+    assert protocol.decode(CheckReply, r.stdout).python == sys.version.split()[0]
+
+
+def test_check_start_starts_only_a_host_that_passes_its_check(tmp_path: Path):
+    """`up`'s check and start in one launcher call: the CheckReply line, then (only when the host
+    passes it) the StartReply; a busy port or another TensorFlow starts nothing."""
+    path = tmp_path / shipping.launcher_name()
+    path.write_bytes(shipping.launcher_bytes())
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        free = free_ports(1)[0]
+        root = tmp_path / "cluster"
+
+        def check_start(task_port: int, tensorflow: str) -> list[str]:
+            task = protocol.TaskSpec("worker", 0, task_port, [sys.executable, str(path), "fake", "--job", "worker",
+                                     "--index", "0", "--port", str(task_port), "--ready",
+                                     str(root / "worker-0" / "ready.json")])
+            r = subprocess.run([sys.executable, str(path), "check-start", "--dir", str(root), "--port", str(task_port),
+                                "--tensorflow", tensorflow, "--fresh", "--timeout", "30", "--ttl", "60",
+                                "--task", task.to_arg()], capture_output=True, text=True, timeout=60)
+            return r.stdout.strip().splitlines()
+
+        lines = check_start(port, "")
+        assert len(lines) == 1 and protocol.decode(CheckReply, lines[0]).busy == [port]
+        lines = check_start(free, "0.0.1")
+        assert len(lines) == 1 and not (root / "worker-0").exists()
+        lines = check_start(free, "")
+        assert len(lines) == 2, lines
+        assert protocol.decode(CheckReply, lines[0]).busy == []
+        started = protocol.decode(protocol.StartReply, lines[1])
+        assert started.ok, started
+        stopped = subprocess.run([sys.executable, str(path), "stop", "--dir", str(root), "--grace", "5", "--task",
+                                  "worker:0"], capture_output=True, text=True, timeout=60)
+        assert protocol.decode(protocol.StopReply, stopped.stdout).tasks["worker:0"].gone, stopped.stdout
 
 
 def test_a_missing_launcher_is_python_exit_2_with_no_reply(tmp_path: Path):

@@ -139,6 +139,11 @@ class HostPlan:
     def launcher_argv(self, *args: str) -> list[str]:
         return [self.python, self.launcher, *args]
 
+    def bare_launcher_argv(self, *args: str) -> list[str]:
+        """A launcher command that needs the standard library only (status, renew, stop, reach):
+        `python -S`, without the site's .pth files, which cost a python start time too."""
+        return [self.python, "-S", self.launcher, *args]
+
     def tasks_in(self, only: Collection[str] | None) -> list[TaskPlan]:
         """Every task of this host, or the ones named in `only`."""
         return [t for t in self.tasks if only is None or t.name in only]
@@ -156,13 +161,22 @@ class HostPlan:
     def start_argv_for(self, only: Collection[str] | None, spawned: str = "") -> list[str]:
         """Start the tasks (or those in `only`); `spawned`: they were started as Slurm job steps
         with this token (`supervise_step_argv`): only wait until they serve."""
+        return self.launcher_argv("start", *self._start_args(only, spawned))
+
+    def _start_args(self, only: Collection[str] | None, spawned: str = "") -> list[str]:
         env_args = [a for k, v in self.env for a in ("--env", f"{k}={v}")]
-        return self.launcher_argv(
-            "start", "--dir", self.root, "--timeout", f"{self.start_timeout:g}",
-            "--ttl", f"{self.ttl:g}", "--restart-limit", str(self.spec.restart_limit),
-            "--restart-backoff", f"{self.spec.restart_backoff:g}",
-            *env_args, *(["--spawned", spawned] if spawned else []), *self.task_args(with_argv=True, only=only),
-        )
+        return ["--dir", self.root, "--timeout", f"{self.start_timeout:g}",
+                "--ttl", f"{self.ttl:g}", "--restart-limit", str(self.spec.restart_limit),
+                "--restart-backoff", f"{self.spec.restart_backoff:g}",
+                *env_args, *(["--spawned", spawned] if spawned else []), *self.task_args(with_argv=True, only=only)]
+
+    def check_start_argv(self, only: Collection[str] | None, tensorflow: str | None) -> list[str]:
+        """`check_argv` and `start_argv_for` in one launcher call (a host with its own python):
+        the host starts its servers when it passes the check (`tensorflow`: the laptop's version,
+        the host's must be the same; a fresh start, `only` None, refuses a cluster running there)."""
+        ports = [a for t in self.tasks_in(only) for a in ("--port", str(t.port))]
+        return self.launcher_argv("check-start", *ports, "--tensorflow", tensorflow or "",
+                                  *(["--fresh"] if only is None else []), *self._start_args(only))
 
     def supervise_step_argv(self, task: TaskPlan, token: str) -> list[str]:
         """A task's supervisor in the foreground: what its Slurm job step runs."""
@@ -182,24 +196,25 @@ class HostPlan:
 
     def status_argv(self) -> list[str]:
         """Status of every task; renews the lease (whoever asks is using the cluster)."""
-        return self.launcher_argv("status", "--dir", self.root, "--renew", *self.task_args())
+        return self.bare_launcher_argv("status", "--dir", self.root, "--renew", *self.task_args())
 
     def renew_argv(self, ttl: float | None = None) -> list[str]:
-        return self.launcher_argv("renew", "--dir", self.root, *(["--ttl", f"{ttl:g}"] if ttl is not None else []))
+        return self.bare_launcher_argv("renew", "--dir", self.root,
+                                       *(["--ttl", f"{ttl:g}"] if ttl is not None else []))
 
     def stop_argv(self, grace: float, only: Collection[str] | None = None, clean: bool = False,
                   keep_logs: bool = False) -> list[str]:
         """Stop the tasks (or those in `only`); with `clean`, once all are gone remove dtf's files
         too (`clean_argv`), in the same command."""
-        return self.launcher_argv("stop", "--dir", self.root, "--grace", f"{grace:g}",
-                                  *self.task_args(only=only), *(["--clean"] if clean else []),
-                                  *(["--keep-logs"] if clean and keep_logs else []))
+        return self.bare_launcher_argv("stop", "--dir", self.root, "--grace", f"{grace:g}",
+                                       *self.task_args(only=only), *(["--clean"] if clean else []),
+                                       *(["--keep-logs"] if clean and keep_logs else []))
 
     def reach_argv(self, targets: Collection[str], timeout: float) -> list[str]:
         """Which targets this host cannot connect to; renews the lease (`up`'s last step: the
         lease counts from the end of `up`)."""
-        return self.launcher_argv("reach", "--dir", self.root, "--timeout", f"{timeout:g}",
-                                  *[a for t in targets for a in ("--to", t)])
+        return self.bare_launcher_argv("reach", "--dir", self.root, "--timeout", f"{timeout:g}",
+                                       *[a for t in targets for a in ("--to", t)])
 
     def fence_argv(self, allow: Collection[str]) -> list[str]:
         """Close this host's TF ports to all but `allow` (and loopback): `firewall: members`."""

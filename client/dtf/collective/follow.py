@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtf.cluster.plan import HostPlan, Plan, TaskPlan
+from dtf.hostops.parallel import HostOps
 from dtf.hosts.shell import expand_local, render
-from dtf.hosts.transport import HostError, LocalTransport, SSHTransport, Transport, transport_for
+from dtf.hosts.transport import HostError, LocalTransport, SSHTransport, Transport
 from dtf_server import program as host_program
 
 BEAT = 2.0  # seconds between the host's beats
@@ -74,20 +75,18 @@ def follow_argv(hp: HostPlan, task: TaskPlan, beat: float = BEAT) -> list[str]:
 
 
 def node_transport(plan: Plan, hp: HostPlan, connect_timeout: float) -> Transport:
-    """How a host of the plan is reached: a Slurm node through job steps, else as its spec says."""
-    if hp.spec.connection == "slurm":
-        from dtf.hosts.slurmstep import SlurmStepTransport
-
-        assert plan.slurm is not None
-        return SlurmStepTransport(hp.spec, plan.slurm, plan.ssh_config, connect_timeout)
-    return transport_for(hp.spec, plan.ssh_config, connect_timeout)
+    """How a host of the plan is reached, as every other command of dtf reaches it (HostOps): over
+    the cluster's control master, a Slurm node through job steps, a local host as processes."""
+    return HostOps(plan, connect_timeout=connect_timeout).transport(hp)
 
 
 class _Stream:
-    """A command's stdout and stderr as chunks, read with a timeout: a local process, or an SSH
-    channel of its own."""
+    """A command's stdout and stderr as chunks, read with a timeout: a local process (an `ssh`
+    session over the host's control master is one too: no new handshake), or a paramiko channel
+    where there is no master (no `ssh` binary; a Slurm login host)."""
 
     def __init__(self, t: Transport, argv: Sequence[str]) -> None:
+        from dtf.hosts.control import ControlTransport
         from dtf.hosts.slurmstep import SlurmStepTransport
 
         if isinstance(t, SlurmStepTransport):  # a Slurm node: a job step, through the login host's SSH
@@ -95,9 +94,17 @@ class _Stream:
         self.proc: subprocess.Popen[bytes] | None = None
         self.chan: Any = None
         self.chunks: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        command: list[str] | None = None
         if isinstance(t, LocalTransport):
-            self.proc = subprocess.Popen(expand_local(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True)  # Ctrl-C is dtf's
+            command = expand_local(argv)
+        elif isinstance(t, ControlTransport):
+            command = t.command("-T") + [render(argv)]
+        if command is not None:
+            try:
+                self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, start_new_session=True)  # Ctrl-C is dtf's
+            except OSError as e:
+                raise HostError(f"cannot run {command[0]}: {e.strerror or e}")
             for kind, pipe in (("out", self.proc.stdout), ("err", self.proc.stderr)):
                 threading.Thread(target=self._pump, args=(kind, pipe), daemon=True).start()
         else:

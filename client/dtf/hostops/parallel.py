@@ -23,6 +23,9 @@ from dtf.errors import HostFailure
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError, Transport, transport_for
 
+# Hosts at once in the steps where a host waits for nothing but itself (up's check-start and mesh
+# check, status, the lease's renewal, stop and down: HostOps.each_host's turns); DTF_TURNS changes it.
+TURNS = 32
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
 # (hosts, title) -> a context manager yielding the per-host progress callback (the CLI's live table).
 ProgressView = Callable[[list[str], str], AbstractContextManager[Progress]]
@@ -109,10 +112,16 @@ class HostOps:
         from dtf.cluster import state
         from dtf.hosts import control
 
-        home, cluster = state.home(), self.plan.cluster
-        return control.ControlTransport(
-            hp.spec, ssh, control.host_path(home, cluster, hp.name), self.plan.ssh_config, self.connect_timeout,
-            persist=control.persist_for(hp.ttl), hop_path=lambda hop: control.hop_path(home, cluster, hop))
+        return control.ControlTransport(control.cluster_master(
+            ssh, hp.spec, state.home(), self.plan.cluster, self.plan.ssh_config, self.connect_timeout, hp.ttl))
+
+    @staticmethod
+    def turns() -> int:
+        """How many hosts at once the steps that wait for nothing but their host take (TURNS, or DTF_TURNS)."""
+        import os
+
+        value = os.environ.get("DTF_TURNS", "")
+        return int(value) if value.isdigit() and int(value) > 0 else TURNS
 
     def close_control(self) -> None:
         """Close the masters of the plan's cluster (`dtf down`, a failed `up`)."""
@@ -121,9 +130,14 @@ class HostOps:
 
         close_control(state.home(), self.plan.cluster)
 
-    def each_host(self, fn: Callable[[HostPlan], T], hosts: Sequence[HostPlan] | None = None
-                  ) -> dict[str, Outcome[T]]:
-        """Run fn on every host in parallel; a HostError on one host is that host's outcome."""
+    def each_host(self, fn: Callable[[HostPlan], T], hosts: Sequence[HostPlan] | None = None,
+                  turns: int | None = None) -> dict[str, Outcome[T]]:
+        """Run fn on every host in parallel; a HostError on one host is that host's outcome.
+
+        `turns`: at most that many hosts at once, each from the moment its turn comes, so that
+        every deadline of fn counts from there (only where no host waits for another: a host
+        waiting for its turn would never come). Where the hosts share this machine's cores (the
+        lab), 100 launchers started at once each ran past its own deadline, the machine starved."""
         hosts = self.plan.hosts if hosts is None else hosts
 
         def one(hp: HostPlan) -> Outcome[T]:
@@ -140,7 +154,8 @@ class HostOps:
 
         if not hosts:
             return {}
-        with ThreadPoolExecutor(max_workers=len(hosts), thread_name_prefix="dtf-host") as pool:
+        at_once = min(len(hosts), turns or len(hosts))
+        with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="dtf-host") as pool:
             futures = {hp.name: pool.submit(one, hp) for hp in hosts}
             try:
                 wait(futures.values())

@@ -39,7 +39,7 @@ def check_mesh(ops: HostOps, timeout: float = MESH_TIMEOUT) -> dict[str, Outcome
             raise HostError("; ".join(f"cannot reach {others[a].name} at {a} (on {others[a].host}): {why}"
                                       for a, why in reply.unreachable.items()))
 
-    return ops.each_host(one)
+    return ops.each_host(one, turns=ops.turns())
 
 
 def unreachable(ops: HostOps, network: str, timeout: float, names: Collection[str] | None = None) -> list[TaskPlan]:

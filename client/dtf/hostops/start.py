@@ -16,10 +16,11 @@ from dtf.hostops.parallel import HostOps, Outcome
 from dtf.hostops.reach import probe_all
 from dtf.hosts.control import ControlTransport
 from dtf.hosts.netutil import port_open, wait_port
-from dtf.hosts.transport import HostError, Transport
+from dtf.hosts.transport import HostError, Result, Transport
 from dtf_server.procs import tf_version
 from dtf_server.protocol import CheckReply, FenceReply, StartReply
 
+CHECK_TIMEOUT = 30.0  # seconds for the launcher's upload and its check (a python start and a look around)
 REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to accept a connection
 DIRECT_PROBE = 2.0  # seconds a direct connection gets in ssh and auto mode (a dropping firewall: all of them)
 
@@ -50,9 +51,12 @@ class Starter:
     def up(self, only: dict[str, set[str]] | None = None) -> dict[str, Outcome[HostStarted]]:
         """Start every task, or only the tasks named per host in `only`."""
         version = local_tf_version()
+        # Turns where no host waits for another (managed hosts copy their wheels from each other).
+        turns = None if any(hp.managed for hp in self.ops.plan.hosts) else self.ops.turns()
         if only is None:
-            return self.ops.each_host(lambda hp: self.start_host(hp, version))
-        return self.ops.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), self.ops.hosts_in(only))
+            return self.ops.each_host(lambda hp: self.start_host(hp, version), turns=turns)
+        return self.ops.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), self.ops.hosts_in(only),
+                                  turns=turns)
 
     def start_host(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None = None
                    ) -> HostStarted:
@@ -60,15 +64,31 @@ class Starter:
         prepare the host, start its servers, and verify this machine reaches them."""
         self.ops.step(hp, "connecting")
         with self.ops.transport(hp) as t:
-            check = self._check(t, hp, tf_version, only)
-            env = self.env.build(t, hp, check, hp.tasks_in(only)[0].port) if hp.managed else None
-            if self.ops.plan.firewall == "members":
-                self._fence(t, hp, check.client_address)
-            started = self._start_servers(t, hp, only)
+            env = None
+            if self._in_one_call(hp):
+                check, started = self._check_and_start(t, hp, tf_version, only)
+            else:
+                check = self._check(t, hp, tf_version, only)
+                env = self.env.build(t, hp, check, hp.tasks_in(only)[0].port) if hp.managed else None
+                if self.ops.plan.firewall == "members":
+                    self._fence(t, hp, check.client_address)
+                started = self._start_servers(t, hp, only)
             self.ops.step(hp, "checking the servers are reachable from here")
             direct = self._reachable(t, hp, hp.tasks_in(only))
         return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
                            client_address=check.client_address, direct=direct, env=env)
+
+    def _in_one_call(self, hp: HostPlan) -> bool:
+        """Whether the host's check and start are one launcher call: nothing happens between them
+        (no environment to build, no firewall to set, not a Slurm node's job steps)."""
+        return not hp.managed and self.ops.plan.firewall != "members" and hp.spec.connection != "slurm"
+
+    def _ship_and_run(self, t: Transport, hp: HostPlan, argv: list[str], timeout: float) -> Result:
+        """Upload the launcher and run one of its commands, in one round trip where the transport can."""
+        self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
+        if isinstance(t, ControlTransport):
+            return t.put_and_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv, timeout=timeout)
+        return t.put_then_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv, timeout=timeout)
 
     def _check(self, t: Transport, hp: HostPlan, tf_version: str | None, only: Collection[str] | None
                ) -> CheckReply:
@@ -77,13 +97,29 @@ class Starter:
         no other dtf's cluster of this name there, its planned ports free."""
         self.ops.step(hp, "uploading launcher, checking python and "
                       + ("its environment" if hp.managed else "TensorFlow"))
-        self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
-        if isinstance(t, ControlTransport):  # one round trip: the launcher, then its check
-            r = t.put_and_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), hp.check_argv(only),
-                              timeout=30)
-        else:
-            r = t.put_then_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), hp.check_argv(only),
-                               timeout=30)
+        return self._checked(self._ship_and_run(t, hp, hp.check_argv(only), CHECK_TIMEOUT), hp, tf_version, only)
+
+    def _check_and_start(self, t: Transport, hp: HostPlan, tf_version: str | None, only: Collection[str] | None
+                         ) -> tuple[CheckReply, StartReply]:
+        """`_check` and `_start_servers` in one launcher call (`check-start`: one python start and
+        one round trip fewer per host): the host starts its servers only when it passes the check,
+        which it answers first; the reasons it did not are the same as `_check`'s."""
+        tasks = hp.tasks_in(only)
+        self.ops.step(hp, f"uploading launcher, checking python and TensorFlow, starting {len(tasks)} server(s)")
+        try:
+            r = self._ship_and_run(t, hp, hp.check_start_argv(only, tf_version),
+                                   CHECK_TIMEOUT + hp.start_timeout + 30)
+        except HostError:
+            self.started.add(hp.name)  # its deadline: it may have started them, the rollback stops them
+            raise
+        lines = [line for line in r.stdout.splitlines() if line.strip()]
+        check = self._checked(Result(r.exit_code, lines[0] if lines else "", r.stderr), hp, tf_version, only)
+        self.started.add(hp.name)  # it passed the check: it started them
+        return check, self._started(Result(r.exit_code, "\n".join(lines[1:]), r.stderr))
+
+    def _checked(self, r: Result, hp: HostPlan, tf_version: str | None, only: Collection[str] | None
+                 ) -> CheckReply:
+        """The check's reply, or HostError with the reason the host cannot run its tasks."""
         if r.exit_code in (126, 127) and hp.managed:  # the shell's "not found" / "not executable"
             where = "on the PATH of an SSH command" if "/" not in hp.base_python else "there"
             raise HostError(f"no python3 on the host (looked for {hp.base_python!r} {where}; "
@@ -116,7 +152,11 @@ class Starter:
         self.ops.step(hp, f"starting {len(tasks)} server(s)")
         self.started.add(hp.name)  # from here on, a rollback must stop tasks there
         spawned = self._start_steps(t, hp, tasks) if hp.spec.connection == "slurm" else ""
-        r = t.run(hp.start_argv_for(only, spawned), timeout=hp.start_timeout + 30)
+        return self._started(t.run(hp.start_argv_for(only, spawned), timeout=hp.start_timeout + 30))
+
+    @staticmethod
+    def _started(r: Result) -> StartReply:
+        """The start's reply, or HostError naming the first server that crashed, with its log."""
         started = decode(StartReply, r, "starting servers")
         failed = {n: s for n, s in started.tasks.items() if not s.ok}
         if failed:

@@ -51,7 +51,7 @@ def status_host(ops: HostOps, hp: HostPlan) -> StatusReply:
 
 
 def status(ops: HostOps) -> dict[str, Outcome[StatusReply]]:
-    return ops.each_host(lambda hp: status_host(ops, hp))
+    return ops.each_host(lambda hp: status_host(ops, hp), turns=ops.turns())
 
 
 def states(ops: HostOps) -> list[TaskState]:

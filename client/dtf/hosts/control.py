@@ -76,6 +76,16 @@ def persist_for(ttl: float) -> int:
     return max(10, round(ttl)) if ttl > 0 else NEVER_PERSIST
 
 
+def cluster_master(ssh: str, spec: HostSpec, home: Path, cluster: str, ssh_config: str | None,
+                   connect_timeout: float = CONNECT_TIMEOUT, ttl: float = 0, session: bool = False) -> Master:
+    """The cluster's master to a host (not started): every command of dtf goes over it, and
+    `dtf train`'s ssh mode carries its connections over it too (`session`: run the empty session
+    when it starts, for the TCP_NODELAY of dtf.hosts.tunnel; a command's own session does that)."""
+    return Master(ssh, spec, ssh_config, host_path(home, cluster, spec.host), connect_timeout,
+                  persist=persist_for(ttl), hop_path=lambda hop: hop_path(home, cluster, hop),
+                  session=session, alive=ALIVE)
+
+
 def reason(failed: MasterFailed, target: str, identity: str | None, timeout: float,
            jump: bool | None = None) -> str:
     """ssh's failure as dtf's one-line reasons (the same as the paramiko transport's)."""
@@ -110,13 +120,10 @@ class ControlTransport(SSHTransport):
     Every command, stream and check goes over the master; only `open_tcp` (a TCP connection
     through the host, in-process) opens the paramiko connection, when it is used."""
 
-    def __init__(self, spec: HostSpec, ssh: str, path: str, ssh_config: str | None = None,
-                 connect_timeout: float = CONNECT_TIMEOUT, persist: int = NEVER_PERSIST,
-                 hop_path: Callable[[HostSpec], str] | None = None) -> None:
-        super().__init__(spec, ssh_config, connect_timeout)
-        self.ssh = ssh
-        self.master = Master(ssh, spec, ssh_config, path, connect_timeout, persist=persist,
-                             hop_path=hop_path, session=False, alive=ALIVE)
+    def __init__(self, master: Master) -> None:
+        super().__init__(master.spec, master.ssh_config, master.connect_timeout)
+        self.ssh = master.ssh
+        self.master = master
         self._paramiko_open = False
         self._paramiko_lock = threading.Lock()
 

@@ -3,11 +3,13 @@
 The hosts keep talking to each other at their cluster addresses; only the laptop's own connections
 travel through SSH (FACTS.md, "Reaching tasks through SSH"). `dtf train` starts a `Tunnel`:
 
-- one OpenSSH master connection per host (ControlMaster, ServerAliveInterval), so that
-  ~/.ssh/config, the agent and ProxyJump apply as they do for the user's own `ssh`;
+- over the cluster's OpenSSH master to each host (dtf.hosts.control: opened by `up` and kept for
+  the cluster's life, so a training makes no new SSH handshake; ControlMaster, so that
+  ~/.ssh/config, the agent and ProxyJump apply as they do for the user's own `ssh`): `SharedMaster`;
 - a remote forward on each master from the host's 127.0.0.1:P back to this machine's P, the
-  chief's port: tasks that call the coordinator back (the ps does when a checkpoint is written
-  through it) reach it there, even from behind NAT;
+  chief's port, added to the running master for the run (`ssh -O forward`) and cancelled at its
+  end: tasks that call the coordinator back (the ps does when a checkpoint is written through it)
+  reach it there, even from behind NAT;
 - a local HTTP CONNECT proxy, handed to the program as `grpc_proxy` (TensorFlow's gRPC honours
   it). For each CONNECT to a planned task address it starts `ssh -W ADDR:PORT` over that host's
   master with the accepted socket as its stdin and stdout: the bytes are carried by OpenSSH, never
@@ -274,6 +276,58 @@ class Master:
         return [self.ssh, "-S", self.path, "-o", "ControlMaster=no", "-W", target, self.spec.host]
 
 
+def _socket_id(path: str) -> tuple[int, int] | None:
+    """Which master answers at `path`: a master started again makes a new socket (inode, ctime)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_ctime_ns
+
+
+class SharedMaster:
+    """A route over the cluster's control master (dtf.hosts.control), which outlives the run: the
+    run adds its remote forward back to the coordinator to it and cancels it at the end; the master
+    stays. A master that was lost is started again (with its empty session) at the next CONNECT,
+    and the forward added to the new one."""
+
+    def __init__(self, master: Master, chief_port: int | None) -> None:
+        self.master, self.spec, self.chief_port = master, master.spec, chief_port
+        self.lock = threading.Lock()
+        self.forwarded: tuple[int, int] | None = None  # the master (_socket_id) that holds the forward
+
+    def _forward(self, op: str) -> subprocess.CompletedProcess[str] | None:
+        spec = f"127.0.0.1:{self.chief_port}:127.0.0.1:{self.chief_port}"
+        try:
+            return subprocess.run([self.master.ssh, "-S", self.master.path, "-O", op, "-R", spec, self.spec.host],
+                                  capture_output=True, text=True, timeout=self.master.connect_timeout + 10,
+                                  stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    def ensure(self) -> None:
+        with self.lock:
+            self.master.ensure()
+            now = _socket_id(self.master.path)
+            if self.chief_port and now != self.forwarded:
+                r = self._forward("forward")
+                if r is None or r.returncode != 0:
+                    why = (r.stderr.strip().splitlines() or ["?"])[-1] if r is not None else "no answer"
+                    raise HostError(f"the way back to the coordinator (a remote forward of port "
+                                    f"{self.chief_port}) failed: {why}")
+                self.forwarded = now
+
+    def stop(self) -> None:
+        """Cancel the run's forward; the master stays (it is the cluster's)."""
+        with self.lock:
+            if self.forwarded is not None and _socket_id(self.master.path) == self.forwarded:
+                self._forward("cancel")
+            self.forwarded = None
+
+    def channel_argv(self, target: str) -> list[str]:
+        return self.master.channel_argv(target)
+
+
 RELAY_READY = 20.0  # seconds the login host's relay gets to say where it listens
 RELAY_RETRY = 1.0  # seconds between two looks at the relay (started again if its session ended)
 
@@ -436,7 +490,7 @@ class Route:
     """How connections to one host's tasks are carried."""
 
     host: str
-    via: Master | PythonRoute
+    via: Master | SharedMaster | PythonRoute
     targets: set[str] = field(default_factory=set)
 
 
@@ -485,7 +539,7 @@ class Proxy:
             _reply(conn, "200 Connection established")
             conn.settimeout(None)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # ssh writes replies in parts too
-            if isinstance(route.via, Master):
+            if isinstance(route.via, (Master, SharedMaster)):
                 child = subprocess.Popen(route.via.channel_argv(target), stdin=conn.fileno(),
                                          stdout=conn.fileno(), stderr=subprocess.DEVNULL,
                                          start_new_session=True)
@@ -539,9 +593,11 @@ class Tunnel:
 
     def __init__(self, hosts: Sequence[tuple[HostSpec, Sequence[str]]], ssh_config: str | None,
                  home: Path, cluster: str, connect_timeout: float = CONNECT_TIMEOUT,
-                 relay_for: Sequence[str] = ()) -> None:
+                 relay_for: Sequence[str] = (), shared: Callable[[HostSpec], Master] | None = None) -> None:
         """`relay_for`: a Slurm allocation's node addresses; `hosts` is then its login host alone,
-        whose relay carries the tasks' connections back to the coordinator (LoginRelay)."""
+        whose relay carries the tasks' connections back to the coordinator (LoginRelay).
+        `shared`: the cluster's master to a host (dtf.hosts.control), carrying the run's connections
+        (SharedMaster); without it, each host gets a master of its own that ends with the run."""
         ssh = ssh_binary()
         # The chief's port: the tasks reach the coordinator at 127.0.0.1:PORT on their own host, a
         # remote forward of each host's SSH connection back to this machine (a checkpoint written
@@ -549,8 +605,10 @@ class Tunnel:
         self.chief_port = free_ports(1)[0]
         self.routes = []
         for spec, targets in hosts:
-            via: Master | PythonRoute
-            if ssh:
+            via: Master | SharedMaster | PythonRoute
+            if ssh and shared is not None:
+                via = SharedMaster(shared(spec), self.chief_port)
+            elif ssh:
                 via = Master(ssh, spec, ssh_config, control_path(home, cluster, spec.host), connect_timeout,
                              self.chief_port)
             else:

@@ -219,14 +219,27 @@ def ps_incarnations(ops: HostOps) -> dict[str, tuple[int, int | None]]:
 
 def open_tunnel(record: Record, connect_timeout: float) -> Tunnel:
     """ssh mode: the program's gRPC channels to the tasks go through SSH (dtf.hosts.tunnel)."""
-    from dtf.hosts.tunnel import Tunnel
+    from dtf.cluster.inventory import HostSpec
+    from dtf.hosts.control import cluster_master
+    from dtf.hosts.openssh import ssh_binary
+    from dtf.hosts.tunnel import Master, Tunnel
 
     plan = record.plan
     if plan.slurm is not None:  # only the login host is reached by SSH: every task through it
         return Tunnel([(plan.slurm.login, [t.address for t in plan.tasks()])], plan.ssh_config, state.home(),
                       plan.cluster, connect_timeout, relay_for=plan.slurm.addresses)
     hosts = [(hp.spec, [t.address for t in hp.tasks]) for hp in plan.remote_hosts]
-    return Tunnel(hosts, plan.ssh_config, state.home(), plan.cluster, connect_timeout)
+    ssh = ssh_binary()
+    if ssh is None:  # paramiko carries the connections (dtf.hosts.tunnel.PythonRoute)
+        return Tunnel(hosts, plan.ssh_config, state.home(), plan.cluster, connect_timeout)
+    ttl = {hp.name: hp.ttl for hp in plan.remote_hosts}
+
+    def shared(spec: HostSpec) -> Master:
+        """The cluster's master to the host, kept since `up`: the run makes no new SSH handshake."""
+        return cluster_master(ssh, spec, state.home(), plan.cluster, plan.ssh_config, connect_timeout,
+                              ttl[spec.host], session=True)
+
+    return Tunnel(hosts, plan.ssh_config, state.home(), plan.cluster, connect_timeout, shared=shared)
 
 
 def lost_ps(ops: HostOps, before: dict[str, tuple[int, int | None]], network: str = "direct") -> list[str]:
