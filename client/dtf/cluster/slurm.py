@@ -271,17 +271,25 @@ def parse_node_addresses(out: str) -> dict[str, str]:
     return found
 
 
+def gpu_options(request: tuple[str, ...] | list[str]) -> list[str]:
+    """The GPU request of the allocation (`--gpus-per-node=N`, or the `--gres=...` as given in
+    `sbatch:`), from its sbatch command: a job step of the program's copies asks for the same,
+    so that Slurm hands the step the node's GPUs as it would to the user's own `srun`."""
+    return [a for a in request if a.startswith(("--gpus-per-node=", "--gres="))]
+
+
 def program_step_argv(job: str, nodes: list[str] | tuple[str, ...], per_node: int, cluster: str,
-                      argv: list[str]) -> list[str]:
+                      argv: list[str], gpus: list[str] | tuple[str, ...] = ()) -> list[str]:
     """Collective mode: ONE job step of `per_node` tasks on each node, task r on node r // per_node
     (block distribution, nodes in Slurm's order): each runs `argv`, which picks its copy by
     SLURM_PROCID. One step for all, so that each copy sees the step's own Slurm environment
     (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE) as under the
     user's own `srun`: what SlurmClusterResolver reads. --overcommit: the allocation holds one CPU a
-    node (dtf's own steps share it, --overlap), the copies may be more than that."""
+    node (dtf's own steps share it, --overlap), the copies may be more than that. `gpus`: the
+    allocation's GPU request (gpu_options), for the step."""
     return ["srun", "--quiet", f"--jobid={job}", "--overlap", "--overcommit", f"--nodes={len(nodes)}",
             f"--ntasks={len(nodes) * per_node}", f"--ntasks-per-node={per_node}", f"--nodelist={','.join(nodes)}",
-            "--distribution=block", f"--job-name=dtf-{cluster}-program", "--kill-on-bad-exit=0", *argv]
+            "--distribution=block", *gpus, f"--job-name=dtf-{cluster}-program", "--kill-on-bad-exit=0", *argv]
 
 
 def supervise_step_argv(job: str, node: str, cluster: str, task: str, launcher_argv: list[str]) -> list[str]:
