@@ -52,6 +52,8 @@ def test_sync_reaches_every_node_and_purge_leaves_nothing(slurm_lab: SlurmLab, t
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count(": cache removed") == 2, r.stdout
     assert ours(slurm_lab, job) == [] and left_behind(slurm_lab) == []
-    # Nothing of dtf's on either node's disk: seen through a job of our own (srun waits for its nodes).
+    # Nothing of this cluster's, and no cache, on either node's disk (other tests' clusters share
+    # the workdir): seen through a job of our own (srun waits for its nodes).
     for node in (h.name for h in slurm_lab.computes):
-        assert on_node(slurm_lab, "", node, f"ls -A {workdir(slurm_lab)} 2>/dev/null || true") == ""
+        where = f"{workdir(slurm_lab)}/sy {workdir(slurm_lab)}/.cache"
+        assert on_node(slurm_lab, "", node, f"ls -d {where} 2>/dev/null || true") == ""

@@ -297,3 +297,65 @@ def test_the_hook_makes_slurm_cluster_resolver_count_the_nodes_gpus(monkeypatch:
     monkeypatch.delenv(hook.JOINED_ENV, raising=False)
     hook.install()
     assert fake.get_num_gpus() == 4  # type: ignore[attr-defined]
+
+
+def fake_slurm(bin_dir: Path, states: list[str], sbatch: str = "42") -> None:
+    """Stand-ins for sbatch, squeue and scontrol on PATH: squeue answers `states` one per call
+    (then the last again); 'gone' is squeue's answer for a job it no longer knows."""
+    import shutil
+
+    shutil.rmtree(bin_dir, ignore_errors=True)
+    bin_dir.mkdir()
+    (bin_dir / "states").write_text("\n".join(states) + "\n")
+    scripts = {
+        "sbatch": f'echo "$@" > "{bin_dir}/sbatch.args"; echo "{sbatch}"',
+        "squeue": (f'n=$(cat "{bin_dir}/n" 2>/dev/null || echo 0); echo $((n + 1)) > "{bin_dir}/n"; '
+                   f'line=$(sed -n "$((n + 1))p" "{bin_dir}/states"); [ -n "$line" ] || line=$(tail -1 "{bin_dir}/states"); '
+                   'if [ "$line" = gone ]; then echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; fi; '
+                   'echo "$line"'),
+        "scontrol": ('if [ "$1 $2" = "show hostnames" ]; then echo n2; echo n1; '
+                     'else echo "NodeName=n1 Arch=x86_64 NodeAddr=10.0.0.1 State=ALLOCATED"; '
+                     'echo "NodeName=n2 NodeAddr=10.0.0.2 State=ALLOCATED"; fi'),
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+
+
+def run_wait(tmp_path: Path, argv: list[str], states: list[str], sbatch: str = "42"):  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+
+    fake_slurm(tmp_path / "bin", states, sbatch)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
+
+
+def test_one_command_submits_waits_and_names_the_nodes(tmp_path: Path) -> None:
+    """`up`'s allocation in one command on the login host: sbatch, squeue until the job runs
+    (0.1 s apart there, not a round trip each), then its nodes in Slurm's order and addresses."""
+    running = "RUNNING|None|n[1-2]|0:01|59:59"
+    r = run_wait(tmp_path, slurm.wait_argv(submit=["sbatch", "--parsable", "--wrap=sleep 1; echo 'x'"]),
+                 ["PENDING|Resources|||", "CONFIGURING|None|n[1-2]|0:00|1:00:00", running], sbatch="42;fed")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "bin" / "sbatch.args").read_text() == "--parsable --wrap=sleep 1; echo 'x'\n"
+    w = slurm.parse_wait(r.stdout)
+    assert (w.job, w.state.state, w.nodes, w.addresses) == ("42", "RUNNING", ("n2", "n1"),
+                                                             {"n1": "10.0.0.1", "n2": "10.0.0.2"})
+
+
+def test_a_look_at_a_pending_job_ends_after_its_rounds(tmp_path: Path) -> None:
+    r = run_wait(tmp_path, slurm.wait_argv("42", rounds=3, pause=0), ["PENDING|Priority|||"])
+    assert r.returncode == 0, r.stderr
+    w = slurm.parse_wait(r.stdout)
+    assert (w.job, w.state.state, w.state.reason, w.nodes) == (None, "PENDING", "Priority", ())
+    assert (tmp_path / "bin" / "n").read_text().strip() == "3"
+
+
+def test_a_job_squeue_forgot_is_gone_and_a_failed_sbatch_says_why(tmp_path: Path) -> None:
+    r = run_wait(tmp_path, slurm.wait_argv("42"), ["gone"])
+    assert r.returncode == 0 and slurm.parse_wait(r.stdout).state.gone, (r.stdout, r.stderr)
+    r = run_wait(tmp_path, slurm.wait_argv("42"), ["COMPLETING|None|n1|0:10|0:00"])
+    assert slurm.parse_wait(r.stdout).state.state == "COMPLETING"
+    r = run_wait(tmp_path, slurm.wait_argv(submit=["false"]), ["gone"])
+    assert r.returncode != 0 and slurm.parse_wait(r.stdout).job is None

@@ -182,6 +182,78 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
     return f"slurm job {job} {what} ({'; '.join(detail)}): {tail}"
 
 
+# One command on the login host per look at a job that `up` waits for (a round trip each: what
+# the laptop pays per command, not Slurm): squeue every PAUSE seconds, up to ROUNDS times, until
+# the job leaves the pending states; once it runs, its nodes in Slurm's order and their records
+# (NodeAddr), in the same answer. `--submit`: sbatch first (its argv after `--`), the job's id
+# on the first line. Answer: [JOB ID], the squeue line (empty: squeue no longer lists the job),
+# then for a running job `---`, `scontrol show hostnames`, `---`, `scontrol show node`.
+WAIT_ROUNDS, WAIT_PAUSE = 10, 0.1
+_WAIT = """set -e
+if [ "$1" = --submit ]; then
+  shift 4
+  out=$("$@")
+  job=${out%%;*}
+  echo "JOB $job"
+else
+  job=$1
+  shift
+fi
+i=0
+while :; do
+  line=$(squeue --noheader --jobs="$job" --format='%T|%r|%N|%M|%L' 2>&1) || {
+    case $line in *"Invalid job id"*) line= ;; *) echo "squeue failed: $line" >&2; exit 1 ;; esac
+  }
+  case $line in PENDING*|CONFIGURING*|REQUEUED*|RESIZING*) ;; *) break ;; esac
+  i=$((i + 1))
+  [ "$i" -lt "$ROUNDS" ] || break
+  sleep "$PAUSE"
+done
+echo "$line"
+case $line in RUNNING*)
+  nodes=$(echo "$line" | cut -d'|' -f3)
+  echo ---
+  scontrol show hostnames "$nodes"
+  echo ---
+  scontrol --oneliner show node "$nodes" ;;
+esac
+"""
+
+
+def wait_argv(job: str | None = None, submit: list[str] | None = None, rounds: int = WAIT_ROUNDS,
+              pause: float = WAIT_PAUSE) -> list[str]:
+    """Look at `job` until it leaves the pending states (at most `rounds` squeue, `pause` apart),
+    or submit it first (`submit`: the sbatch argv) and look at it: one command (see _WAIT)."""
+    script = f"ROUNDS={rounds}; PAUSE={pause:g}\n{_WAIT}"
+    if submit is not None:
+        return ["sh", "-c", script, "sh", "--submit", "-", "-", "--", *submit]
+    assert job is not None
+    return ["sh", "-c", script, "sh", job]
+
+
+@dataclass(frozen=True)
+class Waited:
+    """wait_argv's answer: the job's id (from sbatch, with --submit), its state, and once it runs
+    its nodes in Slurm's order and their addresses (NodeAddr)."""
+
+    job: str | None
+    state: JobState
+    nodes: tuple[str, ...] = ()
+    addresses: dict[str, str] | None = None
+
+
+def parse_wait(out: str) -> Waited:
+    lines = out.split("\n")
+    job = None
+    if lines and lines[0].startswith("JOB "):
+        job = parse_job_id(lines.pop(0)[4:])
+    parts = "\n".join(lines).split("\n---\n")
+    state = parse_squeue(parts[0])
+    if state.state != "RUNNING" or len(parts) < 3:
+        return Waited(job, state)
+    return Waited(job, state, tuple(parts[1].split()), parse_node_addresses(parts[2]))
+
+
 def hostnames_argv(nodelist: str) -> list[str]:
     """Expand a node list (node[1-3]) into one name a line."""
     return ["scontrol", "show", "hostnames", nodelist]

@@ -111,7 +111,7 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
 
 def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: Callable[[str], None],
                      connect_timeout: float, replace: bool = False,
-                     view: ProgressView = no_view) -> tuple[Allocation, bool]:
+                     view: ProgressView = no_view, ttl: float | None = None) -> tuple[Allocation, bool]:
     """The allocation `up` runs a Slurm inventory's cluster on: the recorded cluster's, while its
     job runs and the inventory asks for the same one (an `up` again repairs it), else a new one
     (True: made now, so an `up` that fails cancels it). An inventory that asks for another
@@ -141,7 +141,7 @@ def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: 
                     state.remove(inv.cluster)
                 say(f"job {recorded.job} of cluster {inv.cluster} is no longer in the queue "
                     f"(its tasks ended with it): starting the cluster anew")
-    return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout), True
+    return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout, ttl=ttl), True
 
 
 def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.Pack] = ()

@@ -16,7 +16,7 @@ from dtf.hostops.parallel import HostOps, Outcome
 from dtf.hostops.reach import probe_all
 from dtf.hosts.control import ControlTransport
 from dtf.hosts.netutil import port_open, wait_port
-from dtf.hosts.transport import HostError, Transport
+from dtf.hosts.transport import HostError, Result, Transport
 from dtf_server.procs import tf_version
 from dtf_server.protocol import CheckReply, FenceReply, StartReply
 
@@ -115,8 +115,10 @@ class Starter:
         tasks = hp.tasks_in(only)
         self.ops.step(hp, f"starting {len(tasks)} server(s)")
         self.started.add(hp.name)  # from here on, a rollback must stop tasks there
-        spawned = self._start_steps(t, hp, tasks) if hp.spec.connection == "slurm" else ""
-        r = t.run(hp.start_argv_for(only, spawned), timeout=hp.start_timeout + 30)
+        if hp.spec.connection == "slurm":
+            r = self._start_steps(t, hp, tasks, only)
+        else:
+            r = t.run(hp.start_argv_for(only), timeout=hp.start_timeout + 30)
         started = decode(StartReply, r, "starting servers")
         failed = {n: s for n, s in started.tasks.items() if not s.ok}
         if failed:
@@ -125,21 +127,23 @@ class Starter:
             raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
         return started
 
-    def _start_steps(self, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan]) -> str:
+    def _start_steps(self, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan],
+                     only: Collection[str] | None) -> Result:
         """A node of a Slurm allocation: each task's supervisor runs as a job step of its own,
-        started from the login host; the launcher's `start` then waits for them (the token)."""
+        started from the login host; the launcher's `start` then waits for them (the token), as a
+        step of its own, in the same command there."""
         import uuid
 
         from dtf.cluster import slurm
-        from dtf.hostops.slurm import detach_steps
+        from dtf.hostops.slurm import detach_script
         from dtf.hosts.slurmstep import SlurmStepTransport
 
         assert isinstance(t, SlurmStepTransport)
         token = uuid.uuid4().hex[:16]
         job, cluster = t.allocation.job, self.ops.plan.cluster
-        detach_steps(t.login, [slurm.supervise_step_argv(job, hp.name, cluster, task.name,
-                                                         hp.supervise_step_argv(task, token)) for task in tasks])
-        return token
+        script = detach_script([slurm.supervise_step_argv(job, hp.name, cluster, task.name,
+                                                          hp.supervise_step_argv(task, token)) for task in tasks])
+        return t.run_after(script, hp.start_argv_for(only, token), timeout=hp.start_timeout + 30)
 
     def _fence(self, t: Transport, hp: HostPlan, client_address: str | None) -> None:
         """`firewall: members`: close the host's TF ports to all but the cluster's hosts (and the
