@@ -71,7 +71,6 @@ class Login(Transport):
 
 @pytest.fixture
 def login(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Login]:
-    monkeypatch.setattr(slurm_ops, "POLL", 0.01)
     monkeypatch.setattr(slurm_ops, "POLL_MAX", 0.01)
 
     def make(squeue: list[str], **kw: Callable[[int], None]) -> Login:

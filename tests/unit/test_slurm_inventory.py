@@ -344,12 +344,16 @@ def test_one_command_submits_waits_and_names_the_nodes(tmp_path: Path) -> None:
                                                              {"n1": "10.0.0.1", "n2": "10.0.0.2"})
 
 
-def test_a_look_at_a_pending_job_ends_after_its_rounds(tmp_path: Path) -> None:
-    r = run_wait(tmp_path, slurm.wait_argv("42", rounds=3, pause=0), ["PENDING|Priority|||"])
+def test_a_look_at_a_pending_job_ends_after_its_time(tmp_path: Path) -> None:
+    """A look lasts its seconds by the login host's clock (plus one squeue), whatever squeue costs."""
+    r = run_wait(tmp_path, slurm.wait_argv("42", seconds=0.3, pause=0.05), ["PENDING|Priority|||"])
     assert r.returncode == 0, r.stderr
     w = slurm.parse_wait(r.stdout)
     assert (w.job, w.state.state, w.state.reason, w.nodes) == (None, "PENDING", "Priority", ())
-    assert (tmp_path / "bin" / "n").read_text().strip() == "3"
+    assert int((tmp_path / "bin" / "n").read_text()) >= 2  # squeue again within the look
+    r = run_wait(tmp_path, slurm.wait_argv("42", seconds=0), ["PENDING|Priority|||"])
+    assert slurm.parse_wait(r.stdout).state.state == "PENDING"
+    assert (tmp_path / "bin" / "n").read_text().strip() == "1"  # no time: one squeue
 
 
 def test_a_job_squeue_forgot_is_gone_and_a_failed_sbatch_says_why(tmp_path: Path) -> None:

@@ -183,13 +183,16 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
 
 
 # One command on the login host per look at a job that `up` waits for (a round trip each: what
-# the laptop pays per command, not Slurm): squeue every PAUSE seconds, up to ROUNDS times, until
-# the job leaves the pending states; once it runs, its nodes in Slurm's order and their records
-# (NodeAddr), in the same answer. `--submit`: sbatch first (its argv after `--`), the job's id
-# on the first line. Answer: [JOB ID], the squeue line (empty: squeue no longer lists the job),
-# then for a running job `---`, `scontrol show hostnames`, `---`, `scontrol show node`.
-WAIT_ROUNDS, WAIT_PAUSE = 10, 0.1
+# the laptop pays per command, not Slurm): squeue every PAUSE seconds, for up to SECONDS (by the
+# login host's clock: a loaded slurmctld makes each squeue slower, not the look longer than
+# that and one squeue), until the job leaves the pending states; once it runs, its nodes in
+# Slurm's order and their records (NodeAddr), in the same answer. `--submit`: sbatch first (its
+# argv after `--`), the job's id on the first line. Answer: [JOB ID], the squeue line (empty:
+# squeue no longer lists the job), then for a running job `---`, `scontrol show hostnames`,
+# `---`, `scontrol show node`.
+WAIT_SECONDS, WAIT_PAUSE = 1.0, 0.1
 _WAIT = """set -e
+ms() { t=$(date +%s%N); echo $((t / 1000000)); }
 if [ "$1" = --submit ]; then
   shift 4
   out=$("$@")
@@ -199,14 +202,13 @@ else
   job=$1
   shift
 fi
-i=0
+end=$(($(ms) + MS))
 while :; do
   line=$(squeue --noheader --jobs="$job" --format='%T|%r|%N|%M|%L' 2>&1) || {
     case $line in *"Invalid job id"*) line= ;; *) echo "squeue failed: $line" >&2; exit 1 ;; esac
   }
   case $line in PENDING*|CONFIGURING*|REQUEUED*|RESIZING*) ;; *) break ;; esac
-  i=$((i + 1))
-  [ "$i" -lt "$ROUNDS" ] || break
+  [ "$(ms)" -lt "$end" ] || break
   sleep "$PAUSE"
 done
 echo "$line"
@@ -220,11 +222,11 @@ esac
 """
 
 
-def wait_argv(job: str | None = None, submit: list[str] | None = None, rounds: int = WAIT_ROUNDS,
+def wait_argv(job: str | None = None, submit: list[str] | None = None, seconds: float = WAIT_SECONDS,
               pause: float = WAIT_PAUSE) -> list[str]:
-    """Look at `job` until it leaves the pending states (at most `rounds` squeue, `pause` apart),
+    """Look at `job` until it leaves the pending states (squeue `pause` apart, for up to `seconds`),
     or submit it first (`submit`: the sbatch argv) and look at it: one command (see _WAIT)."""
-    script = f"ROUNDS={rounds}; PAUSE={pause:g}\n{_WAIT}"
+    script = f"MS={round(max(0.0, seconds) * 1000)}; PAUSE={pause:g}\n{_WAIT}"
     if submit is not None:
         return ["sh", "-c", script, "sh", "--submit", "-", "-", "--", *submit]
     assert job is not None

@@ -19,9 +19,10 @@ from dtf.errors import HostFailure
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError, SSHTransport, Transport
 
-# Seconds between two squeue while a job pends: often at first (a free partition starts a job in
-# a second or two), then at most once a second (a long wait must not load slurmctld).
-POLL, POLL_MAX = 0.2, 1.0
+# While a job pends: squeue often at first, on the login host (a free partition starts a job in a
+# second or two: slurm.wait_argv's looks), then a look a second or so (a long wait must not load
+# slurmctld): POLL_MAX seconds between two looks after the first 5 s.
+POLL_MAX = 1.0
 CANCEL_TIMEOUT = 60.0  # seconds a cancelled job gets to leave the queue
 QUERY_TIMEOUT = 30.0  # seconds for one Slurm command on the login host
 
@@ -92,7 +93,8 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
                           DEFAULT_TTL if ttl is None else ttl) as t:
             waited: slurm.Waited | None = None
             if spec.submits:
-                r = t.run(slurm.wait_argv(submit=slurm.sbatch_argv(inv)), timeout=QUERY_TIMEOUT)
+                r = t.run(slurm.wait_argv(submit=slurm.sbatch_argv(inv), seconds=min(slurm.WAIT_SECONDS, wait)),
+                          timeout=QUERY_TIMEOUT)
                 try:  # its id, even if the look after sbatch failed: it must be cancelled then
                     waited = slurm.parse_wait(r.stdout)
                     job = waited.job
@@ -106,7 +108,7 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
             assert job is not None
             try:
                 if waited is None:
-                    waited = _look(t, job)
+                    waited = _look(t, job, 0)
                 waited = _wait_running(t, job, waited, wait, say)
             except BaseException:
                 if spec.submits:
@@ -123,9 +125,9 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
                       addresses=tuple(addresses.get(n, n) for n in waited.nodes), request=slurm.request(inv))
 
 
-def _look(t: Transport, job: str) -> slurm.Waited:
-    """One look at the job (slurm.wait_argv: up to a second on the login host)."""
-    return slurm.parse_wait(_run(t, slurm.wait_argv(job), "squeue"))
+def _look(t: Transport, job: str, seconds: float = slurm.WAIT_SECONDS) -> slurm.Waited:
+    """One look at the job (slurm.wait_argv: for up to `seconds` on the login host)."""
+    return slurm.parse_wait(_run(t, slurm.wait_argv(job, seconds=seconds), "squeue"))
 
 
 def _wait_running(t: Transport, job: str, look: slurm.Waited, wait: float, say: Say) -> slurm.Waited:
@@ -151,7 +153,7 @@ def _wait_running(t: Transport, job: str, look: slurm.Waited, wait: float, say: 
             raise HostError(f"job {job} still {state.state} after {wait:g}s ({state.reason}): cancelled")
         if waited >= 5:  # a long wait must not load slurmctld: a look a second or so
             time.sleep(min(POLL_MAX, max(0.0, wait - waited)))
-        look = _look(t, job)
+        look = _look(t, job, min(slurm.WAIT_SECONDS, max(0.0, wait - (time.monotonic() - t0))))
 
 
 def _cancel(t: Transport, job: str, say: Say) -> float:
@@ -177,7 +179,8 @@ def release(allocation: Allocation, ssh_config: str | None, say: Say,
         if not allocation.submitted:
             say(f"job {allocation.job} is yours (the inventory's job:): left running")
             return None
-        with SSHTransport(allocation.login, ssh_config, connect_timeout) as t:
+        with (login_master(allocation.login, cluster, ssh_config, connect_timeout) if cluster is not None
+              else SSHTransport(allocation.login, ssh_config, connect_timeout)) as t:
             return _cancel(t, allocation.job, say)
     except HostError as e:
         raise HostFailure("dtf down (Slurm)", {allocation.login.host: str(e)})
