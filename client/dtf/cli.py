@@ -149,7 +149,7 @@ def up(
     if inv.slurm is not None:
         allocation, fresh = lifecycle.slurm_allocation(inv, inventory, wait=slurm_wait, say=ui.say,
                                                        connect_timeout=connect_timeout, replace=replace,
-                                                       view=ui.host_progress)
+                                                       view=ui.host_progress, ttl=ttl_seconds)
     try:
         plan = lifecycle.load_plan(inventory, ttl_seconds, os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
                                    network=network, slurm=allocation)
@@ -166,7 +166,7 @@ def up(
         if allocation is not None and fresh:  # an allocation made for an `up` that failed is not kept
             from dtf.hostops.slurm import release
 
-            release(allocation, inv.ssh_config, ui.say, connect_timeout)
+            release(allocation, inv.ssh_config, ui.say, connect_timeout, cluster=inv.cluster)
         raise
     ui.show_up_result(result)
 

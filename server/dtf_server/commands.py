@@ -341,7 +341,11 @@ def cmd_start(args: argparse.Namespace) -> StartReply:
     while pending and time.monotonic() < deadline:
         for name, (task, waited, tdir) in list(pending.items()):
             code = waited.poll()
-            died = (read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}).get("last_exit")
+            # A job step's supervisor removes an earlier run's supervisor.json before it writes its
+            # pid.json: until that appears, what is there is not this supervisor's (the step may
+            # start after this command: both leave the login host at once).
+            fresh = not isinstance(waited, _Step) or waited.seen
+            died = (read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}).get("last_exit") if fresh else None
             if code is not None or died:
                 reason = f"server {died}" if died else f"supervisor {exit_reason(code or 0)}"
                 results[name] = TaskStarted(ok=False, pid=waited.pid, reason=reason,

@@ -6,13 +6,17 @@ output directory to the laptop."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
-from test_up_down import inventory, job_of, left_behind, ours, steps
+from test_up_down import inventory, job_of, left_behind, ours, steps, workdir
 
-from helpers import EXAMPLES, PROGRAMS, dtf, status_json
+from helpers import EXAMPLES, PROGRAMS, REPO, Barrier, Train, dtf, status_json, wait_gone
+from lab import Host
 from slurmlab import SlurmLab
 
 pytestmark = pytest.mark.tf
@@ -48,4 +52,54 @@ def test_collective_runs_slurm_cluster_resolver_and_tf_config_programs(slurm_lab
     r = dtf("down", home=home, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert ours(slurm_lab, job) == []
+    assert left_behind(slurm_lab) == []
+
+
+def copies_on(lab: SlurmLab, node: Host) -> list[int]:
+    """The program copies running on a compute node (in its network namespace), not their
+    supervisors (whose command lines hold the copy's)."""
+    here = set(subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True,
+                              timeout=10).stdout.split())
+    return [pid for pid, cmd in lab.processes(workdir(lab)) if str(pid) in here
+            and "dtf.program.runner" in cmd and "supervise-program" not in cmd and "run-step" not in cmd]
+
+
+def test_a_killed_copy_restarts_every_copy_and_they_resume(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """Under --collective on Slurm, a copy killed on a node after the program reached a barrier:
+    every copy is stopped and started again as a new job step, and they resume from the chief's
+    BackupAndRestore backup (copied to the other node's own disk)."""
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="again", ps=0, workers=1)
+    home = tmp_path / "home"
+    r = dtf("up", str(inv), home=home, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = job_of(r.stdout)
+    prog = tmp_path / "prog" / "simple_worker_mnist.py"
+    prog.parent.mkdir()
+    shutil.copy(EXAMPLES / "simple_worker_mnist.py", prog)
+    shutil.copy(PROGRAMS / "barrier.py", prog.parent / "barrier.py")
+    barrier = Barrier(tmp_path / "barrier", r"^epoch 1 done")  # every copy waits there until the kill
+    out = tmp_path / "out"
+    run = Train(home, tmp_path / "train.out", "--collective", "--attempts", "2", "--output", str(out),
+                str(prog.parent / "barrier.py"), *barrier.argv(prog.name, "--epochs", "4", "--steps", "5")[1:],
+                cwd=REPO)
+    lost = slurm_lab.computes[1]
+    with barrier.held(run):
+        victims = copies_on(slurm_lab, lost)
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        wait_gone(victims)
+    code, text = run.finish(timeout=600)
+    dtf_lines = "\n".join(x for x in text.splitlines() if x.startswith("dtf:"))
+    assert code == 0, text[-4000:]
+    assert f"worker:1 ({lost.name}) failed first: killed by SIGKILL" in text, dtf_lines
+    assert "attempt 2 of 2" in text, dtf_lines
+    epochs = [line.split() for line in (out / "epochs.txt").read_text().splitlines()]
+    first = [int(e[3]) for e in epochs if e[1] == "1"]
+    second = [int(e[3]) for e in epochs if e[1] == "2"]
+    assert first and second and second[0] == first[-1] + 1, epochs  # resumed, not from the start
+    assert sorted(set(first + second)) == list(range(4)) and second[-1] == 3, epochs
+    assert not [x for x in steps(slurm_lab, job) if "program" in x]
+    assert [t["state"] for t in status_json(home)["tasks"]] == ["alive"] * 2
+    r = dtf("down", home=home, timeout=120)
+    assert r.returncode == 0 and ours(slurm_lab, job) == [], r.stdout + r.stderr
     assert left_behind(slurm_lab) == []

@@ -32,6 +32,8 @@ class Login(Transport):
 
     def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
         argv = list(argv)
+        if argv[:2] == ["sh", "-c"] and "squeue" in argv[2]:  # slurm.wait_argv: one look (sbatch first)
+            return self.look(argv[4:])
         self.ran.append(argv)
         if argv[0] == "sbatch":
             return Result(0, "42\n", "")
@@ -50,15 +52,31 @@ class Login(Transport):
             return Result(0, "NodeName=n1 Arch=x NodeAddr=10.0.0.1 x=y\nNodeName=n2 NodeAddr=10.0.0.2\n", "")
         return Result(127, "", f"{argv[0]}: not found")
 
+    def look(self, args: list[str]) -> Result:
+        """What the wait script answers, from the commands it runs (the ones this fake answers);
+        one squeue a look (its rounds on the login host are the script's, tested on its own)."""
+        out = []
+        if args[0] == "--submit":
+            out.append("JOB " + self.run(args[4:]).stdout.strip())
+            job = out[0][4:]
+        else:
+            job = args[0]
+        state = self.run(["squeue", f"--jobs={job}"]).stdout
+        out.append(state.strip())
+        if state.startswith("RUNNING"):
+            out += ["---", self.run(["scontrol", "show", "hostnames"]).stdout.strip(),
+                    "---", self.run(["scontrol", "--oneliner"]).stdout.strip()]
+        return Result(0, "\n".join(out) + "\n", "")
+
 
 @pytest.fixture
 def login(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Login]:
-    monkeypatch.setattr(slurm_ops, "POLL", 0.01)
     monkeypatch.setattr(slurm_ops, "POLL_MAX", 0.01)
 
     def make(squeue: list[str], **kw: Callable[[int], None]) -> Login:
         t = Login(squeue, **kw)
-        monkeypatch.setattr(slurm_ops, "login_transport", lambda inv, timeout=0: t)
+        monkeypatch.setattr(slurm_ops, "login_master", lambda *a, **kw: t)
+        monkeypatch.setattr(slurm_ops, "close_masters", lambda cluster: None)
         return t
 
     return make

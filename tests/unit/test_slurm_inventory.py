@@ -209,3 +209,157 @@ def test_a_plan_on_an_allocation_round_trips() -> None:
     assert slurm.supervise_step_argv("77", "n2", "hpc", "ps:1", ["x"]) == [
         "srun", "--quiet", "--jobid=77", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2",
         "--job-name=dtf-hpc-ps:1", "--kill-on-bad-exit=0", "x"]
+
+
+GPU = """\
+cluster: g
+slurm: {login: login, nodes: 2, workers: 2, sbatch: [--exclusive, "--gres=gpu:a100:4,tmpfs:10G"]}
+"""
+
+
+def test_a_gres_of_gpus_gives_the_nodes_their_gpus_and_goes_to_the_copies_step() -> None:
+    inv = parse(GPU)
+    assert inv.slurm is not None and inv.slurm.node.gpus == (0, 1, 2, 3)
+    assert slurm.gpu_options(slurm.sbatch_argv(inv)) == ["--gres=gpu:a100:4,tmpfs:10G"]
+    assert parse(GPU.replace("gpu:a100:4", "gpu")).slurm.node.gpus == (0,)  # type: ignore[union-attr]
+    assert parse(GPU.replace("gpu:a100:4", "tmpfs:1G")).slurm.node.gpus is None  # type: ignore[union-attr]
+    assert slurm.gpu_options(slurm.sbatch_argv(parse(FULL))) == ["--gpus-per-node=4"]
+    assert errors(GPU.replace("workers: 2,", "workers: 2, gpus_per_node: 4,")) == [
+        "inventory.yaml:2:63: slurm.sbatch: a --gres of GPUs and slurm.gpus_per_node: one GPU request per node "
+        "(remove one of them)"]
+
+
+def test_the_copies_step_asks_for_the_allocations_gpus() -> None:
+    argv = slurm.program_step_argv("77", ["n1", "n2"], 2, "g", ["launcher"], gpus=["--gpus-per-node=4"])
+    assert argv[:11] == ["srun", "--quiet", "--jobid=77", "--overlap", "--overcommit", "--nodes=2", "--ntasks=4",
+                         "--ntasks-per-node=2", "--nodelist=n1,n2", "--distribution=block", "--gpus-per-node=4"]
+    assert "--gpus-per-node=4" not in slurm.program_step_argv("77", ["n1"], 1, "g", ["launcher"])
+
+
+def slurm_plan(text: str, nodes: tuple[str, ...] = ("n1", "n2")):  # type: ignore[no-untyped-def]
+    from dtf.cluster.plan import make_plan
+
+    inv = parse(text)
+    assert inv.slurm is not None
+    alloc = slurm.Allocation(job="77", submitted=True, login=inv.slurm.login, nodes=nodes,
+                             addresses=tuple(f"10.0.0.{i + 1}" for i in range(len(nodes))), request=slurm.request(inv))
+    return make_plan(inv.with_nodes(alloc.nodes), slurm=alloc)
+
+
+@pytest.mark.parametrize("gpus,workers,note", [
+    (4, 2, None), (8, 4, None), (2, 2, None), (1, 1, None),
+    (3, 2, "3 GPUs per node do not split evenly among 2 workers per node"),
+    (1, 2, "1 GPU(s) per node for 2 workers per node"),
+])
+def test_each_copys_gpus_agree_with_slurm_cluster_resolver(gpus: int, workers: int, note: str | None) -> None:
+    """Each copy sees dtf's share of its node's GPUs (a program reading TF_CONFIG uses it), and
+    SlurmClusterResolver, counting the node's GPUs ($DTF_NODE_GPUS), gives its k-th task on a node
+    block k of gpus // workers ids: the same ids (or dtf says why not)."""
+    from dtf.cluster import gpus as dtf_gpus
+    from dtf.collective import run as collective
+
+    plan = slurm_plan(f"cluster: g\nslurm: {{login: login, nodes: 2, workers: {workers}, gpus_per_node: {gpus}}}\n")
+    notes = collective.check_plan(plan)
+    assert (notes[0] if notes else None) == (None if note is None else notes[0]) and (note is None or note in notes[0])
+    for t in collective.workers(plan):
+        env = dict(a.split("=", 1) for a in collective.copy_argv(plan, t, "p.py", [], 1) if "=" in a and not a.startswith("TF_CONFIG"))
+        assert env["DTF_NODE_GPUS"] == str(gpus)
+        k = plan.host_of(t).spec.worker_ports.index(t.port)  # the task's place on its node: SLURM_LOCALID
+        per_task = gpus // workers
+        resolver = ",".join(str(i) for i in range(k * per_task, (k + 1) * per_task))  # what auto_set_gpu sets
+        assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, dtf_gpus.shares(range(gpus), workers)[k]))
+        if note is None:
+            assert env["CUDA_VISIBLE_DEVICES"] == resolver
+
+
+def test_no_gpus_no_gpu_variables_on_slurm() -> None:
+    from dtf.collective import run as collective
+
+    plan = slurm_plan("cluster: g\nslurm: {login: login, nodes: 2, workers: 1}\n")
+    argv = collective.copy_argv(plan, collective.workers(plan)[0], "p.py", [], 1)
+    assert not [a for a in argv if a.startswith(("CUDA_VISIBLE_DEVICES=", "DTF_NODE_GPUS="))]
+    assert collective.check_plan(plan) == []
+
+
+def test_the_hook_makes_slurm_cluster_resolver_count_the_nodes_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dtf.program.hooks.collective on a stand-in for TensorFlow's slurm_cluster_resolver module
+    (the unit tests import no TensorFlow): its get_num_gpus, which the resolver calls for a
+    missing gpus_per_node, answers the node's count."""
+    import sys
+    import types
+
+    from dtf.program.hooks import collective as hook
+
+    fake = types.ModuleType(hook.SLURM_RESOLVER)
+    fake.get_num_gpus = lambda: 2  # type: ignore[attr-defined]  # len(CUDA_VISIBLE_DEVICES): the copy's share
+    monkeypatch.setitem(sys.modules, hook.SLURM_RESOLVER, fake)
+    monkeypatch.setenv("DTF_NODE_GPUS", "4")
+    monkeypatch.delenv(hook.JOINED_ENV, raising=False)
+    hook.install()
+    assert fake.get_num_gpus() == 4  # type: ignore[attr-defined]
+
+
+def fake_slurm(bin_dir: Path, states: list[str], sbatch: str = "42") -> None:
+    """Stand-ins for sbatch, squeue and scontrol on PATH: squeue answers `states` one per call
+    (then the last again); 'gone' is squeue's answer for a job it no longer knows."""
+    import shutil
+
+    shutil.rmtree(bin_dir, ignore_errors=True)
+    bin_dir.mkdir()
+    (bin_dir / "states").write_text("\n".join(states) + "\n")
+    scripts = {
+        "sbatch": f'echo "$@" > "{bin_dir}/sbatch.args"; echo "{sbatch}"',
+        "squeue": (f'n=$(cat "{bin_dir}/n" 2>/dev/null || echo 0); echo $((n + 1)) > "{bin_dir}/n"; '
+                   f'line=$(sed -n "$((n + 1))p" "{bin_dir}/states"); [ -n "$line" ] || line=$(tail -1 "{bin_dir}/states"); '
+                   'if [ "$line" = gone ]; then echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; fi; '
+                   'echo "$line"'),
+        "scontrol": ('if [ "$1 $2" = "show hostnames" ]; then echo n2; echo n1; '
+                     'else echo "NodeName=n1 Arch=x86_64 NodeAddr=10.0.0.1 State=ALLOCATED"; '
+                     'echo "NodeName=n2 NodeAddr=10.0.0.2 State=ALLOCATED"; fi'),
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+
+
+def run_wait(tmp_path: Path, argv: list[str], states: list[str], sbatch: str = "42"):  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+
+    fake_slurm(tmp_path / "bin", states, sbatch)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
+
+
+def test_one_command_submits_waits_and_names_the_nodes(tmp_path: Path) -> None:
+    """`up`'s allocation in one command on the login host: sbatch, squeue until the job runs
+    (0.1 s apart there, not a round trip each), then its nodes in Slurm's order and addresses."""
+    running = "RUNNING|None|n[1-2]|0:01|59:59"
+    r = run_wait(tmp_path, slurm.wait_argv(submit=["sbatch", "--parsable", "--wrap=sleep 1; echo 'x'"]),
+                 ["PENDING|Resources|||", "CONFIGURING|None|n[1-2]|0:00|1:00:00", running], sbatch="42;fed")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "bin" / "sbatch.args").read_text() == "--parsable --wrap=sleep 1; echo 'x'\n"
+    w = slurm.parse_wait(r.stdout)
+    assert (w.job, w.state.state, w.nodes, w.addresses) == ("42", "RUNNING", ("n2", "n1"),
+                                                             {"n1": "10.0.0.1", "n2": "10.0.0.2"})
+
+
+def test_a_look_at_a_pending_job_ends_after_its_time(tmp_path: Path) -> None:
+    """A look lasts its seconds by the login host's clock (plus one squeue), whatever squeue costs."""
+    r = run_wait(tmp_path, slurm.wait_argv("42", seconds=0.3, pause=0.05), ["PENDING|Priority|||"])
+    assert r.returncode == 0, r.stderr
+    w = slurm.parse_wait(r.stdout)
+    assert (w.job, w.state.state, w.state.reason, w.nodes) == (None, "PENDING", "Priority", ())
+    assert int((tmp_path / "bin" / "n").read_text()) >= 2  # squeue again within the look
+    r = run_wait(tmp_path, slurm.wait_argv("42", seconds=0), ["PENDING|Priority|||"])
+    assert slurm.parse_wait(r.stdout).state.state == "PENDING"
+    assert (tmp_path / "bin" / "n").read_text().strip() == "1"  # no time: one squeue
+
+
+def test_a_job_squeue_forgot_is_gone_and_a_failed_sbatch_says_why(tmp_path: Path) -> None:
+    r = run_wait(tmp_path, slurm.wait_argv("42"), ["gone"])
+    assert r.returncode == 0 and slurm.parse_wait(r.stdout).state.gone, (r.stdout, r.stderr)
+    r = run_wait(tmp_path, slurm.wait_argv("42"), ["COMPLETING|None|n1|0:10|0:00"])
+    assert slurm.parse_wait(r.stdout).state.state == "COMPLETING"
+    r = run_wait(tmp_path, slurm.wait_argv(submit=["false"]), ["gone"])
+    assert r.returncode != 0 and slurm.parse_wait(r.stdout).job is None

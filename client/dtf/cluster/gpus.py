@@ -8,6 +8,14 @@ when they do not divide evenly); with fewer GPUs than workers, workers share the
 A host without `gpus` gets no variable at all (TensorFlow's own defaults). The same assignment
 serves ParameterServerStrategy workers (their servers) and collective mode's program copies, in
 which a MirroredStrategy uses the copy's GPUs.
+
+On Slurm (`gpus_per_node`, or a `--gres` of GPUs) the node's GPUs are numbered 0..N-1, as Slurm
+numbers a job's GPUs in its steps where their devices are constrained (ConstrainDevices=yes, the
+usual setup of GPU sites). A program that builds SlurmClusterResolver (its default auto_set_gpu)
+sets its own CUDA_VISIBLE_DEVICES: block k of N // W ids for its k-th task on the node (W tasks a
+node). That is dtf's share whenever W divides N, once the resolver counts the node's N GPUs and
+not the copy's share (NODE_GPUS_ENV, read by dtf.program.hooks.collective); otherwise the two
+differ, and `slurm_note` says so.
 """
 
 from __future__ import annotations
@@ -39,6 +47,26 @@ def task_env(gpus: Sequence[int] | None, job: str, position: int, workers: int) 
         return {}
     visible = [] if job == "ps" else shares(gpus, workers)[position]
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in visible), "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+
+
+NODE_GPUS_ENV = "DTF_NODE_GPUS"  # a copy's node's GPU count (Slurm), for SlurmClusterResolver
+
+
+def slurm_note(gpus: Sequence[int] | None, workers: int) -> str | None:
+    """Why SlurmClusterResolver's own split of a node's GPUs among its `workers` tasks (block k of
+    N // W ids) would not be dtf's shares; None when they agree (or there are no GPUs)."""
+    if not gpus or workers <= 0:
+        return None
+    n = len(gpus)
+    if n < workers:
+        return (f"{n} GPU(s) per node for {workers} workers per node: dtf shares them round-robin, but "
+                f"SlurmClusterResolver gives each task {n} // {workers} = 0 and fails; a program reading "
+                f"TF_CONFIG is fine")
+    if n % workers:
+        return (f"{n} GPUs per node do not split evenly among {workers} workers per node: dtf gives the "
+                f"first workers one more, SlurmClusterResolver gives each {n // workers} and leaves "
+                f"{n % workers} unused (its auto_set_gpu overrides dtf's CUDA_VISIBLE_DEVICES)")
+    return None
 
 
 def env_prefix(variables: dict[str, str]) -> list[str]:

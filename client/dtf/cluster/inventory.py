@@ -440,6 +440,21 @@ def _read_gpus_per_node(node: yaml.Node) -> int:
     return value
 
 
+_GRES_GPU = re.compile(r"gpu(?::[\w.-]+)?(?::(\d+))?")
+
+
+def gres_gpus(sbatch: tuple[str, ...]) -> int | None:
+    """The GPUs per node that a `--gres=...` among the sbatch options asks for (`gpu:4`,
+    `gpu:a100:4`, `gpu`: 1); None: it asks for none."""
+    for option in sbatch:
+        if option.startswith("--gres="):
+            for item in option.split("=", 1)[1].split(","):
+                m = _GRES_GPU.fullmatch(item.strip())
+                if m:
+                    return int(m.group(1) or 1)
+    return None
+
+
 def _read_sbatch(node: yaml.Node) -> tuple[str, ...]:
     """More sbatch options: a list of options, each one argument (`--constraint=a100`)."""
     value = _plain(node)
@@ -694,6 +709,12 @@ class _Checker:
                         "no worker task: each node needs workers: 1 or more")
             return None
         gpus_per_node = allocation.get("gpus_per_node")
+        gres = gres_gpus(allocation.get("sbatch", ()))
+        if gres is not None and gpus_per_node is not None:
+            self.report(found["sbatch"][0], "slurm.sbatch", "a --gres of GPUs and slurm.gpus_per_node: one GPU "
+                                                            "request per node (remove one of them)")
+            return None
+        gpus_per_node = gpus_per_node if gres is None else gres
         node_spec = HostSpec(
             host="", line=node.start_mark.line + 1, connection="slurm", user=None, port=None, identity_file=None,
             python=s["python"], workdir=s["workdir"], address=None,

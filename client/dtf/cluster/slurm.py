@@ -182,6 +182,80 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
     return f"slurm job {job} {what} ({'; '.join(detail)}): {tail}"
 
 
+# One command on the login host per look at a job that `up` waits for (a round trip each: what
+# the laptop pays per command, not Slurm): squeue every PAUSE seconds, for up to SECONDS (by the
+# login host's clock: a loaded slurmctld makes each squeue slower, not the look longer than
+# that and one squeue), until the job leaves the pending states; once it runs, its nodes in
+# Slurm's order and their records (NodeAddr), in the same answer. `--submit`: sbatch first (its
+# argv after `--`), the job's id on the first line. Answer: [JOB ID], the squeue line (empty:
+# squeue no longer lists the job), then for a running job `---`, `scontrol show hostnames`,
+# `---`, `scontrol show node`.
+WAIT_SECONDS, WAIT_PAUSE = 1.0, 0.1
+_WAIT = """set -e
+ms() { t=$(date +%s%N); echo $((t / 1000000)); }
+if [ "$1" = --submit ]; then
+  shift 4
+  out=$("$@")
+  job=${out%%;*}
+  echo "JOB $job"
+else
+  job=$1
+  shift
+fi
+end=$(($(ms) + MS))
+while :; do
+  line=$(squeue --noheader --jobs="$job" --format='%T|%r|%N|%M|%L' 2>&1) || {
+    case $line in *"Invalid job id"*) line= ;; *) echo "squeue failed: $line" >&2; exit 1 ;; esac
+  }
+  case $line in PENDING*|CONFIGURING*|REQUEUED*|RESIZING*) ;; *) break ;; esac
+  [ "$(ms)" -lt "$end" ] || break
+  sleep "$PAUSE"
+done
+echo "$line"
+case $line in RUNNING*)
+  nodes=$(echo "$line" | cut -d'|' -f3)
+  echo ---
+  scontrol show hostnames "$nodes"
+  echo ---
+  scontrol --oneliner show node "$nodes" ;;
+esac
+"""
+
+
+def wait_argv(job: str | None = None, submit: list[str] | None = None, seconds: float = WAIT_SECONDS,
+              pause: float = WAIT_PAUSE) -> list[str]:
+    """Look at `job` until it leaves the pending states (squeue `pause` apart, for up to `seconds`),
+    or submit it first (`submit`: the sbatch argv) and look at it: one command (see _WAIT)."""
+    script = f"MS={round(max(0.0, seconds) * 1000)}; PAUSE={pause:g}\n{_WAIT}"
+    if submit is not None:
+        return ["sh", "-c", script, "sh", "--submit", "-", "-", "--", *submit]
+    assert job is not None
+    return ["sh", "-c", script, "sh", job]
+
+
+@dataclass(frozen=True)
+class Waited:
+    """wait_argv's answer: the job's id (from sbatch, with --submit), its state, and once it runs
+    its nodes in Slurm's order and their addresses (NodeAddr)."""
+
+    job: str | None
+    state: JobState
+    nodes: tuple[str, ...] = ()
+    addresses: dict[str, str] | None = None
+
+
+def parse_wait(out: str) -> Waited:
+    lines = out.split("\n")
+    job = None
+    if lines and lines[0].startswith("JOB "):
+        job = parse_job_id(lines.pop(0)[4:])
+    parts = "\n".join(lines).split("\n---\n")
+    state = parse_squeue(parts[0])
+    if state.state != "RUNNING" or len(parts) < 3:
+        return Waited(job, state)
+    return Waited(job, state, tuple(parts[1].split()), parse_node_addresses(parts[2]))
+
+
 def hostnames_argv(nodelist: str) -> list[str]:
     """Expand a node list (node[1-3]) into one name a line."""
     return ["scontrol", "show", "hostnames", nodelist]
@@ -271,17 +345,25 @@ def parse_node_addresses(out: str) -> dict[str, str]:
     return found
 
 
+def gpu_options(request: tuple[str, ...] | list[str]) -> list[str]:
+    """The GPU request of the allocation (`--gpus-per-node=N`, or the `--gres=...` as given in
+    `sbatch:`), from its sbatch command: a job step of the program's copies asks for the same,
+    so that Slurm hands the step the node's GPUs as it would to the user's own `srun`."""
+    return [a for a in request if a.startswith(("--gpus-per-node=", "--gres="))]
+
+
 def program_step_argv(job: str, nodes: list[str] | tuple[str, ...], per_node: int, cluster: str,
-                      argv: list[str]) -> list[str]:
+                      argv: list[str], gpus: list[str] | tuple[str, ...] = ()) -> list[str]:
     """Collective mode: ONE job step of `per_node` tasks on each node, task r on node r // per_node
     (block distribution, nodes in Slurm's order): each runs `argv`, which picks its copy by
     SLURM_PROCID. One step for all, so that each copy sees the step's own Slurm environment
     (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE) as under the
     user's own `srun`: what SlurmClusterResolver reads. --overcommit: the allocation holds one CPU a
-    node (dtf's own steps share it, --overlap), the copies may be more than that."""
+    node (dtf's own steps share it, --overlap), the copies may be more than that. `gpus`: the
+    allocation's GPU request (gpu_options), for the step."""
     return ["srun", "--quiet", f"--jobid={job}", "--overlap", "--overcommit", f"--nodes={len(nodes)}",
             f"--ntasks={len(nodes) * per_node}", f"--ntasks-per-node={per_node}", f"--nodelist={','.join(nodes)}",
-            "--distribution=block", f"--job-name=dtf-{cluster}-program", "--kill-on-bad-exit=0", *argv]
+            "--distribution=block", *gpus, f"--job-name=dtf-{cluster}-program", "--kill-on-bad-exit=0", *argv]
 
 
 def supervise_step_argv(job: str, node: str, cluster: str, task: str, launcher_argv: list[str]) -> list[str]:

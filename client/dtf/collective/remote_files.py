@@ -135,12 +135,31 @@ _TAR_OUT = 'cd "$1" 2>/dev/null || exit 3; exec tar -cf - .'
 FETCH_STALL = 60.0  # seconds without a byte before a fetch through a job step is given up
 
 
+FETCH_TIMEOUT = 600.0  # seconds a fetch over the login host's master may take in all
+
+
 def _fetch_by_tar(t: SlurmStepTransport, remote: str, local: Path) -> int:
     import paramiko
 
+    from dtf.hosts.control import ControlTransport
     from dtf.hosts.shell import render
 
     data = io.BytesIO()
+    if isinstance(t.login, ControlTransport):  # a session of the login host's master: bytes on stdout
+        import subprocess
+
+        t.login.open()
+        argv = t.login.command("-T") + [render(t.step(["sh", "-c", _TAR_OUT, "sh", remote]))]
+        try:
+            p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=FETCH_TIMEOUT,
+                               start_new_session=True)
+        except subprocess.TimeoutExpired:
+            raise HostError(f"copying {remote} back failed: not done after {FETCH_TIMEOUT:g}s")
+        except OSError as e:
+            raise HostError(f"copying {remote} back failed: {e.strerror or e}")
+        data.write(p.stdout)
+        code, err = p.returncode, p.stderr.decode(errors="replace").strip()
+        return _untar(data, local, remote, code, err)
     try:
         chan = t.login.connection().transport.open_session(timeout=30)
         try:
@@ -154,6 +173,11 @@ def _fetch_by_tar(t: SlurmStepTransport, remote: str, local: Path) -> int:
             chan.close()
     except (OSError, paramiko.SSHException) as e:
         raise HostError(f"copying {remote} back failed: {e}")
+    return _untar(data, local, remote, code, err)
+
+
+def _untar(data: io.BytesIO, local: Path, remote: str, code: int, err: str) -> int:
+    """The tree a job step sent (_TAR_OUT's exit `code`, its stderr `err`), into `local`."""
     if code == 3:
         return 0
     if code != 0:

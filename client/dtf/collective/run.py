@@ -121,6 +121,10 @@ def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt
            "DTF_SYNCED": json.dumps({name: posixpath.join("..", path) for name, path in (synced or {}).items()})}
     position = hp.spec.worker_ports.index(task.port)
     env.update(gpus.task_env(hp.spec.gpus, task.job, position, len(hp.spec.worker_ports)))
+    if plan.slurm is not None and hp.spec.gpus is not None:
+        # SlurmClusterResolver counts a node's GPUs in CUDA_VISIBLE_DEVICES, which holds only this
+        # copy's share: dtf.program.hooks.collective makes it count the node's (see gpus.slurm_note).
+        env[gpus.NODE_GPUS_ENV] = str(len(hp.spec.gpus))
     return [*gpus.env_prefix(env), hp.python, "-m", "dtf.program.runner", program, *args]
 
 
@@ -158,12 +162,19 @@ def prefix(task: TaskPlan) -> str:
 
 
 def check_plan(plan: Plan) -> list[str]:
-    """The notes to print: ps tasks are not used (an inventory always has a worker)."""
+    """The notes to print: ps tasks are not used (an inventory always has a worker); on Slurm, GPUs
+    that SlurmClusterResolver would split otherwise than dtf."""
+    notes = []
     ps = [f"{t.name} ({t.host})" for t in plan.tasks() if t.job == "ps"]
     if ps:
-        return [f"--collective: {', '.join(ps)} not used (MultiWorkerMirroredStrategy has no parameter "
-                f"servers; they keep running)"]
-    return []
+        notes.append(f"--collective: {', '.join(ps)} not used (MultiWorkerMirroredStrategy has no parameter "
+                     f"servers; they keep running)")
+    if plan.slurm is not None and plan.hosts:
+        spec = plan.hosts[0].spec  # every node has the same layout
+        note = gpus.slurm_note(spec.gpus, len(spec.worker_ports))
+        if note:
+            notes.append(f"--collective: {note}")
+    return notes
 
 
 def lost_or_killed(event: follow.Ended | follow.Lost) -> bool:
@@ -262,7 +273,8 @@ class CollectiveRun:
         first = self.hosts[0]
         argv = slurm.program_step_argv(allocation.job, [hp.name for hp in self.hosts],
                                        len(first.spec.worker_ports), self.plan.cluster,
-                                       run_step_argv(first, ordered, attempt == 1, token))
+                                       run_step_argv(first, ordered, attempt == 1, token),
+                                       gpus=slurm.gpu_options(allocation.request))
         try:
             with self.ops.transport(first) as t:
                 assert isinstance(t, SlurmStepTransport)

@@ -111,7 +111,7 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
 
 def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: Callable[[str], None],
                      connect_timeout: float, replace: bool = False,
-                     view: ProgressView = no_view) -> tuple[Allocation, bool]:
+                     view: ProgressView = no_view, ttl: float | None = None) -> tuple[Allocation, bool]:
     """The allocation `up` runs a Slurm inventory's cluster on: the recorded cluster's, while its
     job runs and the inventory asks for the same one (an `up` again repairs it), else a new one
     (True: made now, so an `up` that fails cancels it). An inventory that asks for another
@@ -141,7 +141,7 @@ def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: 
                     state.remove(inv.cluster)
                 say(f"job {recorded.job} of cluster {inv.cluster} is no longer in the queue "
                     f"(its tasks ended with it): starting the cluster anew")
-    return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout), True
+    return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout, ttl=ttl), True
 
 
 def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.Pack] = ()
@@ -378,11 +378,12 @@ def down(name: str | None, *, keep_logs: bool, grace: float, connect_timeout: fl
 def _job_runs(plan: Plan, connect_timeout: float) -> bool:
     """Whether the plan's Slurm job is still in the queue (HostFailure: the login host says nothing)."""
     from dtf.hostops import slurm as slurm_ops
-    from dtf.hosts.transport import HostError, SSHTransport
+    from dtf.hosts.transport import HostError
 
     assert plan.slurm is not None
-    try:
-        with SSHTransport(plan.slurm.login, plan.ssh_config, connect_timeout) as t:
+    try:  # over the cluster's master to the login host, which `down` goes on using
+        with slurm_ops.login_master(plan.slurm.login, plan.cluster, plan.ssh_config, connect_timeout,
+                                    plan.hosts[0].ttl if plan.hosts else DEFAULT_TTL) as t:
             return not slurm_ops.job_state(t, plan.slurm.job).gone
     except HostError as e:
         raise HostFailure("dtf down (Slurm)", {plan.slurm.login.host: str(e)})
@@ -400,6 +401,7 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
         # Slurm ended every step with the job (cancelled, timed out): nothing of dtf's runs there,
         # and the nodes are no longer ours to reach.
         say(f"job {plan.slurm.job} is no longer in the queue: its tasks ended with it")
+        HostOps(plan).close_control()
         state.remove(plan.cluster)
         return {}
     ops = HostOps(plan, connect_timeout=connect_timeout, view=view)
@@ -409,18 +411,19 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
 
     close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts]  # a killed `dtf train`'s
                   + ([plan.slurm.login] if plan.slurm is not None else []))
-    ops.close_control()
     failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
     if plan.slurm is not None:
         from dtf.hostops import slurm as slurm_ops
 
-        slurm_ops.release(plan.slurm, plan.ssh_config, say, connect_timeout)
-        if plan.slurm.submitted:
-            # The job dtf submitted is gone, whatever the nodes said: its cancellation ended every step.
-            for host, reason in failures.items():
-                say(f"{host}: {reason} (its steps ended with the job)")
-            outcomes = {h: o for h, o in outcomes.items() if o.ok}
-            failures = {}
+        # Over the login host's master still (no new handshake); it closes the cluster's masters after.
+        slurm_ops.release(plan.slurm, plan.ssh_config, say, connect_timeout, cluster=plan.cluster)
+    ops.close_control()
+    if plan.slurm is not None and plan.slurm.submitted:
+        # The job dtf submitted is gone, whatever the nodes said: its cancellation ended every step.
+        for host, reason in failures.items():
+            say(f"{host}: {reason} (its steps ended with the job)")
+        outcomes = {h: o for h, o in outcomes.items() if o.ok}
+        failures = {}
     if failures:
         kept = tuple(hp for hp in plan.hosts if hp.name in failures)
         state.save(record.replace(plan=dataclasses.replace(plan, hosts=kept)))

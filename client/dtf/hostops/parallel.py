@@ -99,10 +99,14 @@ class HostOps:
 
     def transport(self, hp: HostPlan) -> Transport:
         if hp.spec.connection == "slurm":  # a node of the plan's allocation: job steps, through its login host
+            from dtf.hostops.slurm import login_master
             from dtf.hosts.slurmstep import SlurmStepTransport
 
-            assert self.plan.slurm is not None
-            return SlurmStepTransport(hp.spec, self.plan.slurm, self.plan.ssh_config, self.connect_timeout)
+            allocation = self.plan.slurm
+            assert allocation is not None
+            login = login_master(allocation.login, self.plan.cluster, self.plan.ssh_config, self.connect_timeout,
+                                 hp.ttl)
+            return SlurmStepTransport(hp.spec, allocation, self.plan.ssh_config, self.connect_timeout, login)
         from dtf.hosts.openssh import ssh_binary
 
         ssh = ssh_binary()

@@ -12,15 +12,17 @@ import time
 from collections.abc import Callable
 
 from dtf.cluster import slurm
-from dtf.cluster.inventory import Inventory
+from dtf.cluster.inventory import HostSpec, Inventory
+from dtf.cluster.plan import DEFAULT_TTL
 from dtf.cluster.slurm import Allocation, JobState
 from dtf.errors import HostFailure
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError, SSHTransport, Transport
 
-# Seconds between two squeue while a job pends: often at first (a free partition starts a job in
-# a second or two), then at most once a second (a long wait must not load slurmctld).
-POLL, POLL_MAX = 0.2, 1.0
+# While a job pends: squeue often at first, on the login host (a free partition starts a job in a
+# second or two: slurm.wait_argv's looks), then a look a second or so (a long wait must not load
+# slurmctld): POLL_MAX seconds between two looks after the first 5 s.
+POLL_MAX = 1.0
 CANCEL_TIMEOUT = 60.0  # seconds a cancelled job gets to leave the queue
 QUERY_TIMEOUT = 30.0  # seconds for one Slurm command on the login host
 
@@ -30,6 +32,31 @@ Say = Callable[[str], None]
 def login_transport(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT) -> SSHTransport:
     assert inv.slurm is not None
     return SSHTransport(inv.slurm.login, inv.ssh_config, connect_timeout)
+
+
+def login_master(login: HostSpec, cluster: str, ssh_config: str | None, connect_timeout: float = CONNECT_TIMEOUT,
+                 ttl: float = DEFAULT_TTL) -> SSHTransport:
+    """The login host over the cluster's OpenSSH master for it (dtf.hosts.control), where there is
+    an `ssh`: `up`'s allocation and every job step of its nodes share one connection, a round trip
+    each, not a handshake (and no Fabric import); kept `ttl` seconds after its last use, closed
+    by `down` (close_control) or by `release`. Without ssh, paramiko (a handshake per transport)."""
+    from dtf.cluster import state
+    from dtf.hosts import control
+    from dtf.hosts.openssh import ssh_binary
+
+    ssh = ssh_binary()
+    if ssh is None:
+        return SSHTransport(login, ssh_config, connect_timeout)
+    return control.ControlTransport(control.cluster_master(ssh, login, state.home(), cluster, ssh_config,
+                                                           connect_timeout, ttl))
+
+
+def close_masters(cluster: str) -> None:
+    """Close the cluster's masters (the login host's among them)."""
+    from dtf.cluster import state
+    from dtf.hosts.control import close_control
+
+    close_control(state.home(), cluster)
 
 
 def _run(t: Transport, argv: list[str], what: str) -> str:
@@ -49,47 +76,70 @@ def job_state(t: Transport, job: str) -> JobState:
     return slurm.parse_squeue(r.stdout)
 
 
-def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = CONNECT_TIMEOUT) -> Allocation:
+def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = CONNECT_TIMEOUT,
+             ttl: float | None = None) -> Allocation:
     """The running allocation of a Slurm inventory: submitted now, or the inventory's `job`.
     HostFailure (the login host, with the reason) if it cannot be had within `wait` seconds;
-    what was submitted is cancelled then, and on Ctrl-C."""
+    what was submitted is cancelled then, and on Ctrl-C. Over the cluster's master to the login
+    host (`login_master`), which `up` goes on using; closed here if it fails."""
     spec = inv.slurm
     assert spec is not None
     login = spec.login.host
     job = spec.job
     try:
-        with login_transport(inv, connect_timeout) as t:
+        with login_master(spec.login, inv.cluster, inv.ssh_config, connect_timeout,
+                          DEFAULT_TTL if ttl is None else ttl) as t:
+            waited: slurm.Waited | None = None
             if spec.submits:
-                out = _run(t, slurm.sbatch_argv(inv), "sbatch")
-                try:
-                    job = slurm.parse_job_id(out)
+                r = t.run(slurm.wait_argv(submit=slurm.sbatch_argv(inv), seconds=min(slurm.WAIT_SECONDS, wait)),
+                          timeout=QUERY_TIMEOUT)
+                try:  # its id, even if the look after sbatch failed: it must be cancelled then
+                    waited = slurm.parse_wait(r.stdout)
+                    job = waited.job
                 except ValueError as e:
                     raise HostError(str(e))
+                if job is None:
+                    raise HostError(f"sbatch failed: {(r.stderr.strip().splitlines() or [f'exit {r.exit_code}'])[-1]}")
                 say(f"job {job} submitted: {slurm.job_name(inv.cluster)}, {spec.nodes} node(s)")
+                if not r.ok:  # sbatch worked, the look after it did not: look again
+                    waited = None
             assert job is not None
             try:
-                state = _wait_running(t, job, wait, say)
-                nodes = tuple(_run(t, slurm.hostnames_argv(state.nodelist), "scontrol show hostnames").split())
-                addresses = slurm.parse_node_addresses(_run(t, slurm.show_nodes_argv(nodes), "scontrol show node"))
+                if waited is None:
+                    waited = _look(t, job, 0)
+                waited = _wait_running(t, job, waited, wait, say)
             except BaseException:
                 if spec.submits:
                     _cancel(t, job, say)
                 raise
     except HostError as e:
+        close_masters(inv.cluster)
         raise HostFailure("dtf up (Slurm)", {login: str(e)})
-    return Allocation(job=job, submitted=spec.submits, login=spec.login, nodes=nodes,
-                      addresses=tuple(addresses.get(n, n) for n in nodes), request=slurm.request(inv))
+    except BaseException:
+        close_masters(inv.cluster)
+        raise
+    addresses = waited.addresses or {}
+    return Allocation(job=job, submitted=spec.submits, login=spec.login, nodes=waited.nodes,
+                      addresses=tuple(addresses.get(n, n) for n in waited.nodes), request=slurm.request(inv))
 
 
-def _wait_running(t: Transport, job: str, wait: float, say: Say) -> JobState:
+def _look(t: Transport, job: str, seconds: float = slurm.WAIT_SECONDS) -> slurm.Waited:
+    """One look at the job (slurm.wait_argv: for up to `seconds` on the login host)."""
+    return slurm.parse_wait(_run(t, slurm.wait_argv(job, seconds=seconds), "squeue"))
+
+
+def _wait_running(t: Transport, job: str, look: slurm.Waited, wait: float, say: Say) -> slurm.Waited:
+    """Until the job runs (its nodes known), saying why it pends; HostError past `wait` seconds."""
     t0 = time.monotonic()
     shown, last_shown = "", 0.0
     while True:
-        state = job_state(t, job)
+        state = look.state
         waited = time.monotonic() - t0
         if state.state == "RUNNING":
+            if not look.nodes:
+                raise HostError(f"job {job} runs, but Slurm named none of its nodes ({state.nodelist!r})")
             say(f"job {job} runs on {state.nodelist} (waited {waited:.0f}s)")
-            return state
+            return look
         if state.gone or state.state not in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING"):
             raise HostError(f"job {job} is {state.state or 'no longer in the queue'}"
                             + (f" ({state.reason})" if state.reason and state.reason != "None" else ""))
@@ -99,7 +149,9 @@ def _wait_running(t: Transport, job: str, wait: float, say: Say) -> JobState:
             shown, last_shown = line, time.monotonic()
         if waited >= wait:
             raise HostError(f"job {job} still {state.state} after {wait:g}s ({state.reason}): cancelled")
-        time.sleep(min(POLL if waited < 5 else POLL_MAX, max(0.0, wait - waited)))
+        if waited >= 5:  # a long wait must not load slurmctld: a look a second or so
+            time.sleep(min(POLL_MAX, max(0.0, wait - waited)))
+        look = _look(t, job, min(slurm.WAIT_SECONDS, max(0.0, wait - (time.monotonic() - t0))))
 
 
 def _cancel(t: Transport, job: str, say: Say) -> float:
@@ -117,17 +169,22 @@ def _cancel(t: Transport, job: str, say: Say) -> float:
 
 
 def release(allocation: Allocation, ssh_config: str | None, say: Say,
-            connect_timeout: float = CONNECT_TIMEOUT) -> float | None:
+            connect_timeout: float = CONNECT_TIMEOUT, cluster: str | None = None) -> float | None:
     """`down`: cancel the job dtf submitted and wait until it has left the queue (seconds it
-    took); a job the user made is left running (None)."""
-    if not allocation.submitted:
-        say(f"job {allocation.job} is yours (the inventory's job:): left running")
-        return None
+    took); a job the user made is left running (None). `cluster`: its masters are closed too (an
+    `up` that failed after its allocation)."""
     try:
-        with SSHTransport(allocation.login, ssh_config, connect_timeout) as t:
+        if not allocation.submitted:
+            say(f"job {allocation.job} is yours (the inventory's job:): left running")
+            return None
+        with (login_master(allocation.login, cluster, ssh_config, connect_timeout) if cluster is not None
+              else SSHTransport(allocation.login, ssh_config, connect_timeout)) as t:
             return _cancel(t, allocation.job, say)
     except HostError as e:
         raise HostFailure("dtf down (Slurm)", {allocation.login.host: str(e)})
+    finally:
+        if cluster is not None:
+            close_masters(cluster)
 
 
 def allocation_state(allocation: Allocation, ssh_config: str | None,
@@ -159,13 +216,17 @@ def ended(t: Transport, allocation: Allocation) -> str:
     return slurm.ended_line(allocation.job, job.stdout if job.ok else "", nodes.stdout if nodes.ok else "")
 
 
-def detach_steps(t: Transport, argvs: list[list[str]]) -> None:
-    """Start each argv (an `srun` of a job step) on the login host, detached from the SSH session:
-    the step lives as long as its srun does, and ends with the job."""
+def detach_script(argvs: list[list[str]]) -> str:
+    """sh that starts each argv (an `srun` of a job step) on the login host, detached from the SSH
+    session: the step lives as long as its srun does, and ends with the job."""
     from dtf.hosts.shell import render
 
+    return "\n".join(f"setsid -f {render(argv)} >/dev/null 2>&1 </dev/null" for argv in argvs)
+
+
+def detach_steps(t: Transport, argvs: list[list[str]]) -> None:
+    """Start each argv (an `srun` of a job step) on the login host, detached (detach_script)."""
     # One SSH command for all of them: each srun, detached, in a session of its own.
-    script = "\n".join(f"setsid -f {render(argv)} >/dev/null 2>&1 </dev/null" for argv in argvs)
-    r = t.run(["sh", "-c", script], timeout=QUERY_TIMEOUT)
+    r = t.run(["sh", "-c", detach_script(argvs)], timeout=QUERY_TIMEOUT)
     if not r.ok:
         raise HostError(f"starting a job step failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")

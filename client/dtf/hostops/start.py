@@ -151,8 +151,11 @@ class Starter:
         tasks = hp.tasks_in(only)
         self.ops.step(hp, f"starting {len(tasks)} server(s)")
         self.started.add(hp.name)  # from here on, a rollback must stop tasks there
-        spawned = self._start_steps(t, hp, tasks) if hp.spec.connection == "slurm" else ""
-        return self._started(t.run(hp.start_argv_for(only, spawned), timeout=hp.start_timeout + 30))
+        if hp.spec.connection == "slurm":
+            r = self._start_steps(t, hp, tasks, only)
+        else:
+            r = t.run(hp.start_argv_for(only), timeout=hp.start_timeout + 30)
+        return self._started(r)
 
     @staticmethod
     def _started(r: Result) -> StartReply:
@@ -165,21 +168,23 @@ class Starter:
             raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
         return started
 
-    def _start_steps(self, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan]) -> str:
+    def _start_steps(self, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan],
+                     only: Collection[str] | None) -> Result:
         """A node of a Slurm allocation: each task's supervisor runs as a job step of its own,
-        started from the login host; the launcher's `start` then waits for them (the token)."""
+        started from the login host; the launcher's `start` then waits for them (the token), as a
+        step of its own, in the same command there."""
         import uuid
 
         from dtf.cluster import slurm
-        from dtf.hostops.slurm import detach_steps
+        from dtf.hostops.slurm import detach_script
         from dtf.hosts.slurmstep import SlurmStepTransport
 
         assert isinstance(t, SlurmStepTransport)
         token = uuid.uuid4().hex[:16]
         job, cluster = t.allocation.job, self.ops.plan.cluster
-        detach_steps(t.login, [slurm.supervise_step_argv(job, hp.name, cluster, task.name,
-                                                         hp.supervise_step_argv(task, token)) for task in tasks])
-        return token
+        script = detach_script([slurm.supervise_step_argv(job, hp.name, cluster, task.name,
+                                                          hp.supervise_step_argv(task, token)) for task in tasks])
+        return t.run_after(script, hp.start_argv_for(only, token), timeout=hp.start_timeout + 30)
 
     def _fence(self, t: Transport, hp: HostPlan, client_address: str | None) -> None:
         """`firewall: members`: close the host's TF ports to all but the cluster's hosts (and the

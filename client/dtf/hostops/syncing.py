@@ -95,10 +95,11 @@ class Tree:
 
 def plan_tree(hosts: Sequence[HostPlan], ports: dict[str, int], fanout: int = relay.SYNC_FANOUT,
               wait: float = receive.ACCEPT_WAIT) -> Tree:
-    """A tree over the hosts that can take part: reached over SSH, with a free port, at the
+    """A tree over the hosts that can take part: reached over SSH (or Slurm nodes, through job
+    steps: they reach each other at their NodeAddr as their tasks do), with a free port, at the
     address their tasks have in the plan (the one `up` checked every other host reaches); the
     others are left out (sent directly)."""
-    members = [hp for hp in hosts if hp.spec.connection == "ssh" and hp.tasks and ports.get(hp.name)]
+    members = [hp for hp in hosts if hp.spec.connection in ("ssh", "slurm") and hp.tasks and ports.get(hp.name)]
     if len(members) < 2:
         return Tree({}, {}, "")
     return Tree(relay.tree([hp.name for hp in members], fanout),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dtf.cluster.inventory import HostSpec
 from dtf.cluster.slurm import Allocation, step_argv
+from dtf.hosts.control import ControlTransport
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import COMMAND_TIMEOUT, Readable, Result, SSHTransport, Transport, temporary_name
 
@@ -24,10 +25,11 @@ _WRITE = 'mkdir -p "$1" && cat > "$1/$3" && mv -f "$1/$3" "$1/$2"'
 
 class SlurmStepTransport(Transport):
     def __init__(self, spec: HostSpec, allocation: Allocation, ssh_config: str | None = None,
-                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT, login: SSHTransport | None = None) -> None:
         super().__init__(spec)
         self.allocation = allocation
-        self.login = SSHTransport(allocation.login, ssh_config, connect_timeout)
+        # `login`: the login host's transport (the cluster's master to it: dtf.hostops.slurm.login_master)
+        self.login = login or SSHTransport(allocation.login, ssh_config, connect_timeout)
 
     def step(self, argv: Sequence[str]) -> list[str]:
         # Through a shell on the node: a program that is not there exits 127, as over SSH (srun's
@@ -67,7 +69,20 @@ class SlurmStepTransport(Transport):
         deadline is the upload's (COMMAND_TIMEOUT without progress) plus `timeout`, the command's."""
         step = ["sh", "-c", _WRITE + ' && shift 3 && exec "$@"', "sh", remote_dir, filename,
                 temporary_name(filename), *argv]
+        if isinstance(self.login, ControlTransport):  # a session of the master: a round trip
+            return self.login.run(self.step(step), timeout=COMMAND_TIMEOUT + timeout, stdin=data)
         return self.login.feed_channel(self.step(step), io.BytesIO(data), stall=COMMAND_TIMEOUT + timeout)
+
+    def run_after(self, script: str, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
+        """`script` (sh) on the login host, then `argv` as a job step, in ONE command there (a round
+        trip saved: `up` starts the tasks' steps, then the launcher's `start` waits for them). A
+        failing script exits 1 with its message before the step runs."""
+        from dtf.hosts.shell import render
+
+        both = ["sh", "-c", f"{{ {script}\n}} || exit 1\nexec {render(self.step(argv))}"]
+        if isinstance(self.login, ControlTransport):
+            return self.login.run(both, timeout=timeout, named=argv)
+        return self.login.run(both, timeout=timeout)
 
     def stream(self, argv: Sequence[str]) -> int:
         return self.login.stream(self.step(argv))
