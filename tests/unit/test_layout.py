@@ -154,3 +154,14 @@ def test_the_host_side_never_imports_dtf() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             wrong += [f"{f.relative_to(server)}: imports {n}" for n in names if n == "dtf" or n.startswith("dtf.")]
     assert not wrong, wrong
+
+
+def test_every_test_file_has_a_name_of_its_own() -> None:
+    """pytest imports a test file of a folder that is not a package (e2e, fake, slurm) by its
+    basename, and refuses a second file of the same name in another such folder: the whole run
+    fails at collection."""
+    seen: dict[str, list[str]] = {}
+    for f in sorted((ROOT.parent / "tests").rglob("test_*.py")):
+        if not (f.parent / "__init__.py").exists():
+            seen.setdefault(f.name, []).append(str(f.relative_to(ROOT.parent)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
