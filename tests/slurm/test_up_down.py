@@ -84,6 +84,17 @@ def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     assert (slurm["job"], slurm["state"], slurm["nodes"]) == (job, "RUNNING", ["h1", "h2"])
     r = dtf("logs", "worker:1", home=home, env=FAKE, timeout=60)  # from h2's own disk, through a job step
     assert r.returncode == 0 and r.stdout.strip(), r.stdout + r.stderr
+    # `dtf top`: each node's samples stream from a job step; the step ends with the view.
+    before = sorted(steps(slurm_lab, job))
+    r = dtf("top", "--json", home=home, env=FAKE, timeout=90)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    top = json.loads(r.stdout)
+    assert top["summary"]["states"] == {"alive": 4}, top
+    assert all(row["rss"] > 0 and row["cpu"] is not None and row["error"] is None for row in top["tasks"]), top
+    deadline = time.monotonic() + 30
+    while (now := sorted(steps(slurm_lab, job))) != before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert now == before, (before, now)  # no step of `top` is left
     # `up` again: the recorded allocation still runs, every task serves: nothing submitted, nothing changed
     r = dtf("up", str(inv), home=home, env=FAKE, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -17,7 +17,16 @@ from dtf.cluster.inventory import HostSpec
 from dtf.cluster.slurm import Allocation, step_argv
 from dtf.hosts.control import ControlTransport
 from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.transport import COMMAND_TIMEOUT, Readable, Result, SSHTransport, Transport, temporary_name
+from dtf.hosts.transport import (
+    COMMAND_TIMEOUT,
+    HostError,
+    LineStream,
+    Readable,
+    Result,
+    SSHTransport,
+    Transport,
+    temporary_name,
+)
 
 # Write stdin to "$1/$2" atomically (as put_bytes promises): a temporary name, then a rename.
 _WRITE = 'mkdir -p "$1" && cat > "$1/$3" && mv -f "$1/$3" "$1/$2"'
@@ -86,6 +95,27 @@ class SlurmStepTransport(Transport):
 
     def stream(self, argv: Sequence[str]) -> int:
         return self.login.stream(self.step(argv))
+
+    def lines(self, argv: Sequence[str]) -> LineStream:
+        """`argv`'s stdout line by line (the launcher's `top` for `dtf top`), as a job step of a
+        name of its own, started over the login host's connection. Closing the stream ends our
+        srun there, but not the step (Slurm keeps a step whose srun died, its output going
+        nowhere): close also cancels the step by its name, one command on the login host."""
+        import uuid
+
+        name = f"dtf-stream-{uuid.uuid4().hex[:12]}"
+        job = self.allocation.job
+
+        def cancel() -> None:
+            mine = (f"squeue -h -s --jobs={job} -o '%i %j' | while read -r step stepname; do "
+                    f'[ "$stepname" = {name} ] && scancel "$step"; done; true')
+            try:
+                self.login.run(["sh", "-c", mine], timeout=COMMAND_TIMEOUT)
+            except HostError:
+                pass  # the allocation's end (`dtf down`, the lease) ends the step anyway
+
+        return self.login.lines(step_argv(job, self.spec.host, ["sh", "-c", 'exec "$@"', "sh", *argv],
+                                          name=name)).closing_with(cancel)
 
     def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:

@@ -85,6 +85,19 @@ class LineStream:
     def close(self) -> None:
         self._close()
 
+    def closing_with(self, after: Callable[[], None]) -> LineStream:
+        """This stream, whose close then also runs `after`."""
+        own = self._close
+
+        def both() -> None:
+            try:
+                own()
+            finally:
+                after()
+
+        self._close = both
+        return self
+
 
 class Transport:
     """A connection to one host. Use as a context manager."""
