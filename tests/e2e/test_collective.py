@@ -37,14 +37,14 @@ def program_from_tests(lab, name, program):
     return where / program
 
 
-def up_workers(lab, write_inventory, home, *hosts, servers="fake"):
+def up_workers(lab, write_inventory, home, *hosts):
     """`dtf up` of one worker task on each of these hosts; the tasks' ports. The copies are the
     TensorFlow of these tests: the worker servers `up` starts are only stopped for the run and
-    started again after it, so fake ones (no TensorFlow import: 2.7 CPU-s each, twice per task)
-    do unless a test is about them (`servers="tensorflow"`)."""
+    started again after it (the same code whatever serves), so fake ones do (no TensorFlow
+    import: 2.7 CPU-s each, twice per task)."""
     ports = lab.ports(len(hosts))
     inv = write_inventory([{"host": h, "workers": [p]} for h, p in zip(hosts, ports)])
-    r = dtf("up", str(inv), home=home, timeout=300, env={"DTF_SERVER": servers})
+    r = dtf("up", str(inv), home=home, timeout=300, env={"DTF_SERVER": "fake"})
     assert r.returncode == 0, r.stderr
     return ports
 
@@ -55,7 +55,7 @@ def runner_processes(lab, host):
 
 
 def test_collective_learns_on_three_hosts_and_brings_the_chief_output_back(lab, write_inventory, home, tmp_path):
-    up_workers(lab, write_inventory, home, "h0", "h1", "h2", servers="tensorflow")
+    up_workers(lab, write_inventory, home, "h0", "h1", "h2")
     prog = program_on_laptop(lab, "collective-learn")
     out = tmp_path / "out"
     r = dtf("train", "--collective", "--output", str(out), str(prog), "--epochs", "3", "--steps", "30",
