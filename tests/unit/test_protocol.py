@@ -185,3 +185,20 @@ def test_uploads_are_atomic_and_leave_no_temporary_file(tmp_path: Path):
     t.put_bytes(b"second", str(target), "launcher-x.pyz")
     assert [p.name for p in target.iterdir()] == ["launcher-x.pyz"]
     assert (target / "launcher-x.pyz").read_bytes() == b"second"
+
+
+def test_listen_port_is_free_and_below_the_outgoing_connections_range(monkeypatch) -> None:
+    """The coordinator's port: a connect() made while TensorFlow is imported never takes it."""
+    from dtf.hosts import netutil
+
+    low = netutil._ephemeral_low()
+    for _ in range(20):
+        port = netutil.listen_port()
+        if low - netutil.LISTEN_LOW >= 1000:
+            assert netutil.LISTEN_LOW <= port < low
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", port))  # free now
+    # No room below the range: any free port, as bind(0) gives.
+    monkeypatch.setattr(netutil, "_ephemeral_low", lambda: netutil.LISTEN_LOW + 10)
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", netutil.listen_port()))

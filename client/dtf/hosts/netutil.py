@@ -22,6 +22,41 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+LISTEN_LOW = 10000  # the lowest port listen_port() picks (above the well-known and registered ones in use)
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel gives outgoing connections (Linux; 32768 elsewhere, below
+    macOS's and Windows' 49152)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def listen_port(host: str = "0.0.0.0") -> int:
+    """A port free on `host` now, for a listener that binds it later (the coordinator's gRPC
+    server binds once TensorFlow is imported: seconds). Picked below the kernel's range for
+    outgoing connections: a port from `bind(host, 0)` is in that range, and any connect() made
+    meanwhile may take it (seen: the coordinator's "Could not start gRPC server" on a busy
+    machine). Where that range leaves too little room below it, any free port."""
+    import random
+
+    low = _ephemeral_low()
+    if low - LISTEN_LOW >= 1000:
+        pick = random.SystemRandom()
+        for _ in range(100):
+            port = pick.randrange(LISTEN_LOW, low)
+            try:
+                with socket.socket() as s:
+                    s.bind((host, port))
+                return port
+            except OSError:
+                continue
+    return free_ports(1, host)[0]
+
+
 def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
     """True if a TCP connection to host:port succeeds within `timeout` seconds."""
     try:

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from dtf.cluster.inventory import HostSpec
-from dtf.hosts.netutil import CONNECT_TIMEOUT, free_ports
+from dtf.hosts.netutil import CONNECT_TIMEOUT, listen_port
 from dtf.hosts.openssh import ALIVE_INTERVAL, ssh_argv, ssh_binary
 from dtf.hosts.transport import HostError, SSHTransport
 
@@ -602,7 +602,7 @@ class Tunnel:
         # The chief's port: the tasks reach the coordinator at 127.0.0.1:PORT on their own host, a
         # remote forward of each host's SSH connection back to this machine (a checkpoint written
         # through the coordinator has the ps fetch from it; behind NAT nothing else reaches it).
-        self.chief_port = free_ports(1)[0]
+        self.chief_port = listen_port("127.0.0.1")
         self.routes = []
         for spec, targets in hosts:
             via: Master | SharedMaster | PythonRoute

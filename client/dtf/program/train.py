@@ -24,7 +24,7 @@ from dtf.hostops import reach
 from dtf.hostops.lease import LeaseKeeper
 from dtf.hostops.parallel import HostOps
 from dtf.hostops.status import TaskState, states
-from dtf.hosts.netutil import CONNECT_TIMEOUT, free_ports
+from dtf.hosts.netutil import CONNECT_TIMEOUT, listen_port
 from dtf.program import figures, noise
 from dtf_server.procs import EXIT_STATUS_ENV, ended_before_crash, exit_reason
 
@@ -75,7 +75,7 @@ def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 
     `hook_env`: the settings of dtf.program.hooks features (--wrap, --no-packing), applied last."""
     env = dict(os.environ)
     if tunnel is None:
-        chief = f"{chief_host}:{free_ports(1)[0]}"
+        chief = f"{chief_host}:{listen_port()}"
     else:  # ssh mode: gRPC to the tasks goes through the tunnel's proxy; the tasks reach the chief back through it
         local = [t.addr_host for hp in plan.hosts if hp not in plan.remote_hosts for t in hp.tasks]
         env.update(tunnel.env(direct=[chief_host, *local]))
