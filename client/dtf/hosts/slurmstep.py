@@ -40,10 +40,10 @@ class SlurmStepTransport(Transport):
         # `login`: the login host's transport (the cluster's master to it: dtf.hostops.slurm.login_master)
         self.login = login or SSHTransport(allocation.login, ssh_config, connect_timeout)
 
-    def step(self, argv: Sequence[str]) -> list[str]:
+    def step(self, argv: Sequence[str], name: str = "dtf") -> list[str]:
         # Through a shell on the node: a program that is not there exits 127, as over SSH (srun's
         # own execve failure exits 2, which reads as python's "cannot open the launcher").
-        return step_argv(self.allocation.job, self.spec.host, ["sh", "-c", 'exec "$@"', "sh", *argv])
+        return step_argv(self.allocation.job, self.spec.host, ["sh", "-c", 'exec "$@"', "sh", *argv], name=name)
 
     def open(self) -> None:
         self.login.open()
@@ -114,8 +114,7 @@ class SlurmStepTransport(Transport):
             except HostError:
                 pass  # the allocation's end (`dtf down`, the lease) ends the step anyway
 
-        return self.login.lines(step_argv(job, self.spec.host, ["sh", "-c", 'exec "$@"', "sh", *argv],
-                                          name=name)).closing_with(cancel)
+        return self.login.lines(self.step(argv, name=name)).closing_with(cancel)
 
     def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:
