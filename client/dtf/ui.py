@@ -14,20 +14,19 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from dtf.cluster.inventory import Inventory
-from dtf.cluster.plan import Plan
-from dtf.cluster.slurm import JobState
-from dtf.hostops.environments import env_summary
-from dtf.hostops.parallel import Outcome, Progress
-from dtf.hostops.start import HostStarted
-from dtf.hostops.status import TaskState
-from dtf.hostops.stop import HostStopped
 from dtf.hosts.shell import render
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: every dtf command imports this module, few need these
+    from dtf.cluster.inventory import Inventory
+    from dtf.cluster.plan import Plan
+    from dtf.cluster.slurm import JobState
     from dtf.cluster.state import Record
     from dtf.files.sync import Pack
     from dtf.hostops.lifecycle import UpResult
+    from dtf.hostops.parallel import Outcome, Progress
+    from dtf.hostops.start import HostStarted
+    from dtf.hostops.status import TaskState
+    from dtf.hostops.stop import HostStopped
 
 # The version of `dtf status --json`'s document (README): fields may be added; a change that would
 # break a reader bumps it.
@@ -174,6 +173,8 @@ def show_up(plan: Plan, outcomes: dict[str, Outcome[HostStarted]], seconds: floa
     for hp in plan.hosts:
         env = outcomes[hp.name].value.env
         if env is not None:
+            from dtf.hostops.environments import env_summary
+
             out.print(f"{hp.name}: managed environment {env.dir}: {env_summary(env)}", markup=False)
 
 
