@@ -100,7 +100,7 @@ def nothing_left(lab: Lab, home: Path) -> None:
         raise AssertionError(control_masters(home, channels=True)) from None
 
 
-def test_thirty_hosts_behind_a_bastion_at_its_defaults_one_handshake_each(big: Lab, home: Path, tmp_path: Path):
+def test_sixteen_hosts_behind_a_bastion_at_its_defaults_one_handshake_each(big: Lab, home: Path, tmp_path: Path):
     _, inv = inventory(big, tmp_path)
     before = accepted(big)
     r = dtf("up", str(inv), home=home, env=FAKE, timeout=300)
