@@ -33,7 +33,13 @@ def test_a_lost_node_is_said_in_one_line(slurm_lab: SlurmLab, tmp_path: Path) ->
                               "Not responding", "its tasks ended with it")
         assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", r.stdout + r.stderr
         r = dtf("train", str(program), home=home, env=FAKE, timeout=60)
-        assert_one_line_error(r, 7, f"slurm job {job} lost a node (NODE_FAIL", f"node {lost.name} DOWN")
+        # On a loaded machine Slurm may have forgotten the job by now (the lab's MinJobAge is 10 s):
+        # dtf then says that it left the queue, which is as true.
+        forgotten = f"slurm job {job} is no longer in the queue, and Slurm no longer says why"
+        if forgotten not in r.stderr:
+            assert_one_line_error(r, 7, f"slurm job {job} lost a node (NODE_FAIL", f"node {lost.name} DOWN")
+        else:
+            assert_one_line_error(r, 7, forgotten)
         r = dtf("down", home=home, env=FAKE, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"job {job} is no longer in the queue" in r.stdout

@@ -19,8 +19,11 @@ EXAMPLES = REPO / "examples"
 
 
 def relays(lab: SlurmLab) -> list[str]:
-    """dtf's relays back to the coordinator (on the login host): their command lines hold its source."""
-    return [cmd for _, cmd in lab.processes("def facing(address")]
+    """dtf's relays back to the coordinator (on the login host) for this lab's nodes: their command
+    lines hold its source and the nodes' addresses (another test run's Slurm lab on the same
+    machine has relays of its own)."""
+    return [cmd for _, cmd in lab.processes("def facing(address")
+            if any(f" {h.address}" in cmd for h in lab.computes)]
 
 
 def test_train_through_the_login_host(slurm_lab: SlurmLab, tmp_path: Path) -> None:
