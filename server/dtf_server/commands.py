@@ -40,10 +40,11 @@ import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
-from dtf_server import envs, fence, layout, program, receive, sample
+# Each command is a python start of its own (on the lab, `status` on every host is one): the
+# modules only some commands use are imported by those commands, not by all of them.
+from dtf_server import layout
 from dtf_server.procs import (
     exit_reason,
     log_line,
@@ -99,6 +100,7 @@ def parse_name(text: str) -> tuple[str, int]:
 
 
 def cmd_check(args: argparse.Namespace) -> CheckReply:
+    from dtf_server import envs
     client = os.environ.get("SSH_CONNECTION", "").split()
     machine, system, libc = envs.platform_info()
     env_ready = envs.ready(args.env) if args.env else None
@@ -132,19 +134,23 @@ def cmd_check_start(args: argparse.Namespace) -> StartReply | None:
 
 
 def cmd_env(args: argparse.Namespace) -> EnvReply:
+    from dtf_server import envs
     return envs.build(args.env, args.wheels, args.uv, args.requirements)
 
 
 def cmd_serve_wheels(args: argparse.Namespace) -> ServeReply:
+    from dtf_server import envs
     return envs.serve(args.dir, args.port, args.file, args.idle, args.limit)
 
 
 def cmd_fetch_wheels(args: argparse.Namespace) -> FetchReply:
+    from dtf_server import envs
     files = [tuple(f.rsplit(":", 1)) for f in args.file]
     return envs.fetch(args.source, args.dir, [(n, h) for n, h in files], args.wait, args.timeout)
 
 
 def cmd_purge(args: argparse.Namespace) -> PurgeReply:
+    from dtf_server import envs
     workdir = args.workdir
     clusters = [n for n in os.listdir(workdir) if not n.startswith(".")] if os.path.isdir(workdir) else []
     running = {n: running_tasks(os.path.join(workdir, n)) for n in clusters
@@ -180,6 +186,7 @@ def spawn_supervisor(root: str, task: TaskSpec, argv: list[str], env: dict[str, 
 def cmd_run(args: argparse.Namespace) -> StartReply:
     """Collective mode: start one supervised program copy per task (see dtf_server.program); a
     task whose server or program still runs is refused. Waits only until each copy has started."""
+    from dtf_server import program
     env = dict(os.environ)
     env.update(kv.split("=", 1) for kv in args.env)
     os.makedirs(args.dir, exist_ok=True)
@@ -249,6 +256,7 @@ def cmd_run_step(args: argparse.Namespace) -> None:
     copy of worker task PROCID (`--task` in worker order; block distribution over the nodes in
     Slurm's order puts it on that worker's node), supervised in the foreground as `run` would
     detached; `run --spawned TOKEN` waits for it."""
+    from dtf_server import program
     os.environ.update(kv.split("=", 1) for kv in args.env)
     tasks = [TaskSpec.from_arg(a) for a in args.task]
     rank = int(os.environ.get("SLURM_PROCID", "-1"))
@@ -273,10 +281,12 @@ def cmd_run_step(args: argparse.Namespace) -> None:
 
 
 def cmd_supervise_program(args: argparse.Namespace) -> None:
+    from dtf_server import program
     program.ProgramSupervisor(args.dir, TaskSpec.from_arg(args.task), launcher()).run()
 
 
 def cmd_follow(args: argparse.Namespace) -> None:
+    from dtf_server import program
     job, index = parse_name(args.task)
     program.follow(args.dir, job, index, args.beat)
 
@@ -425,6 +435,7 @@ def cmd_top(args: argparse.Namespace) -> None:
     `dtf top` quit, or its SSH connection closed), the cluster's directory is gone, or `--for`
     seconds passed. It never renews the
     lease: a view left open does not keep an abandoned cluster alive."""
+    from dtf_server import sample
     tasks = [(t, *parse_name(t)) for t in args.task]
     before: dict[str, sample.Usage] = {}
     then = sample.clock()
@@ -506,6 +517,7 @@ def cmd_stop(args: argparse.Namespace) -> StopReply:
 
 def cmd_reach(args: argparse.Namespace) -> ReachReply:
     """Open a TCP connection to each target (in parallel), each within --timeout seconds."""
+    from concurrent.futures import ThreadPoolExecutor
 
     def why_not(target: str) -> str | None:
         host, _, port = target.rpartition(":")
@@ -526,6 +538,7 @@ def cmd_reach(args: argparse.Namespace) -> ReachReply:
 
 
 def cmd_fence(args: argparse.Namespace) -> FenceReply:
+    from dtf_server import fence
     if args.remove:
         return fence.remove(args.dir)
     os.makedirs(args.dir, exist_ok=True)
@@ -533,6 +546,7 @@ def cmd_fence(args: argparse.Namespace) -> FenceReply:
 
 
 def cmd_clean(args: argparse.Namespace) -> CleanReply:
+    from dtf_server import fence
     removed: list[str] = []
     if not os.path.isdir(args.dir):
         return CleanReply(removed=removed)
@@ -570,6 +584,7 @@ def cmd_sync(args: argparse.Namespace) -> SyncReply:
     """A synced tree: is WORKDIR/.cache/sync/HASH there (`--free-port`: and a port free here);
     with --receive, make it from stdin, or from another host's relay (`--from ADDR:PORT`), and
     pass it on to `--children` hosts as it arrives (`--serve PORT`: see dtf_server.receive)."""
+    from dtf_server import receive
     if receive.present(args.dir, args.hash) or not args.receive:
         return SyncReply(present=receive.present(args.dir, args.hash),
                          port=receive.free_port() if args.free_port else 0)
@@ -582,9 +597,10 @@ def cmd_sync(args: argparse.Namespace) -> SyncReply:
             relay = None  # the port was taken meanwhile: the children fail, and the laptop sends to them
     complete = False
     try:
-        source = receive.connect(args.source, token, wait=args.wait) if args.source else sys.stdin.buffer
+        wait = receive.ACCEPT_WAIT if args.wait is None else args.wait
+        source = receive.connect(args.source, token, wait=wait) if args.source else sys.stdin.buffer
         if relay is not None:
-            relay.accept(wait=args.wait)
+            relay.accept(wait=wait)
         with contextlib.closing(source):
             received = receive.receive(args.dir, args.hash, source, relay.write if relay is not None else None)
         complete = True
@@ -716,7 +732,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--serve", type=int, default=0)
     c.add_argument("--children", type=int, default=0)
     c.add_argument("--token", default="")
-    c.add_argument("--wait", type=float, default=receive.ACCEPT_WAIT)  # for the parent, and the children
+    c.add_argument("--wait", type=float)  # for the parent, and the children (default: receive.ACCEPT_WAIT)
     c = sub.add_parser("clean")
     c.add_argument("--dir", required=True)
     c.add_argument("--keep-logs", action="store_true")

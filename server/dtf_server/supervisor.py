@@ -13,7 +13,6 @@ its server and the last one removes ROOT entirely. ttl 0: never.
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import os
 import shutil
@@ -23,7 +22,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from dtf_server import fence, layout
+from dtf_server import layout
 from dtf_server.procs import (
     die_with_parent,
     exit_reason,
@@ -34,7 +33,7 @@ from dtf_server.procs import (
     read_json,
     write_json,
 )
-from dtf_server.protocol import Defaults, Lease, TaskSpec
+from dtf_server.protocol import Defaults, Lease, TaskSpec, asdict
 
 SUPERVISE_POLL = 0.2  # how often a supervisor looks at its server
 LEASE_POLL = 1.0  # how often a supervisor reads the lease
@@ -48,7 +47,7 @@ def write_lease(root: str, ttl: float, hold: float = 0.0) -> Lease:
     """Renew the lease now; `hold` seconds more (a start in progress holds the lease: servers
     that take long to import TensorFlow must not see it lapse before they serve)."""
     lease = Lease(ttl=ttl, renewed=time.time() + hold)
-    write_json(lease_path(root), dataclasses.asdict(lease))
+    write_json(lease_path(root), asdict(lease))
     return lease
 
 
@@ -203,5 +202,7 @@ class Supervisor:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one task at a time: the last one sees no others
             shutil.rmtree(self.dir, ignore_errors=True)
             if not running_tasks(self.root):
+                from dtf_server import fence  # here only: every launcher command imports this module
+
                 fence.remove(self.root)  # the TF ports' firewall rules go with the cluster
                 shutil.rmtree(self.root, ignore_errors=True)
