@@ -202,3 +202,27 @@ def test_listen_port_is_free_and_below_the_outgoing_connections_range(monkeypatc
     monkeypatch.setattr(netutil, "_ephemeral_low", lambda: netutil.LISTEN_LOW + 10)
     with socket.socket() as s:
         s.bind(("0.0.0.0", netutil.listen_port()))
+
+
+def test_records_behave_as_frozen_dataclasses():
+    """protocol.record stands in for @dataclass(frozen=True) (see its comment): the same
+    constructor, defaults, equality, hash, repr and immutability."""
+    a, b = TaskStopped(True), TaskStopped(was_running=True, killed=False, gone=True)
+    assert a == b and hash(a) == hash(b) and a != TaskStopped(False) and a != (True, False, True)
+    assert repr(a) == "TaskStopped(was_running=True, killed=False, gone=True)"
+    with pytest.raises(protocol.FrozenInstanceError):
+        a.killed = True  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        del a.gone  # type: ignore[misc]
+    x = CheckReply(python="3", executable="p", tensorflow=None, busy=[], client_address=None, running=[])
+    y = CheckReply(python="3", executable="p", tensorflow=None, busy=[], client_address=None, running=[])
+    assert x.wheels == [] and x.wheels is not y.wheels and x.free == -1  # a fresh list per record
+    for bad in ({"was_running": True, "bogus": 1}, {"killed": True}):
+        with pytest.raises(TypeError):
+            TaskStopped(**bad)
+    with pytest.raises(TypeError):
+        TaskStopped(True, was_running=True)  # type: ignore[misc]
+    assert protocol.fields(TaskStopped) == ("was_running", "killed", "gone")
+    nested = StopReply(tasks={"ps:0": a}, cleaned=CleanReply(removed=["x"]))
+    assert protocol.asdict(nested) == {"tasks": {"ps:0": {"was_running": True, "killed": False, "gone": True}},
+                                       "cleaned": {"removed": ["x"], "in_use": False}}
