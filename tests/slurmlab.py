@@ -67,9 +67,9 @@ class SlurmLab(Lab):
     def computes(self) -> list[Host]:
         return self.hosts[1:]
 
-    def _sshd_extra(self, name: str) -> str:
+    def _session_env(self, name: str) -> dict[str, str]:
         # Every SSH session on a lab host finds this lab's Slurm (as /etc/slurm/slurm.conf would).
-        return f"SetEnv SLURM_CONF={self.conf}\n"
+        return {**super()._session_env(name), "SLURM_CONF": str(self.conf)}
 
     # ---- building -------------------------------------------------------------------------
 
