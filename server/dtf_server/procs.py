@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import time
 from typing import Any
 
@@ -133,12 +134,34 @@ def log_line(message: str) -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} dtf: {message}", flush=True)
 
 
+TF_DISTRIBUTIONS = ("tensorflow", "tensorflow_cpu")  # as dist-info directories spell them
+
+
 def tf_version() -> str | None:
     """The TensorFlow version of this python, from package metadata (any build: tensorflow,
-    tensorflow-cpu); importing TensorFlow would take seconds."""
+    tensorflow-cpu); importing TensorFlow would take seconds.
+
+    First from the names of the `NAME-VERSION.dist-info` directories on sys.path, as
+    importlib.metadata finds them (the first name, then the first path entry that has it): what
+    pip, uv and conda install. importlib.metadata itself (eggs, zips) only where that finds none:
+    importing it is 40 ms of `up`'s check on every host."""
+    listings: dict[str, list[str]] = {}
+    for name in TF_DISTRIBUTIONS:
+        for entry in sys.path:
+            if entry not in listings:
+                try:
+                    listings[entry] = os.listdir(entry or ".")
+                except OSError:
+                    listings[entry] = []
+            for item in listings[entry]:
+                stem, _, suffix = item.rpartition(".")
+                dist, dash, version = stem.partition("-")
+                if (suffix == "dist-info" and dash and version
+                        and dist.lower().replace("-", "_").replace(".", "_") == name):
+                    return version
     from importlib import metadata
 
-    for name in ("tensorflow", "tensorflow-cpu"):
+    for name in TF_DISTRIBUTIONS:
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:

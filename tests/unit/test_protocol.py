@@ -226,3 +226,25 @@ def test_records_behave_as_frozen_dataclasses():
     nested = StopReply(tasks={"ps:0": a}, cleaned=CleanReply(removed=["x"]))
     assert protocol.asdict(nested) == {"tasks": {"ps:0": {"was_running": True, "killed": False, "gone": True}},
                                        "cleaned": {"removed": ["x"], "in_use": False}}
+
+
+def test_tf_version_is_read_from_the_dist_info_names_on_sys_path(tmp_path, monkeypatch):
+    """As importlib.metadata: the first of tensorflow, tensorflow-cpu; for it, the first entry of
+    sys.path that has it; another package's dist-info is not TensorFlow's."""
+    from importlib import metadata
+
+    from dtf_server.procs import tf_version
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for d, names in ((first, ["tensorflow_cpu-2.20.0.dist-info", "tensorflow_io_gcs_filesystem-0.37.1.dist-info"]),
+                     (second, ["TensorFlow-2.19.1.dist-info", "tensorflow_cpu-2.18.0.dist-info"])):
+        for n in names:
+            (d / n).mkdir(parents=True)
+            name, _, version = n.removesuffix(".dist-info").partition("-")
+            (d / n / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "missing"), str(first), str(second)])
+    assert tf_version() == metadata.version("tensorflow") == "2.19.1"
+    monkeypatch.setattr(sys, "path", [str(first)])
+    assert tf_version() == metadata.version("tensorflow-cpu") == "2.20.0"
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "missing")])
+    assert tf_version() is None
