@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 INVENTORY ?= inventory/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-fast test-fakes lint unit bench clean
+.PHONY: venv bytecode demo test test-fast test-fakes lint unit bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The sources' bytecode, for the tests (see `test`): compileall skips what is up to date.
+bytecode: venv
+	$(BIN)/python -m compileall -q client server tests bench >/dev/null
+
 # Up, train the first example, down (down runs even when training fails).
 demo: venv
 	$(BIN)/dtf up $(INVENTORY)
@@ -25,8 +29,9 @@ demo: venv
 
 # Everything: unit, CLI, local-cluster and SSH-lab end-to-end tests (the lab needs root and
 # openssh-server; under CI=true a lab that cannot start fails the run instead of skipping).
-# TEST_WORKERS processes run the tests (pytest-xdist): most of the time is waiting (TensorFlow
-# imports in other processes, leases, timeouts), not this machine's cores. Each process that
+# TEST_WORKERS processes run the tests (pytest-xdist): on 2 cores a run is CPU-bound (most of it
+# TensorFlow's starts: 1640 CPU-s in a 14.6 min run), and three keep both cores busy while one
+# waits on a lease, a timeout or a barrier. Each process that
 # runs lab tests builds its own SSH lab (tests/lab.py picks a free name and subnet). The 15
 # slowest tests are listed at the end. Tests that share a module's cluster are one xdist_group
 # (--dist loadgroup): they run on one worker, which starts that cluster once.
@@ -34,27 +39,25 @@ demo: venv
 # container images) Python never writes it, and every dtf command of the tests (hundreds) would
 # compile dtf's modules anew (0.1-0.2 s of CPU each). compileall skips what is up to date.
 TEST_WORKERS ?= 3
-test: venv
-	$(BIN)/python -m compileall -q client server tests bench >/dev/null
+test: bytecode
 	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 # The fast tier, under a minute: the pure and CLI tests, and one up/status/down of the real CLI,
 # launcher and supervisors against fake servers on local processes (no TensorFlow is imported).
-test-fast: venv
-	$(BIN)/python -m compileall -q client server tests bench >/dev/null
+test-fast: bytecode
 	$(BIN)/python -m pytest -q -rs -m "not tf and not lab" -p no:cacheprovider \
 	    tests/unit "tests/fake/test_lifecycle.py::test_up_status_down[local]" $(PYTEST_ARGS)
 
-# Every fake-server test (no TensorFlow), on local processes and on the SSH lab: about 4 minutes.
+# Every fake-server test (no TensorFlow), on local processes and on the SSH lab: about 5 minutes.
 # The SSH-lab part runs beside the rest (one lab per machine: it cannot be split across workers).
-test-fakes: venv
+test-fakes: bytecode
 	@$(BIN)/python -m pytest -q -rs -m "lab and not tf" -p no:cacheprovider $(PYTEST_ARGS) \
 	    > $(VENV)/test-fakes-lab.log 2>&1 & lab=$$!; \
 	$(BIN)/python -m pytest -q -rs -m "not tf and not lab" -p no:cacheprovider tests/fake $(PYTEST_ARGS); rc=$$?; \
 	wait $$lab; lab_rc=$$?; echo "--- the SSH-lab part ($(VENV)/test-fakes-lab.log):"; \
 	cat $(VENV)/test-fakes-lab.log; [ $$rc -eq 0 ] && [ $$lab_rc -eq 0 ]
 
-unit: venv
+unit: bytecode
 	$(BIN)/python -m pytest -q tests/unit
 
 # Linter, and the type checker (strict on the client and on the host package alike).
