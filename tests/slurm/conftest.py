@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import dtf
 from lab import Lab, LabError
 from slurmlab import SlurmLab, missing
 
@@ -62,3 +63,15 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureR
         yield lab
     finally:
         lab.close()
+
+
+@pytest.fixture(autouse=True)
+def _down_what_the_test_left(tmp_path: Path) -> Iterator[None]:
+    """After each test, `dtf down` every cluster still recorded under its tmp_path (its DTF_HOME):
+    one whose assertion failed before its own `down` would leave its allocation and its tasks on
+    the nodes' ports, and every Slurm test after it would fail on them (port busy), as one failure
+    did in a loaded run."""
+    yield
+    for records in tmp_path.glob("**/state"):
+        for record in sorted(records.glob("*.json")):
+            dtf("down", "-c", record.stem, home=records.parent, timeout=120)
