@@ -517,15 +517,18 @@ class Lab:
         return path
 
     def processes(self, host_or_workdir: Host | str) -> list[tuple[int, str]]:
-        """Live processes whose command line mentions that host's workdir (or the given path)."""
+        """Live processes whose command line mentions that host's workdir (or the given path), as a
+        whole path: /srv/dtf-dtflab is not found in /srv/dtf-dtflabxb/... (a lab named dtflab beside
+        one named dtflabxb counted the other's processes as its own in two runs at once)."""
         try:
             needle = self.host(host_or_workdir).workdir
         except KeyError:
             needle = str(host_or_workdir)
+        whole = re.compile(re.escape(needle.rstrip("/")) + r"(?![\w.-])")
         out = []
         for pid in _pids():
             cmd = _cmdline(pid)
-            if pid != os.getpid() and cmd and needle in cmd and _alive(pid):
+            if pid != os.getpid() and cmd and whole.search(cmd) and _alive(pid):
                 out.append((pid, cmd))
         return out
 

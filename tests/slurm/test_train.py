@@ -5,6 +5,7 @@ master, and the tasks reach the coordinator back through the relay on the login 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -22,8 +23,8 @@ def relays(lab: SlurmLab) -> list[str]:
     """dtf's relays back to the coordinator (on the login host) for this lab's nodes: their command
     lines hold its source and the nodes' addresses (another test run's Slurm lab on the same
     machine has relays of its own)."""
-    return [cmd for _, cmd in lab.processes("def facing(address")
-            if any(f" {h.address}" in cmd for h in lab.computes)]
+    ours = re.compile("|".join(rf" {re.escape(h.address)}(?![\d.])" for h in lab.computes))
+    return [cmd for _, cmd in lab.processes("def facing(address") if ours.search(cmd)]
 
 
 def test_train_through_the_login_host(slurm_lab: SlurmLab, tmp_path: Path) -> None:
