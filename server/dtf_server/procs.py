@@ -157,7 +157,7 @@ def tf_version() -> str | None:
                 stem, _, suffix = item.rpartition(".")
                 dist, dash, version = stem.partition("-")
                 if (suffix == "dist-info" and dash and version
-                        and dist.lower().replace("-", "_").replace(".", "_") == name):
+                        and dist.lower().replace(".", "_") == name):
                     return version
     from importlib import metadata
 
