@@ -33,9 +33,10 @@ TASK_ENV = (("GRPC_FAIL_FAST", "use_caller"), ("PYTHONUNBUFFERED", "1"),
             ("TF_GRPC_DEFAULT_OPTIONS", GRPC_KEEPALIVE))
 START_TIMEOUT = Defaults.START_TIMEOUT
 DEFAULT_TTL = Defaults.TTL  # seconds an unused cluster lives: see `dtf up --ttl`
-# What serves a task: TensorFlow's server, or (for tests) a fake one with options, e.g.
-# "fake:ready_delay=1.5,ignore_term", "fake:ready_file=PATH" (dtf_server/fake.py).
-SERVERS = ("tensorflow", "fake")
+# What serves a task: TensorFlow's server, or (for tests) a fake one, with options, e.g.
+# "tensorflow:full" (the server runs `import tensorflow`, not only its server module: see
+# dtf_server/tfserve.py), "fake:ready_delay=1.5,ignore_term", "fake:ready_file=PATH" (dtf_server/fake.py).
+SERVERS = {"tensorflow": ("full",), "fake": ("ready_delay", "ignore_term", "ready_file")}
 
 
 def task_argv(spec: HostSpec, argv: tuple[str, ...], job: str, port: int) -> tuple[str, ...]:
@@ -59,9 +60,10 @@ def server_argv(server: str, python: str, launcher: str, job: str, index: int, p
     argv = [python, launcher, command, "--job", job, "--index", str(index), "--port", str(port), "--ready", ready]
     for option in filter(None, options.split(",")):
         key, _, value = option.partition("=")
-        if kind != "fake" or key not in ("ready_delay", "ignore_term", "ready_file"):
+        if key not in SERVERS[kind]:
             raise ValueError(f"unknown option {key!r} of {kind} in {server!r}")
-        argv += [f"--{key.replace('_', '-')}", *([value] if value else [])]
+        flag = "--full-import" if key == "full" else f"--{key.replace('_', '-')}"
+        argv += [flag, *([value] if value else [])]
     return tuple(argv)
 
 
