@@ -47,6 +47,14 @@ def dtf(*args: str, home: Path, timeout: float = 300, env: dict | None = None,
     return r
 
 
+def down_recorded(where: Path) -> None:
+    """`dtf down` every cluster recorded under `where` (any DTF_HOME below it: `home/state/NAME.json`):
+    what a test left up when an assertion failed before its own `down`."""
+    for records in sorted(where.glob("**/state")):
+        for record in sorted(records.glob("*.json")):
+            dtf("down", "-c", record.stem, home=records.parent, timeout=120)
+
+
 def status_json(home: Path) -> dict:
     r = dtf("status", "--json", home=home, timeout=60)
     return json.loads(r.stdout)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import dtf, leftovers, write_local_inventory
+from helpers import down_recorded, dtf, leftovers, write_local_inventory
 
 
 @pytest.fixture
@@ -14,8 +14,8 @@ def home(tmp_path: Path, lab):
     """A DTF_HOME; after the test, any cluster it recorded is taken down and nothing may be left."""
     home = tmp_path / "home"
     yield home
-    for record in (home / "state").glob("*.json") if (home / "state").is_dir() else []:
-        dtf("down", "-c", record.stem, home=home, timeout=120)
+    if home.is_dir():
+        down_recorded(home)
     assert leftovers(lab) == {}
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import dtf
+from helpers import down_recorded
 from lab import Lab, LabError
 from slurmlab import SlurmLab, missing
 
@@ -72,6 +72,4 @@ def _down_what_the_test_left(tmp_path: Path) -> Iterator[None]:
     the nodes' ports, and every Slurm test after it would fail on them (port busy), as one failure
     did in a loaded run."""
     yield
-    for records in tmp_path.glob("**/state"):
-        for record in sorted(records.glob("*.json")):
-            dtf("down", "-c", record.stem, home=records.parent, timeout=120)
+    down_recorded(tmp_path)
