@@ -68,6 +68,8 @@ def main():
     parser.add_argument("--train-examples", type=int, default=4096)
     parser.add_argument("--eval-examples", type=int, default=1024)
     parser.add_argument("--output", help="output directory (default: dtf's, see dtf.output_dir)")
+    parser.add_argument("--no-export", dest="export", action="store_false",
+                        help="train and evaluate only: no SavedModel export, and no reload of it")
     args = parser.parse_args()
     if args.output:
         os.environ["DTF_OUTPUT_DIR"] = args.output  # dtf.output_dir() then writes there
@@ -135,10 +137,11 @@ def main():
     # Export on the laptop: save_options() puts the writing on the coordinator (without it the ps
     # would write the variables to its own disk). Then reload it here, outside the strategy, and
     # check it predicts like the trained model.
-    saved_model = dtf.output_dir() / "saved_model"
-    model.save(str(saved_model), options=dtf.save_options())
-    reloaded = tf.keras.models.load_model(str(saved_model))
-    reloaded_accuracy = float(np.mean(reloaded.predict(x_eval, verbose=0).argmax(-1) == y_eval))
+    saved_model, reloaded_accuracy = dtf.output_dir() / "saved_model", None
+    if args.export:
+        model.save(str(saved_model), options=dtf.save_options())
+        reloaded = tf.keras.models.load_model(str(saved_model))
+        reloaded_accuracy = float(np.mean(reloaded.predict(x_eval, verbose=0).argmax(-1) == y_eval))
 
     summary = {
         "example": "mnist_fit",
@@ -155,7 +158,7 @@ def main():
         "learning_rates": [float(lr) for lr in history.history["lr"]],
         "eval_loss": float(evaluation["loss"]),
         "eval_accuracy": float(evaluation["accuracy"]),
-        "saved_model": str(saved_model.resolve()),
+        "saved_model": str(saved_model.resolve()) if args.export else None,
         "reloaded_eval_accuracy": reloaded_accuracy,
         "wall_seconds": round(time.monotonic() - start, 1),
     }
@@ -164,7 +167,8 @@ def main():
     print(f"mnist_fit: {summary['steps']} steps, "
           f"loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f}, "
           f"train accuracy {summary['final_accuracy']:.3f}, "
-          f"eval accuracy {summary['eval_accuracy']:.3f} (reloaded SavedModel: {reloaded_accuracy:.3f}); "
+          f"eval accuracy {summary['eval_accuracy']:.3f}"
+          + (f" (reloaded SavedModel: {reloaded_accuracy:.3f})" if args.export else " (not exported)") + "; "
           f"wrote {summary_path}")
 
 

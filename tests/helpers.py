@@ -101,8 +101,8 @@ def wait_until(what, timeout: float = 20.0, every: float = 0.1):
 
 
 def leftovers(lab) -> dict[str, list]:
-    """Processes still running from any lab host's dtf workdir."""
-    return {h.name: p for h in lab.hosts if (p := lab.processes(h))}
+    """Processes still running from any lab host's dtf workdir (one look at /proc for all hosts)."""
+    return {name: p for name, p in lab.processes_of_hosts().items() if p}
 
 
 class Train:

@@ -516,6 +516,19 @@ class Lab:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
 
+    def processes_of_hosts(self) -> dict[str, list[tuple[int, str]]]:
+        """`processes` of every host, from one pass over /proc."""
+        wholes = {h.name: re.compile(re.escape(h.workdir.rstrip("/")) + r"(?![\w.-])") for h in self.hosts}
+        out: dict[str, list[tuple[int, str]]] = {name: [] for name in wholes}
+        for pid in _pids():
+            cmd = _cmdline(pid)
+            if pid == os.getpid() or not cmd:
+                continue
+            for name, whole in wholes.items():
+                if whole.search(cmd) and _alive(pid):
+                    out[name].append((pid, cmd))
+        return out
+
     def processes(self, host_or_workdir: Host | str) -> list[tuple[int, str]]:
         """Live processes whose command line mentions that host's workdir (or the given path), as a
         whole path: /srv/dtf-dtflab is not found in /srv/dtf-dtflabxb/... (a lab named dtflab beside

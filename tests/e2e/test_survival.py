@@ -202,10 +202,12 @@ def test_a_worker_killed_mid_training_costs_only_time(lab, write_inventory, home
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
                            {"host": "h2", "workers": [w1]}])
     assert dtf("up", "--ttl", f"{ttl}s", str(inv), home=home, timeout=120).returncode == 0
-    barrier = Barrier(tmp_path / "barrier", r"^epoch 2/6 done")  # the kill lands mid-training
+    epochs = 4
+    barrier = Barrier(tmp_path / "barrier", rf"^epoch 2/{epochs} done")  # the kill lands mid-training
     t_train = time.monotonic()
     run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "fit"),
-                *barrier.argv(EXAMPLES / "mnist_fit.py", "--epochs", "6", "--steps-per-epoch", "40"))
+                *barrier.argv(EXAMPLES / "mnist_fit.py", "--epochs", str(epochs), "--steps-per-epoch", "40",
+                              "--no-export"))
     with barrier.held(run):
         t0 = time.monotonic()
         killed = kill_server(home, "worker:1")
@@ -215,9 +217,9 @@ def test_a_worker_killed_mid_training_costs_only_time(lab, write_inventory, home
     code, text = run.finish()
     assert code == 0, text[-5000:]
     assert "lost during attempt" not in text  # no rerun: only a worker was lost
-    assert epochs_done(text) == [(e, 1) for e in range(1, 7)]
+    assert epochs_done(text) == [(e, 1) for e in range(1, epochs + 1)]
     s = json.loads((tmp_path / "fit" / "summary.json").read_text())
-    assert s["steps"] >= 6 * 40 and s["final_loss"] < 0.5 * s["first_loss"], s
+    assert s["steps"] >= epochs * 40 and s["final_loss"] < 0.5 * s["first_loss"], s
     row = task_row(home, "worker:1")
     assert (row["state"], row["restarts"], row["last_exit"]) == ("alive", 1, "killed by SIGKILL")
     assert all(r["state"] == "alive" for r in status_json(home)["tasks"])  # the lease held
@@ -231,12 +233,13 @@ def test_a_lost_ps_resumes_from_the_last_checkpoint(lab, write_inventory, home, 
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
                            {"host": "h2", "workers": [w1]}])
     assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
-    epochs, steps = 6, 40
+    epochs, steps = 4, 40
     # The program waits at the end of epoch 2 until the ps is dead (with automatic packing, a fast
-    # machine finished all 6 epochs before the kill).
-    barrier = Barrier(tmp_path / "barrier", r"^epoch 2/6 done")
+    # machine finished every epoch before the kill).
+    barrier = Barrier(tmp_path / "barrier", rf"^epoch 2/{epochs} done")
+    export = ("--no-export",) if example == "mnist_fit.py" else ()  # what is tested here is the resume
     run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"),
-                *barrier.argv(EXAMPLES / example, "--epochs", str(epochs), "--steps-per-epoch", str(steps)))
+                *barrier.argv(EXAMPLES / example, "--epochs", str(epochs), "--steps-per-epoch", str(steps), *export))
     with barrier.held(run):
         t_kill = time.monotonic()
         kill_server(home, "ps:0")
@@ -251,7 +254,7 @@ def test_a_lost_ps_resumes_from_the_last_checkpoint(lab, write_inventory, home, 
     second = [e for e, a in done if a == 2]
     assert first == list(range(1, len(first) + 1)) and len(first) >= 2
     assert second == list(range(second[0], epochs + 1))
-    # Nothing was skipped (the run ends at exactly 6 epochs) and at most the epoch that was in
+    # Nothing was skipped (the run ends at exactly the epochs asked) and at most the epoch that was in
     # progress when the ps died is done again: each epoch is backed up before it is reported,
     # so the resumed run starts right after the last one reported (or after the one whose
     # report the kill interrupted).
@@ -308,7 +311,7 @@ def test_an_abandoned_cluster_stops_itself_when_its_lease_lapses(lab, write_inve
     deadline = by_status + ttl + 20
     while leftovers(lab) or any(Path(h.workdir, "lab").exists() for h in lab.hosts[:2]):
         assert time.time() < deadline, (leftovers(lab), [list(Path(h.workdir).rglob("*")) for h in lab.hosts])
-        time.sleep(0.1)
+        time.sleep(0.25)
     print(f"hosts cleared {time.time() - (by_status + ttl):.1f}s after the lease lapsed")
     r = dtf("status", home=home, timeout=60)
     assert r.returncode == 7 and "dtf's files are gone" in r.stderr and "lease lapsed" in r.stderr
@@ -328,10 +331,10 @@ def test_a_worker_host_cut_off_for_20s_mid_training(lab, write_inventory, home, 
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
                            {"host": "h2", "workers": [w1]}])
     assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
-    epochs, steps = 8, 40
-    # The cut lands after epoch 1 and ends before epoch 7: the program waits at each point until
+    epochs, steps = 6, 40
+    # The cut lands after epoch 1 and ends before epoch 5: the program waits at each point until
     # the test has cut the link, or brought it back (training on alone meanwhile).
-    cut, back = Barrier(tmp_path / "cut", r"^epoch 1/8 done"), Barrier(tmp_path / "back", r"^epoch 6/8 done")
+    cut, back = Barrier(tmp_path / "cut", r"^epoch 1/6 done"), Barrier(tmp_path / "back", r"^epoch 4/6 done")
     run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"),
                 *cut.argv(EXAMPLES / "custom_loop.py", "--epochs", str(epochs), "--steps-per-epoch", str(steps),
                           then=(back,)))

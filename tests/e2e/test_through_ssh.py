@@ -52,7 +52,7 @@ def test_laptop_behind_port_22_trains_through_ssh_and_survives_a_killed_master(l
         assert status_json(home)["network"] == "ssh"
 
         # The fit example, relative output path: checkpoints and SavedModel land on the laptop.
-        epochs = 6
+        epochs = 4
         before = logins(lab)
         # The program waits at the end of epoch 2 until the master is dead: the kill lands mid-training.
         barrier = Barrier(tmp_path / "barrier", r"^epoch 2/\d+ done")
