@@ -331,10 +331,10 @@ def test_a_worker_host_cut_off_for_20s_mid_training(lab, write_inventory, home, 
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
                            {"host": "h2", "workers": [w1]}])
     assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
-    epochs, steps = 6, 40
-    # The cut lands after epoch 1 and ends before epoch 5: the program waits at each point until
+    epochs, steps = 5, 30
+    # The cut lands after epoch 1 and ends before epoch 4: the program waits at each point until
     # the test has cut the link, or brought it back (training on alone meanwhile).
-    cut, back = Barrier(tmp_path / "cut", r"^epoch 1/6 done"), Barrier(tmp_path / "back", r"^epoch 4/6 done")
+    cut, back = Barrier(tmp_path / "cut", r"^epoch 1/5 done"), Barrier(tmp_path / "back", r"^epoch 3/5 done")
     run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"),
                 *cut.argv(EXAMPLES / "custom_loop.py", "--epochs", str(epochs), "--steps-per-epoch", str(steps),
                           then=(back,)))
