@@ -9,9 +9,11 @@ On a 2-core host that is 5 s of CPU before the server starts; the lean import be
 
 What the lean import leaves out, checked against TensorFlow 2.21 (`TF_GetAllOpList` in both): one
 op, `AudioMicrofrontend` (tf.lite's experimental audio front end, loaded from its own library), and
-the pluggable-device plugins `import tensorflow` loads from `tensorflow-plugins` directories. A
-host with such a directory gets the full import, as does any TensorFlow whose layout the lean
-import does not find, or `--full-import` (`DTF_SERVER=tensorflow:full` in the environment of `dtf up`).
+the libraries `import tensorflow` loads besides (tensorflow/__init__.py): kernels in
+`tensorflow/core/kernels/`, plugins in a `tensorflow-plugins` directory of any site directory, and
+a pluggable device named by `TF_PLUGGABLE_DEVICE_LIBRARY_PATH`. A host with any of those gets the
+full import, as does a TensorFlow whose layout the lean import does not find, or `--full-import`
+(`DTF_SERVER=tensorflow:full` in the environment of `dtf up`).
 
 The lean import puts an empty `tensorflow` package in `sys.modules` so that `tensorflow/__init__.py`
 is not run: nothing else in this process may import TensorFlow's Python API after it. The server
@@ -32,17 +34,39 @@ from dtf_server.procs import write_json
 FULL = "full"
 
 
-def _plugins(path: list[str]) -> bool:
-    """Whether `import tensorflow` would load pluggable-device plugins (tensorflow-plugins/*.so
-    next to tensorflow, in any site directory)."""
-    return any(os.path.isdir(os.path.join(p, "tensorflow-plugins")) for p in path if p)
+def _site_dirs() -> set[str]:
+    """The directories tensorflow/__init__.py looks in for `tensorflow-plugins`."""
+    import site
+    import sysconfig
+
+    dirs = {p for p in sys.path if "site-packages" in p}
+    if site.ENABLE_USER_SITE and site.USER_SITE is not None:
+        dirs.add(site.USER_SITE)
+    dirs.update(getattr(site, "getsitepackages", list)())
+    for scheme in sysconfig.get_scheme_names():
+        dirs.update(sysconfig.get_path(name, scheme) for name in ("purelib", "platlib"))
+    return dirs
+
+
+def _more_to_load(package_dirs: list[str]) -> str | None:
+    """What `import tensorflow` would load that the lean import would not, if anything."""
+    if os.environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
+        return "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"
+    for d in package_dirs:
+        if os.path.isdir(os.path.join(d, "core", "kernels")):
+            return os.path.join(d, "core", "kernels")
+    for d in _site_dirs():
+        if os.path.isdir(os.path.join(d, "tensorflow-plugins")):
+            return os.path.join(d, "tensorflow-plugins")
+    return None
 
 
 def server_lib(full: bool = False) -> tuple[Any, str]:
     """TensorFlow's server module, and how it was imported: "lean" or "full" (see the docstring)."""
-    if not full and not _plugins(sys.path) and "tensorflow" not in sys.modules:
+    if not full and "tensorflow" not in sys.modules:
         spec = importlib.util.find_spec("tensorflow")
-        if spec is not None and spec.submodule_search_locations:
+        if spec is not None and spec.submodule_search_locations and not _more_to_load(
+                list(spec.submodule_search_locations)):
             package = types.ModuleType("tensorflow")
             package.__path__ = list(spec.submodule_search_locations)
             package.__spec__ = spec

@@ -35,14 +35,14 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def probe(site: Path, full: bool = False) -> dict[str, object]:
+def probe(site: Path, full: bool = False, env: dict[str, str] | None = None) -> dict[str, object]:
     out = subprocess.run([sys.executable, "-c", PROBE, "full" if full else "lean"], capture_output=True, text=True,
-                         check=True, env={**os.environ, "PYTHONPATH": f"{SERVER}:{site}"})
+                         check=True, env={**os.environ, "PYTHONPATH": f"{SERVER}:{site}", **(env or {})})
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
 def fake_site(tmp_path: Path, **replace: str | None) -> Path:
-    site = tmp_path / "site"
+    site = tmp_path / "site-packages"  # tensorflow/__init__.py looks for plugins in site-packages dirs
     for name, text in {**FAKE, **replace}.items():
         if text is None:
             continue
@@ -69,12 +69,19 @@ def test_a_layout_without_the_server_module_falls_back_to_the_full_import(tmp_pa
                            "tf2": False}
 
 
-def test_pluggable_device_plugins_and_full_import_ask_for_the_full_import(tmp_path):
+def test_what_import_tensorflow_would_load_besides_asks_for_the_full_import(tmp_path):
+    """Plugins, first-party kernel libraries, a pluggable device named in the environment (what
+    tensorflow/__init__.py loads), and --full-import."""
+    full = {"how": "full", "lib": "tensorflow.python.training.server_lib", "init_ran": True, "tf2": False}
     site = fake_site(tmp_path)
-    assert probe(site, full=True)["how"] == "full"
+    assert probe(site, full=True) == full
+    assert probe(site, env={"TF_PLUGGABLE_DEVICE_LIBRARY_PATH": str(tmp_path / "libdevice.so")}) == full
+    (site / "tensorflow" / "core" / "kernels").mkdir(parents=True)
+    assert probe(site) == full
+    (site / "tensorflow" / "core" / "kernels").rmdir()
+    assert probe(site)["how"] == "lean"
     (site / "tensorflow-plugins").mkdir()
-    assert probe(site) == {"how": "full", "lib": "tensorflow.python.training.server_lib", "init_ran": True,
-                           "tf2": False}
+    assert probe(site) == full
 
 
 OPS = textwrap.dedent("""
