@@ -29,9 +29,9 @@ demo: venv
 
 # Everything: unit, CLI, local-cluster and SSH-lab end-to-end tests (the lab needs root and
 # openssh-server; under CI=true a lab that cannot start fails the run instead of skipping).
-# TEST_WORKERS processes run the tests (pytest-xdist): on 2 cores a run is CPU-bound (most of it
-# TensorFlow's starts: 1640 CPU-s in a 14.6 min run), and three keep both cores busy while one
-# waits on a lease, a timeout or a barrier. Each process that
+# TEST_WORKERS processes run the tests (pytest-xdist): on 2 cores a run is CPU-bound (most of
+# it TensorFlow programs and the training they run: 1205 CPU-s in a 10.9 min run), and three
+# keep both cores busy while one waits on a lease, a timeout or a barrier. Each process that
 # runs lab tests builds its own SSH lab (tests/lab.py picks a free name and subnet). The 15
 # slowest tests are listed at the end. Tests that share a module's cluster are one xdist_group
 # (--dist loadgroup): they run on one worker, which starts that cluster once.
