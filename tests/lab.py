@@ -111,6 +111,21 @@ def _sh(argv: Sequence[str], timeout: float = 10.0, check: bool = True) -> subpr
     return r
 
 
+def _processes(needles: dict[str, str]) -> dict[str, list[tuple[int, str]]]:
+    """Per key, the live processes (other than this one) whose command line holds its needle as a
+    whole path (not followed by more of a name: /srv/dtf-dtflab is not in /srv/dtf-dtflabxb/...)."""
+    wholes = {key: re.compile(re.escape(needle.rstrip("/")) + r"(?![\w.-])") for key, needle in needles.items()}
+    out: dict[str, list[tuple[int, str]]] = {key: [] for key in needles}
+    for pid in _pids():
+        cmd = _cmdline(pid)
+        if pid == os.getpid() or not cmd:
+            continue
+        for key, whole in wholes.items():
+            if whole.search(cmd) and _alive(pid):
+                out[key].append((pid, cmd))
+    return out
+
+
 def _cmdline(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -518,16 +533,7 @@ class Lab:
 
     def processes_of_hosts(self) -> dict[str, list[tuple[int, str]]]:
         """`processes` of every host, from one pass over /proc."""
-        wholes = {h.name: re.compile(re.escape(h.workdir.rstrip("/")) + r"(?![\w.-])") for h in self.hosts}
-        out: dict[str, list[tuple[int, str]]] = {name: [] for name in wholes}
-        for pid in _pids():
-            cmd = _cmdline(pid)
-            if pid == os.getpid() or not cmd:
-                continue
-            for name, whole in wholes.items():
-                if whole.search(cmd) and _alive(pid):
-                    out[name].append((pid, cmd))
-        return out
+        return _processes({h.name: h.workdir for h in self.hosts})
 
     def processes(self, host_or_workdir: Host | str) -> list[tuple[int, str]]:
         """Live processes whose command line mentions that host's workdir (or the given path), as a
@@ -537,13 +543,7 @@ class Lab:
             needle = self.host(host_or_workdir).workdir
         except KeyError:
             needle = str(host_or_workdir)
-        whole = re.compile(re.escape(needle.rstrip("/")) + r"(?![\w.-])")
-        out = []
-        for pid in _pids():
-            cmd = _cmdline(pid)
-            if pid != os.getpid() and cmd and whole.search(cmd) and _alive(pid):
-                out.append((pid, cmd))
-        return out
+        return _processes({needle: needle})[needle]
 
     def sshd_nodelay(self, host: Host | str) -> list[bool]:
         """TCP_NODELAY of each SSH connection that host's sshd serves now, read from sshd's own

@@ -9,7 +9,7 @@ it did what was asked:
     fetch-wheels --from URL --dir W --file NAME:SHA256 ...    copy wheels from another host's serve-wheels
     start     --dir D --task SPEC ... [options]    start supervised servers detached, wait until each serves
     supervise --dir D --task SPEC [options]        (internal) run one server, restart it when it dies
-    serve     --job J --index I --port P --ready F [--full-import] (internal) run one tf.distribute.Server
+    serve     --job J --index I --port P --ready F [--full] (internal) run one tf.distribute.Server
     fake      --job J --index I --port P --ready F (tests) a server without TensorFlow: dtf_server.fake
     status    --dir D --task JOB:INDEX ... [--renew]  is each task alive, serving, restarted how often
     renew     --dir D [--ttl S]                    renew the cluster's lease on this host
@@ -385,7 +385,7 @@ def cmd_supervise(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     from dtf_server.tfserve import serve
 
-    serve(args.job, args.index, args.port, args.ready, full=args.full_import)
+    serve(args.job, args.index, args.port, args.ready, full=args.full)
 
 
 def cmd_fake(args: argparse.Namespace) -> None:
@@ -678,7 +678,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
         c.add_argument("--port", type=int, required=True)
         c.add_argument("--ready", required=True)
         if name == "serve":
-            c.add_argument("--full-import", action="store_true")  # `import tensorflow`: see dtf_server.tfserve
+            c.add_argument("--full", action="store_true")  # `import tensorflow`: see dtf_server.tfserve
         if name == "fake":
             c.add_argument("--ready-delay", type=float, default=0.0)
             c.add_argument("--ignore-term", action="store_true")

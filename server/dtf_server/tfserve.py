@@ -12,7 +12,7 @@ op, `AudioMicrofrontend` (tf.lite's experimental audio front end, loaded from it
 the libraries `import tensorflow` loads besides (tensorflow/__init__.py): kernels in
 `tensorflow/core/kernels/`, plugins in a `tensorflow-plugins` directory of any site directory, and
 a pluggable device named by `TF_PLUGGABLE_DEVICE_LIBRARY_PATH`. A host with any of those gets the
-full import, as does a TensorFlow whose layout the lean import does not find, or `--full-import`
+full import, as does a TensorFlow whose layout the lean import does not find, or `serve --full`
 (`DTF_SERVER=tensorflow:full` in the environment of `dtf up`).
 
 The lean import puts an empty `tensorflow` package in `sys.modules` so that `tensorflow/__init__.py`
@@ -48,24 +48,18 @@ def _site_dirs() -> set[str]:
     return dirs
 
 
-def _more_to_load(package_dirs: list[str]) -> str | None:
-    """What `import tensorflow` would load that the lean import would not, if anything."""
-    if os.environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
-        return "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"
-    for d in package_dirs:
-        if os.path.isdir(os.path.join(d, "core", "kernels")):
-            return os.path.join(d, "core", "kernels")
-    for d in _site_dirs():
-        if os.path.isdir(os.path.join(d, "tensorflow-plugins")):
-            return os.path.join(d, "tensorflow-plugins")
-    return None
+def _loads_more(package_dirs: list[str]) -> bool:
+    """Whether `import tensorflow` would load libraries the lean import would not."""
+    return (bool(os.environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH"))
+            or any(os.path.isdir(os.path.join(d, "core", "kernels")) for d in package_dirs)
+            or any(os.path.isdir(os.path.join(d, "tensorflow-plugins")) for d in _site_dirs()))
 
 
 def server_lib(full: bool = False) -> tuple[Any, str]:
     """TensorFlow's server module, and how it was imported: "lean" or "full" (see the docstring)."""
     if not full and "tensorflow" not in sys.modules:
         spec = importlib.util.find_spec("tensorflow")
-        if spec is not None and spec.submodule_search_locations and not _more_to_load(
+        if spec is not None and spec.submodule_search_locations and not _loads_more(
                 list(spec.submodule_search_locations)):
             package = types.ModuleType("tensorflow")
             package.__path__ = list(spec.submodule_search_locations)

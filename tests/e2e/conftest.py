@@ -14,8 +14,7 @@ def home(tmp_path: Path, lab):
     """A DTF_HOME; after the test, any cluster it recorded is taken down and nothing may be left."""
     home = tmp_path / "home"
     yield home
-    if home.is_dir():
-        down_recorded(home)
+    down_recorded(home)
     assert leftovers(lab) == {}
 
 

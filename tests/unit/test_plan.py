@@ -97,7 +97,7 @@ def test_the_fake_server_and_its_options():
     assert argv[2] == "fake" and argv[-3:] == ("1.5", "--ignore-term")[:0] + ("--ready-delay", "1.5", "--ignore-term")
     assert Plan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
     full = plan(server="tensorflow:full").tasks()[0].serve_argv
-    assert full[2] == "serve" and full[-1] == "--full-import"
+    assert full[2] == "serve" and full[-1] == "--full"
     for bad in ("tf", "fake:crash", "tensorflow:ready_delay=1", "fake:full", "tensorflow:lean"):
         try:
             plan(server=bad)

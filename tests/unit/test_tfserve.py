@@ -15,7 +15,7 @@ import pytest
 SERVER = Path(__file__).resolve().parents[2] / "server"
 
 # A stand-in for the tensorflow package: its __init__ marks that it ran (the full import), and its
-# server module works in either import unless `layout` says it is not where the lean import looks.
+# server module works in either import (a test may replace or remove any of these files).
 FAKE = {
     "tensorflow/__init__.py": "RAN = True\n",
     "tensorflow/python/__init__.py": "",
@@ -71,7 +71,7 @@ def test_a_layout_without_the_server_module_falls_back_to_the_full_import(tmp_pa
 
 def test_what_import_tensorflow_would_load_besides_asks_for_the_full_import(tmp_path):
     """Plugins, first-party kernel libraries, a pluggable device named in the environment (what
-    tensorflow/__init__.py loads), and --full-import."""
+    tensorflow/__init__.py loads), and `serve --full`."""
     full = {"how": "full", "lib": "tensorflow.python.training.server_lib", "init_ran": True, "tf2": False}
     site = fake_site(tmp_path)
     assert probe(site, full=True) == full

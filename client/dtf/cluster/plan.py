@@ -62,8 +62,7 @@ def server_argv(server: str, python: str, launcher: str, job: str, index: int, p
         key, _, value = option.partition("=")
         if key not in SERVERS[kind]:
             raise ValueError(f"unknown option {key!r} of {kind} in {server!r}")
-        flag = "--full-import" if key == "full" else f"--{key.replace('_', '-')}"
-        argv += [flag, *([value] if value else [])]
+        argv += [f"--{key.replace('_', '-')}", *([value] if value else [])]
     return tuple(argv)
 
 
