@@ -372,10 +372,44 @@ def cmd_start(args: argparse.Namespace) -> StartReply:
         reason = "its job step did not start" if never else "not serving"
         results[name] = TaskStarted(ok=False, pid=waited.pid, reason=f"{reason} after {args.timeout:g}s",
                                     log_tail=tail(os.path.join(tdir, layout.LOG)))
+    unreachable = None
+    if args.reach and all(r.ok for r in results.values()):
+        unreachable = reach_soon(args.reach, args.reach_timeout)
     if os.path.isdir(args.dir):
         # The lease counts from when the servers serve, not from before they imported TensorFlow.
         write_lease(args.dir, args.ttl)
-    return StartReply(tasks=results)
+    return StartReply(tasks=results, unreachable=unreachable)
+
+
+def reach_soon(targets: list[str], timeout: float) -> dict[str, str]:
+    """`up`'s mesh check from a host whose servers serve, while the other hosts may still be
+    starting theirs: each target gets `timeout` seconds to accept a connection, tried again while
+    it refuses (not listening yet). Those it could not connect to, with the last reason: the
+    laptop checks them again once every host serves (a slow host is not an unreachable one)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    deadline = time.monotonic() + timeout
+
+    def why_not(target: str) -> str | None:
+        host, _, port = target.rpartition(":")
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"no answer within {timeout:g}s"
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=left):
+                    return None
+            except TimeoutError:
+                return f"no answer within {timeout:g}s"
+            except OSError as e:
+                why = e.strerror or str(e)
+            if deadline - time.monotonic() < READY_POLL:
+                return why
+            time.sleep(READY_POLL)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(256, len(targets)))) as pool:
+        results = list(pool.map(why_not, targets))
+    return {t: r for t, r in zip(targets, results) if r is not None}
 
 
 def cmd_supervise(args: argparse.Namespace) -> None:
@@ -671,6 +705,9 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
             c.add_argument("--ttl", type=float, default=Defaults.TTL)
             # Slurm: the supervisors were started as job steps with this token; wait for them.
             c.add_argument("--spawned", default="")
+            # `up`'s mesh check in the same call: once these servers serve, the other hosts' tasks.
+            c.add_argument("--reach", action="append", default=[])
+            c.add_argument("--reach-timeout", type=float, default=5.0)
     for name in ("serve", "fake"):
         c = add(name)
         c.add_argument("--job", required=True)

@@ -130,10 +130,11 @@ def asdict(value: Any) -> Any:
 
 
 # Bump on any change of a command's arguments or of a reply's fields.
-PROTOCOL = 9  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
+PROTOCOL = 10  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
 # 5: run, supervise-program, follow (collective mode); 6: `sync` from host to host (--from, --serve,
 # --free-port); 7: top (a stream of TopSample lines); 8: run-step (Slurm), stop --clean, StopReply.cleaned;
-# 9: check-start (`up`'s check and start in one call: a CheckReply line, then the StartReply)
+# 9: check-start (`up`'s check and start in one call: a CheckReply line, then the StartReply);
+# 10: start --reach (the mesh check in the same call), StartReply.unreachable
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
@@ -221,6 +222,9 @@ class TaskStarted:
 @record
 class StartReply:
     tasks: dict[str, TaskStarted]
+    # `start --reach`: the other hosts' tasks this host could not connect to (None: not asked,
+    # or a task of its own did not start)
+    unreachable: dict[str, str] | None = None
 
     @property
     def ok(self) -> bool:
@@ -414,7 +418,8 @@ def decode(kind: type[R], text: str) -> R:
         raise ProtocolMismatch(data.get("protocol"))
     try:
         if kind is StartReply:
-            return StartReply(tasks={n: TaskStarted(**t) for n, t in data["tasks"].items()})  # type: ignore[return-value]
+            return StartReply(tasks={n: TaskStarted(**t) for n, t in data["tasks"].items()},  # type: ignore[return-value]
+                              unreachable=data.get("unreachable"))
         if kind is StatusReply:
             return StatusReply(tasks={n: TaskStatus(**t) for n, t in data["tasks"].items()},  # type: ignore[return-value]
                                lease=_lease(data["lease"]))

@@ -7,6 +7,8 @@ import json
 import socket
 import subprocess
 import sys
+import threading
+import time
 import zipfile
 from io import BytesIO
 from pathlib import Path
@@ -41,6 +43,8 @@ REPLIES = [
                client_address="10.0.0.1", running=["ps:0"]),
     StartReply(tasks={"ps:0": TaskStarted(ok=True, pid=41), "worker:0": TaskStarted(
         ok=False, pid=42, reason="server exited with code 1", log_tail=["boom"])}),
+    StartReply(tasks={"ps:0": TaskStarted(ok=True, pid=41)}, unreachable={"10.0.0.2:2222": "Connection refused"}),
+    StartReply(tasks={"ps:0": TaskStarted(ok=True, pid=41)}, unreachable={}),
     StatusReply(tasks={"ps:0": TaskStatus(alive=True, phase="running", pid=41, server_pid=43, uptime=1.5,
                                           serving=True, restarts=2, last_exit="killed by SIGKILL")},
                 lease=Lease(ttl=60.0, renewed=1700000000.5)),
@@ -162,6 +166,31 @@ def test_check_start_starts_only_a_host_that_passes_its_check(tmp_path: Path):
         stopped = subprocess.run([sys.executable, str(path), "stop", "--dir", str(root), "--grace", "5", "--task",
                                   "worker:0"], capture_output=True, text=True, timeout=60)
         assert protocol.decode(protocol.StopReply, stopped.stdout).tasks["worker:0"].gone, stopped.stdout
+
+
+def test_the_mesh_check_in_a_start_waits_for_a_server_still_starting_and_names_what_it_never_reached():
+    """`start --reach` (dtf_server.commands.reach_soon): the other hosts' servers may still be
+    starting: a port that listens only later is reached; one that never listens is named, with
+    the last reason, once its time is up."""
+    from dtf_server.commands import reach_soon
+
+    late, never = free_ports(2)
+    server = socket.socket()
+
+    def listen_later() -> None:
+        time.sleep(0.5)
+        server.bind(("127.0.0.1", late))
+        server.listen()
+
+    thread = threading.Thread(target=listen_later)
+    thread.start()
+    try:
+        assert reach_soon([f"127.0.0.1:{late}", f"127.0.0.1:{never}"], 3.0) == {
+            f"127.0.0.1:{never}": "Connection refused"}
+        assert reach_soon([f"127.0.0.1:{late}"], 3.0) == {}
+    finally:
+        thread.join()
+        server.close()
 
 
 def test_a_missing_launcher_is_python_exit_2_with_no_reply(tmp_path: Path):

@@ -152,12 +152,13 @@ def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.P
       ship the launcher, check its python and TensorFlow or build its environment, close its TF
       ports to non-members, start its servers, check this machine reaches them);
     - send the packs to every host that lacks them;
-    - verify: every host reaches every other host's tasks (the mesh check).
+    - verify: every host reaches every other host's tasks (the mesh check: in each host's start
+      where they all start at once, `Starter(mesh=True)`; then from the hosts that did not).
 
     Unless every host succeeded in every phase, stop what was started and raise: HostFailure,
     or KeyboardInterrupt after Ctrl-C."""
     plan = ops.plan
-    starter = Starter(ops)
+    starter = Starter(ops, mesh=not packs)  # with packs, the mesh check comes last: it renews the lease
     failed: dict[str, str] = {}
     undo_failed: dict[str, str] = {}  # the hosts where the rollback failed
     succeeded = False
@@ -174,8 +175,9 @@ def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.P
             if packs and going():
                 sent = syncing.send(ops, packs, syncing.hosts_of(plan))
                 failed = {h: f"sync: {reason}" for h, reason in failures(sent).items()}
-            if going():
-                failed = failures(reach.check_mesh(ops))
+            if going():  # the hosts whose start did not check the mesh itself, or found a task it missed
+                failed = failures(reach.check_mesh(ops, [hp for hp in plan.hosts if not (
+                    hp.name in outcomes and outcomes[hp.name].ok and outcomes[hp.name].value.reached)]))
             succeeded = going()
         finally:
             if not succeeded:

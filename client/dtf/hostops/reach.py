@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from dtf.cluster.plan import HostPlan, TaskPlan
+from dtf.cluster.plan import HostPlan, Plan, TaskPlan
 from dtf.hostops.launcher import ask
 from dtf.hostops.parallel import HostOps, Outcome
 from dtf.hosts.netutil import port_open
@@ -24,22 +24,30 @@ def probe_all(probe: Callable[[TaskPlan], bool], tasks: Sequence[TaskPlan]) -> l
         return list(pool.map(probe, tasks))
 
 
-def check_mesh(ops: HostOps, timeout: float = MESH_TIMEOUT) -> dict[str, Outcome[None]]:
-    """From each host, open a connection to every task of the other hosts: each task reaches
-    every other at its planned address (FACTS.md), or training hangs. HostError names the pairs."""
+def others(plan: Plan, hp: HostPlan) -> dict[str, TaskPlan]:
+    """The tasks of the other hosts, by the address the host's tasks reach them at."""
+    return {t.address: t for t in plan.tasks() if t.host != hp.name}
+
+
+def check_mesh(ops: HostOps, hosts: Sequence[HostPlan] | None = None,
+               timeout: float = MESH_TIMEOUT) -> dict[str, Outcome[None]]:
+    """From each host (or those in `hosts`), open a connection to every task of the other hosts:
+    each task reaches every other at its planned address (FACTS.md), or training hangs.
+    HostError names the pairs. (`up` asks it of the hosts whose start did not check it itself:
+    `Starter(mesh=True)`.)"""
     def one(hp: HostPlan) -> None:
-        others = {t.address: t for t in ops.plan.tasks() if t.host != hp.name}
-        if not others:
+        targets = others(ops.plan, hp)
+        if not targets:
             return
         ops.step(hp, "checking it reaches the other hosts' tasks")
         with ops.transport(hp) as t:
-            reply = ask(t, hp, ReachReply, hp.reach_argv(list(others), timeout),
+            reply = ask(t, hp, ReachReply, hp.reach_argv(list(targets), timeout),
                         "checking the other hosts' TF ports", timeout + 30)
         if reply.unreachable:
-            raise HostError("; ".join(f"cannot reach {others[a].name} at {a} (on {others[a].host}): {why}"
+            raise HostError("; ".join(f"cannot reach {targets[a].name} at {a} (on {targets[a].host}): {why}"
                                       for a, why in reply.unreachable.items()))
 
-    return ops.each_host(one, turns=ops.turns())
+    return ops.each_host(one, hosts, turns=ops.turns())
 
 
 def unreachable(ops: HostOps, network: str, timeout: float, names: Collection[str] | None = None) -> list[TaskPlan]:

@@ -13,7 +13,7 @@ from dtf.files import environment, shipping
 from dtf.hostops.environments import Environments, EnvReport
 from dtf.hostops.launcher import decode
 from dtf.hostops.parallel import HostOps, Outcome
-from dtf.hostops.reach import probe_all
+from dtf.hostops.reach import MESH_TIMEOUT, others, probe_all
 from dtf.hosts.control import ControlTransport
 from dtf.hosts.netutil import port_open, wait_port
 from dtf.hosts.transport import HostError, Result, Transport
@@ -36,14 +36,20 @@ class HostStarted:
     client_address: str | None  # the laptop's address as the host saw it
     direct: bool = True  # its tasks' TF ports accept connections from this machine directly
     env: EnvReport | None = None  # `python: managed`
+    # It checked it reaches every other host's task, in its start (`Starter(mesh=True)`).
+    reached: bool = False
 
 
 class Starter:
     """One start of a plan's tasks. It remembers what it did, for the rollback: the hosts it
     uploaded the launcher to (`touched`) and those it started tasks on (`started`)."""
 
-    def __init__(self, ops: HostOps) -> None:
+    def __init__(self, ops: HostOps, mesh: bool = False) -> None:
         self.ops = ops
+        # `mesh`: each host's start also checks it reaches the other hosts' tasks (the mesh
+        # check, reach.check_mesh, in the same launcher call): only where every host starts at
+        # once, since a host waits there for the others' servers.
+        self.mesh = mesh
         self.env = Environments(ops)
         self.touched: set[str] = set()  # hosts `up` uploaded the launcher to
         self.started: set[str] = set()  # hosts `up` started tasks on
@@ -53,6 +59,8 @@ class Starter:
         version = local_tf_version()
         # Turns where no host waits for another (managed hosts copy their wheels from each other).
         turns = None if any(hp.managed for hp in self.ops.plan.hosts) else self.ops.turns()
+        hosts = self.ops.hosts_in(only) if only is not None else self.ops.plan.hosts
+        self.mesh = self.mesh and (turns is None or len(hosts) <= turns)
         if only is None:
             return self.ops.each_host(lambda hp: self.start_host(hp, version), turns=turns)
         return self.ops.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), self.ops.hosts_in(only),
@@ -76,7 +84,8 @@ class Starter:
             self.ops.step(hp, "checking the servers are reachable from here")
             direct = self._reachable(t, hp, hp.tasks_in(only))
         return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
-                           client_address=check.client_address, direct=direct, env=env)
+                           client_address=check.client_address, direct=direct, env=env,
+                           reached=started.unreachable == {})
 
     def _in_one_call(self, hp: HostPlan) -> bool:
         """Whether the host's check and start are one launcher call: nothing happens between them
@@ -107,8 +116,8 @@ class Starter:
         tasks = hp.tasks_in(only)
         self.ops.step(hp, f"uploading launcher, checking python and TensorFlow, starting {len(tasks)} server(s)")
         try:
-            r = self._ship_and_run(t, hp, hp.check_start_argv(only, tf_version),
-                                   CHECK_TIMEOUT + hp.start_timeout + 30)
+            r = self._ship_and_run(t, hp, hp.check_start_argv(only, tf_version, *self._reach(hp)),
+                                   CHECK_TIMEOUT + hp.start_timeout + 30 + MESH_TIMEOUT)
         except HostError:
             self.started.add(hp.name)  # its deadline: it may have started them, the rollback stops them
             raise
@@ -154,8 +163,12 @@ class Starter:
         if hp.spec.connection == "slurm":
             r = self._start_steps(t, hp, tasks, only)
         else:
-            r = t.run(hp.start_argv_for(only), timeout=hp.start_timeout + 30)
+            r = t.run(hp.start_argv_for(only, "", *self._reach(hp)), timeout=hp.start_timeout + 30 + MESH_TIMEOUT)
         return self._started(r)
+
+    def _reach(self, hp: HostPlan) -> tuple[list[str], float]:
+        """What the host's start checks it reaches once its servers serve (`mesh`), and for how long."""
+        return (list(others(self.ops.plan, hp)) if self.mesh else []), MESH_TIMEOUT
 
     @staticmethod
     def _started(r: Result) -> StartReply:
@@ -184,7 +197,8 @@ class Starter:
         job, cluster = t.allocation.job, self.ops.plan.cluster
         script = detach_script([slurm.supervise_step_argv(job, hp.name, cluster, task.name,
                                                           hp.supervise_step_argv(task, token)) for task in tasks])
-        return t.run_after(script, hp.start_argv_for(only, token), timeout=hp.start_timeout + 30)
+        return t.run_after(script, hp.start_argv_for(only, token, *self._reach(hp)),
+                           timeout=hp.start_timeout + 30 + MESH_TIMEOUT)
 
     def _fence(self, t: Transport, hp: HostPlan, client_address: str | None) -> None:
         """`firewall: members`: close the host's TF ports to all but the cluster's hosts (and the
