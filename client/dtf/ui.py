@@ -1,22 +1,27 @@
-"""How dtf looks in a terminal: per-host progress, summary tables, one-line errors (rich)."""
+"""How dtf looks in a terminal: per-host progress, summary tables, one-line errors (rich).
+
+rich is imported where a table, a live view or markup is printed, not by every command: a plain
+line is written as rich would write it (`Console.print`, below), and most commands (`down`,
+`train`, `logs`) print nothing else; importing rich cost each of them 40 ms.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
+import sys
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.live import Live
-from rich.markup import escape
-from rich.table import Table
-
 from dtf.hosts.shell import render
 
 if TYPE_CHECKING:  # annotations only: every dtf command imports this module, few need these
+    from rich.console import Console as RichConsole
+    from rich.table import Table
+
     from dtf.cluster.inventory import Inventory
     from dtf.cluster.plan import Plan
     from dtf.cluster.slurm import JobState
@@ -32,9 +37,59 @@ if TYPE_CHECKING:  # annotations only: every dtf command imports this module, fe
 # break a reader bumps it.
 STATUS_SCHEMA = 1
 
-# No emoji codes: a path like /srv/:smile: is printed as written.
-out = Console(highlight=False, soft_wrap=True, emoji=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+# What rich removes from a line it prints (rich.control.strip_control_codes): bell, backspace,
+# vertical tab, form feed, carriage return.
+_CONTROL = dict.fromkeys((7, 8, 11, 12, 13))
+
+
+class Console:
+    """rich's Console for stdout or stderr, made at its first use. `print(text, markup=False)`
+    of one string writes it itself, as that Console would: no highlighting, emoji codes (a path
+    like /srv/:smile: is printed as written) or wrapping, control codes removed. The stream is
+    looked up at each print: rich's live view replaces it while it shows."""
+
+    def __init__(self, stderr: bool = False) -> None:
+        self.stderr = stderr
+        self._rich: RichConsole | None = None
+
+    @property
+    def rich(self) -> RichConsole:
+        if self._rich is None:
+            from rich.console import Console as RichConsole
+
+            self._rich = RichConsole(stderr=self.stderr, highlight=False, soft_wrap=True, emoji=False)
+        return self._rich
+
+    def print(self, *objects: Any, markup: bool | None = None, **options: Any) -> None:
+        if markup is False and not options and len(objects) == 1 and isinstance(objects[0], str):
+            stream = sys.stderr if self.stderr else sys.stdout
+            stream.write(objects[0].translate(_CONTROL) + "\n")
+            stream.flush()
+            return
+        self.rich.print(*objects, markup=markup, **options)
+
+    def print_json(self, text: str) -> None:
+        self.rich.print_json(text)
+
+    @property
+    def is_terminal(self) -> bool:
+        """rich's answer; without rich, where nothing in the environment could change it
+        (TTY_COMPATIBLE, FORCE_COLOR) and the stream is not a terminal: False."""
+        stream = sys.stderr if self.stderr else sys.stdout
+        if self._rich is None and not ({"TTY_COMPATIBLE", "FORCE_COLOR"} & os.environ.keys()) \
+                and not (hasattr(stream, "isatty") and stream.isatty()):
+            return False
+        return self.rich.is_terminal
+
+
+out = Console()
+err = Console(stderr=True)
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def error(lines: list[str]) -> None:
@@ -52,6 +107,8 @@ def host_progress(hosts: list[str], title: str) -> Iterator[Progress]:
     t0 = time.monotonic()
 
     def table() -> Table:
+        from rich.table import Table
+
         tab = Table(title=title, title_justify="left", show_edge=False, box=None)
         tab.add_column("host", style="bold")
         tab.add_column("step")
@@ -62,7 +119,9 @@ def host_progress(hosts: list[str], title: str) -> Iterator[Progress]:
         return tab
 
     if err.is_terminal:
-        with Live(table(), console=err, refresh_per_second=8, transient=False) as live:
+        from rich.live import Live
+
+        with Live(table(), console=err.rich, refresh_per_second=8, transient=False) as live:
             def update(host: str, step: str) -> None:
                 steps[host] = step
                 live.update(table())
@@ -163,6 +222,8 @@ def exposure(record: Record) -> str:
 
 
 def show_up(plan: Plan, outcomes: dict[str, Outcome[HostStarted]], seconds: float) -> None:
+    from rich.table import Table
+
     tab = Table(title=f"cluster {plan.cluster} is up ({seconds:.1f}s)", title_justify="left")
     for col in ("task", "host", "address", "pid", "host ready in"):
         tab.add_column(col)
@@ -260,6 +321,8 @@ def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: 
         out.print(f"slurm job {slurm['job']} ({whose}): " + (
             f"{job.state}, time used {job.used}, left {job.left}" if not job.gone else
             "no longer in the queue: its tasks ended with it (`dtf down` forgets it)"), markup=False)
+    from rich.table import Table
+
     tab = Table(title=f"cluster {plan.cluster} (network: {record.network}, firewall: {plan.firewall})",
                 title_justify="left")
     for col in ("host", "role", "index", "address", "pid", "state", "uptime", "restarts", "last exit"):

@@ -12,17 +12,32 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import importlib.util
 import re
+import sys
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
-
-import yaml
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 
 from dtf.errors import InventoryError, Problem
 from dtf_server.protocol import Defaults
+
+if TYPE_CHECKING:
+    import yaml
+else:
+    # PyYAML is loaded when an inventory is read, not whenever this module is imported: the model
+    # below is what most commands use (a cluster's record holds its plan), and importing yaml cost
+    # each of them 25 ms. importlib's lazy loader: the module executes at its first attribute use.
+    yaml = sys.modules.get("yaml")
+    if yaml is None:
+        _spec = importlib.util.find_spec("yaml")
+        assert _spec is not None and _spec.loader is not None, "PyYAML is a dependency of dtf"
+        _spec.loader = importlib.util.LazyLoader(_spec.loader)
+        yaml = sys.modules["yaml"] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(yaml)
 
 DEFAULT_TF_PORT = 2222
 DEFAULT_PYTHON = "python3"
@@ -195,8 +210,12 @@ _SHELL_CHARS = frozenset(";&|$`'\"<>()\\*?[]{}!#~^")
 _Y = "tag:yaml.org,2002:"
 _STR, _INT, _FLOAT, _BOOL, _NULL = (_Y + t for t in ("str", "int", "float", "bool", "null"))
 _SEQ, _MAP, _TIMESTAMP, _MERGE = (_Y + t for t in ("seq", "map", "timestamp", "merge"))
-_CONSTRUCTOR = yaml.constructor.SafeConstructor()  # only its scalar methods are used: no state
-_CONSTRUCT = {tag: _CONSTRUCTOR.yaml_constructors[tag] for tag in (_INT, _FLOAT, _BOOL, _NULL)}
+_SCALARS = (_INT, _FLOAT, _BOOL, _NULL)
+
+
+@functools.cache
+def _constructor() -> yaml.constructor.SafeConstructor:
+    return yaml.constructor.SafeConstructor()  # only its scalar methods are used: no state
 
 
 class _Invalid(Exception):
@@ -273,9 +292,10 @@ def _plain(node: yaml.Node) -> object:
             return _DATE
         if node.tag == _INT and len(node.value) > 50:  # no valid number is this long
             return _TOO_BIG
-        if node.tag in _CONSTRUCT:
+        if node.tag in _SCALARS:
             try:
-                return _CONSTRUCT[node.tag](_CONSTRUCTOR, node)
+                constructor = _constructor()
+                return constructor.yaml_constructors[node.tag](constructor, node)
             except Exception:  # an explicit tag on a value it cannot hold: `!!int ''`, `!!bool x`
                 raise _Invalid(f"invalid {_tag(node.tag)} value {_short(node.value)}") from None
     raise _Invalid(f"unsupported YAML tag {_short(_tag(node.tag))}")
@@ -547,10 +567,11 @@ _HOST_KEYS = ("host", *_SETTINGS, "ps", "workers")
 _PER_HOST_ONLY = {k: "not allowed in defaults: set it in each hosts entry" for k in ("host", "ps", "workers")}
 
 # A role is a count of tasks or explicit ports, each with the node a problem would point at.
-_Role = int | tuple[tuple[int, yaml.Node], ...]
+# Strings: evaluated, they would load yaml.
+_Role: TypeAlias = "int | tuple[tuple[int, yaml.Node], ...]"
 # One TF server: (port, path, node to point at) for the duplicate-port check.
-_Task = tuple[int, str, yaml.Node]
-_Found = dict[str, tuple[yaml.Node, yaml.Node]]  # key name: (key node, value node)
+_Task: TypeAlias = "tuple[int, str, yaml.Node]"
+_Found: TypeAlias = "dict[str, tuple[yaml.Node, yaml.Node]]"  # key name: (key node, value node)
 
 
 def _key_text(name: str) -> str:
