@@ -374,18 +374,19 @@ def cmd_start(args: argparse.Namespace) -> StartReply:
                                     log_tail=tail(os.path.join(tdir, layout.LOG)))
     unreachable = None
     if args.reach and all(r.ok for r in results.values()):
-        unreachable = reach_soon(args.reach, args.reach_timeout)
+        unreachable = reach(args.reach, args.reach_timeout, again=True)
     if os.path.isdir(args.dir):
         # The lease counts from when the servers serve, not from before they imported TensorFlow.
         write_lease(args.dir, args.ttl)
     return StartReply(tasks=results, unreachable=unreachable)
 
 
-def reach_soon(targets: list[str], timeout: float) -> dict[str, str]:
-    """`up`'s mesh check from a host whose servers serve, while the other hosts may still be
-    starting theirs: each target gets `timeout` seconds to accept a connection, tried again while
-    it refuses (not listening yet). Those it could not connect to, with the last reason: the
-    laptop checks them again once every host serves (a slow host is not an unreachable one)."""
+def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, str]:
+    """Open a TCP connection to each target ("ADDR:PORT"), all at once (up to 256: a host checks
+    99 others in one connect time, not 99/32 of them), each within `timeout` seconds; the targets
+    it could not connect to, with the reason. `again`: a refused connection is tried again until
+    the time is up (`up`'s mesh check from a host whose servers serve while the other hosts may
+    still be starting theirs; the laptop asks again what is missed once every host serves)."""
     from concurrent.futures import ThreadPoolExecutor
 
     deadline = time.monotonic() + timeout
@@ -403,7 +404,7 @@ def reach_soon(targets: list[str], timeout: float) -> dict[str, str]:
                 return f"no answer within {timeout:g}s"
             except OSError as e:
                 why = e.strerror or str(e)
-            if deadline - time.monotonic() < READY_POLL:
+            if not again or deadline - time.monotonic() < READY_POLL:
                 return why
             time.sleep(READY_POLL)
 
@@ -544,24 +545,10 @@ def cmd_stop(args: argparse.Namespace) -> StopReply:
 
 def cmd_reach(args: argparse.Namespace) -> ReachReply:
     """Open a TCP connection to each target (in parallel), each within --timeout seconds."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def why_not(target: str) -> str | None:
-        host, _, port = target.rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=args.timeout):
-                return None
-        except TimeoutError:
-            return f"no answer within {args.timeout:g}s"
-        except OSError as e:
-            return e.strerror or str(e)
-
-    # All at once (up to 256): a host checks 99 others in one connect time, not 99/32 of them.
-    with ThreadPoolExecutor(max_workers=max(1, min(256, len(args.to)))) as pool:
-        results = list(pool.map(why_not, args.to))
+    unreachable = reach(args.to, args.timeout)
     if args.dir:
         renew(args.dir, None)  # `up` asks last: whoever asks is using the cluster
-    return ReachReply(unreachable={t: r for t, r in zip(args.to, results) if r is not None})
+    return ReachReply(unreachable=unreachable)
 
 
 def cmd_fence(args: argparse.Namespace) -> FenceReply:

@@ -169,26 +169,30 @@ def test_check_start_starts_only_a_host_that_passes_its_check(tmp_path: Path):
 
 
 def test_the_mesh_check_in_a_start_waits_for_a_server_still_starting_and_names_what_it_never_reached():
-    """`start --reach` (dtf_server.commands.reach_soon): the other hosts' servers may still be
-    starting: a port that listens only later is reached; one that never listens is named, with
-    the last reason, once its time is up."""
-    from dtf_server.commands import reach_soon
+    """`start --reach` (dtf_server.commands.reach, again=True): the other hosts' servers may
+    still be starting: a port that listens only later is reached; one that never listens is
+    named, with the last reason, once its time is up. Without `again`, one try each."""
+    from dtf_server.commands import reach
 
     late, never = free_ports(2)
     server = socket.socket()
+    refused = threading.Event()
 
     def listen_later() -> None:
-        time.sleep(0.5)
+        refused.wait(30)  # after the first look found nothing there
+        time.sleep(0.3)
         server.bind(("127.0.0.1", late))
         server.listen()
 
     thread = threading.Thread(target=listen_later)
     thread.start()
     try:
-        assert reach_soon([f"127.0.0.1:{late}", f"127.0.0.1:{never}"], 3.0) == {
+        assert reach([f"127.0.0.1:{late}"], 3.0) == {f"127.0.0.1:{late}": "Connection refused"}
+        refused.set()
+        assert reach([f"127.0.0.1:{late}", f"127.0.0.1:{never}"], 3.0, again=True) == {
             f"127.0.0.1:{never}": "Connection refused"}
-        assert reach_soon([f"127.0.0.1:{late}"], 3.0) == {}
     finally:
+        refused.set()
         thread.join()
         server.close()
 
