@@ -47,7 +47,7 @@ def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path: Path, dtf_home: P
                 f""""serve","--job","worker","--index","{index}","--port","{port}","--ready","""
                 f""""~/.dtf/demo/worker-{index}/ready.json"]}}'""")
 
-    assert (f"start    /opt/tf/bin/python3 {launcher} start --dir ~/.dtf/demo --timeout 90 "
+    assert (f"start    /opt/tf/bin/python3 -S {launcher} start --dir ~/.dtf/demo --timeout 90 "
             "--ttl 3600 --restart-limit 10 --restart-backoff 0.5 --env GRPC_FAIL_FAST=use_caller --env PYTHONUNBUFFERED=1 "
             "--env TF_GRPC_DEFAULT_OPTIONS=grpc.keepalive_time_ms=30000,grpc.keepalive_timeout_ms=20000 "
             f"{task(0, 2222)} {task(1, 2223)}\n") in r.output

@@ -269,10 +269,10 @@ def test_valid_shell_characters_are_quoted_in_the_dry_run(
     # quoted_dir + "/launcher-<hash>.pyz", inside the quotes if it has them.
     name = launcher_name()
     launcher = quoted_dir[:-1] + f"/{name}'" if quoted_dir.endswith("'") else quoted_dir + f"/{name}"
-    assert command.startswith(f"{quoted_python} {launcher} start --dir {quoted_dir} "), command
+    assert command.startswith(f"{quoted_python} -S {launcher} start --dir {quoted_dir} "), command
     # What the remote shell makes of the command is exactly the argv, ~/ aside.
     argv = shlex.split(command)
-    assert argv[:5] == [python, f"{workdir}/demo/{name}", "start", "--dir", f"{workdir}/demo"]
+    assert argv[:6] == [python, "-S", f"{workdir}/demo/{name}", "start", "--dir", f"{workdir}/demo"]
     assert not (isolated / "pwned").exists() and not (isolated / "dtf-home").exists()
 
 
@@ -282,7 +282,7 @@ def test_local_host_with_hostile_workdir_is_quoted(isolated: Path) -> None:
     r = runner.invoke(app, ["up", "--dry-run", str(write(isolated / "inventory.yaml", text))])
     assert r.exit_code == 0, r.output
     command = start_command(r.output, "localhost")
-    assert command.startswith(f"/usr/bin/python3 ~/'it'\"'\"'s $(touch pwned) here/demo/{launcher_name()}' start "
+    assert command.startswith(f"/usr/bin/python3 -S ~/'it'\"'\"'s $(touch pwned) here/demo/{launcher_name()}' start "
                               "--dir ~/'it'\"'\"'s $(touch pwned) here/demo' "), command
     assert not (isolated / "pwned").exists()
 
@@ -399,8 +399,9 @@ def test_property_random_yaml_through_the_cli(isolated: Path, text: str) -> None
         assert all(line.startswith(f"{path}:") for line in lines[1:-1]), output
     else:
         assert lines[0].startswith("cluster "), output
-        # Whatever the paths hold, the shell sees python, launcher, "start", "--dir", dir, ...
+        # Whatever the paths hold, the shell sees python, -S, launcher, "start", "--dir", dir, ...
         starts = [line[len("  start    "):] for line in lines if line.startswith("  start    ")]
         assert starts, output
         for command in starts:
-            assert shlex.split(command)[2:4] == ["start", "--dir"], command
+            argv = shlex.split(command)
+            assert argv[1] == "-S" and argv[3:5] == ["start", "--dir"], command

@@ -56,7 +56,7 @@ def test_commands_are_exact_argv():
         return json.dumps({"job": "worker", "index": index, "port": port, "argv": serve}, separators=(",", ":"))
 
     assert hp.start_argv == [
-        "/opt/tf/bin/python3", launcher, "start", "--dir", "~/.dtf/demo",
+        "/opt/tf/bin/python3", "-S", launcher, "start", "--dir", "~/.dtf/demo",
         "--timeout", "90", "--ttl", "3600", "--restart-limit", "10", "--restart-backoff", "0.5",
         "--env", "GRPC_FAIL_FAST=use_caller", "--env", "PYTHONUNBUFFERED=1",
         "--env", "TF_GRPC_DEFAULT_OPTIONS=grpc.keepalive_time_ms=30000,grpc.keepalive_timeout_ms=20000",

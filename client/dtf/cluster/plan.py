@@ -141,7 +141,8 @@ class HostPlan:
         return [self.python, self.launcher, *args]
 
     def bare_launcher_argv(self, *args: str) -> list[str]:
-        """A launcher command that needs the standard library only (status, renew, stop, reach):
+        """A launcher command that needs the standard library only (start, a Slurm task's
+        supervisor, status, renew, stop, reach; not `check`, which reads the site's TensorFlow):
         `python -S`, without the site's .pth files, which cost a python start time too."""
         return [self.python, "-S", self.launcher, *args]
 
@@ -165,7 +166,7 @@ class HostPlan:
         with this token (`supervise_step_argv`): only wait until they serve. `reach`: then check
         that the host connects to these ADDR:PORTs (the other hosts' tasks, which may still be
         starting: each gets `reach_timeout` seconds)."""
-        return self.launcher_argv("start", *self._start_args(only, spawned, reach, reach_timeout))
+        return self.bare_launcher_argv("start", *self._start_args(only, spawned, reach, reach_timeout))
 
     def _start_args(self, only: Collection[str] | None, spawned: str = "",
                     reach: Collection[str] = (), reach_timeout: float = 0) -> list[str]:
@@ -191,7 +192,7 @@ class HostPlan:
     def supervise_step_argv(self, task: TaskPlan, token: str) -> list[str]:
         """A task's supervisor in the foreground: what its Slurm job step runs."""
         env_args = [a for k, v in self.env for a in ("--env", f"{k}={v}")]
-        return self.launcher_argv(
+        return self.bare_launcher_argv(
             "supervise-step", "--dir", self.root, "--task", task.spec().to_arg(), "--token", token,
             "--restart-limit", str(self.spec.restart_limit), "--restart-backoff", f"{self.spec.restart_backoff:g}",
             *env_args)
