@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dtf.hosts.netutil import free_ports
+from dtf.hosts.netutil import listen_ports
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -261,7 +261,7 @@ LOCAL_CLUSTER = pytest.mark.xdist_group("local-cluster")
 
 def write_local_inventory(where: Path) -> Path:
     """A local cluster `loc` (1 ps, 2 workers on free ports) working in WHERE/work."""
-    ps, w0, w1 = free_ports(3)
+    ps, w0, w1 = listen_ports(3)  # not bind(0)'s: an outgoing connection may take those first
     path = where / "local.yaml"
     path.write_text(f"cluster: loc\nhosts:\n  - host: localhost\n    connection: local\n"
                     f"    workdir: {where / 'work'}\n    ps: [{ps}]\n    workers: [{w0}, {w1}]\n")

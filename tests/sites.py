@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from dtf.hosts.netutil import free_ports
+from dtf.hosts.netutil import listen_ports
 from helpers import dtf
 from lab import Lab
 
@@ -143,7 +143,9 @@ class LocalSite(Site):
         return {"host": name, "connection": "local", "workdir": str(self.workdir(name))}
 
     def _new_ports(self, n: int) -> list[int]:
-        return free_ports(n)
+        # Below the range of outgoing connections: a port from bind(0) is in it, and any connect()
+        # on this machine may take it before a server binds it (seen with two suites at once).
+        return listen_ports(n)
 
     def processes(self) -> list[tuple[int, str]]:
         needle = str(self.tmp / "hosts")

@@ -312,9 +312,9 @@ def save_options() -> Any:
 
 def local_cluster_spec(num_workers: int, num_ps: int) -> dict[str, list[str]]:
     """A cluster spec of free loopback ports (used for the in-process cluster)."""
-    from dtf.hosts.netutil import free_ports
+    from dtf.hosts.netutil import listen_ports
 
-    ports = free_ports(num_workers + num_ps)
+    ports = listen_ports(num_workers + num_ps, "127.0.0.1")
     return {
         "worker": [f"localhost:{p}" for p in ports[:num_workers]],
         "ps": [f"localhost:{p}" for p in ports[num_workers:]],

@@ -17,7 +17,7 @@ import pytest
 
 from dtf.cluster.inventory import HostSpec
 from dtf.files import shipping
-from dtf.hosts.netutil import free_ports
+from dtf.hosts.netutil import free_ports, listen_ports
 from dtf.hosts.transport import LocalTransport
 from dtf_server import protocol
 from dtf_server.protocol import (
@@ -174,7 +174,7 @@ def test_the_mesh_check_in_a_start_waits_for_a_server_still_starting_and_names_w
     named, with the last reason, once its time is up. Without `again`, one try each."""
     from dtf_server.commands import reach
 
-    late, never = free_ports(2)
+    late, never = listen_ports(2, "127.0.0.1")
     server = socket.socket()
     refused = threading.Event()
 
@@ -231,10 +231,15 @@ def test_listen_port_is_free_and_below_the_outgoing_connections_range(monkeypatc
             assert netutil.LISTEN_LOW <= port < low
         with socket.socket() as s:
             s.bind(("0.0.0.0", port))  # free now
+    ports = netutil.listen_ports(5)  # a local cluster's: distinct, and each picked the same way
+    assert len(set(ports)) == 5
+    if low - netutil.LISTEN_LOW >= 1000:
+        assert all(netutil.LISTEN_LOW <= port < low for port in ports)
     # No room below the range: any free port, as bind(0) gives.
     monkeypatch.setattr(netutil, "_ephemeral_low", lambda: netutil.LISTEN_LOW + 10)
     with socket.socket() as s:
         s.bind(("0.0.0.0", netutil.listen_port()))
+    assert len(set(netutil.listen_ports(3))) == 3
 
 
 def test_records_behave_as_frozen_dataclasses():

@@ -57,6 +57,19 @@ def listen_port(host: str = "0.0.0.0") -> int:
     return free_ports(1, host)[0]
 
 
+def listen_ports(count: int, host: str = "0.0.0.0") -> list[int]:
+    """`count` distinct ports, each picked as `listen_port` picks one: for listeners that bind
+    later (a cluster's servers on this machine), out of the way of outgoing connections."""
+    ports: list[int] = []
+    for _ in range(100 * count):
+        if len(ports) == count:
+            break
+        port = listen_port(host)
+        if port not in ports:
+            ports.append(port)
+    return ports if len(ports) == count else free_ports(count, host)
+
+
 def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
     """True if a TCP connection to host:port succeeds within `timeout` seconds."""
     try:
