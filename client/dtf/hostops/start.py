@@ -63,8 +63,7 @@ class Starter:
         self.mesh = self.mesh and (turns is None or len(hosts) <= turns)
         if only is None:
             return self.ops.each_host(lambda hp: self.start_host(hp, version), turns=turns)
-        return self.ops.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), self.ops.hosts_in(only),
-                                  turns=turns)
+        return self.ops.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), hosts, turns=turns)
 
     def start_host(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None = None
                    ) -> HostStarted:
