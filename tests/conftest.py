@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -94,3 +95,18 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
             raise pytest.UsageError(f"--dist loadgroup: pytest-xdist did not group {len(lost)} tests "
                                     f"(e.g. {lost[0]}) under pytest {pytest.__version__}: "
                                     f"pytest-xdist#1386 (pyproject pins pytest below 9.2)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test's report shows the tracebacks of dtf's internal errors: the CLI prints one
+    line and writes the traceback to $DTF_HOME/debug.log, which lives in the test's tmp_path (a CI
+    run keeps nothing else)."""
+    report = yield
+    if report.failed and call.when in ("call", "setup", "teardown"):
+        tmp = getattr(item, "funcargs", {}).get("tmp_path")
+        if isinstance(tmp, Path):
+            for log in sorted(tmp.rglob("debug.log"))[:3]:
+                with contextlib.suppress(OSError):
+                    report.sections.append((f"dtf {log}", log.read_text(errors="replace")[-8000:]))
+    return report
