@@ -61,10 +61,27 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
                     f.write(f"--- {time.ctime()} dtf {' '.join(sys.argv[1:])}\n{traceback.format_exc()}")
             except OSError:
                 pass
-            ui.error([f"internal error: {type(e).__name__}: {e} (traceback in {log})"])
+            ui.error([f"internal error: {type(e).__name__}: {e} (at {where(e)}; traceback in {log})"])
             raise typer.Exit(int(ExitCode.FAILURE))
 
     return wrapper
+
+
+def where(e: BaseException) -> str:
+    """Where an unexpected exception was raised, for its one line: the innermost frame (a library's
+    too: `paramiko/config.py:312`), and the innermost of dtf's own when that is another one."""
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return "?"
+
+    def short(f: traceback.FrameSummary) -> str:
+        parts = Path(f.filename).parts
+        at = max((i for i, p in enumerate(parts) if p in ("dtf", "dtf_server")), default=len(parts) - 2)
+        return f"{'/'.join(parts[max(at, 0):])}:{f.lineno}"
+
+    ours = [f for f in frames if {"dtf", "dtf_server"} & set(Path(f.filename).parts)]
+    last = short(frames[-1])
+    return last if not ours or ours[-1] is frames[-1] else f"{last}, from {short(ours[-1])}"
 
 
 def _recorded(cluster: str | None) -> Record:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -277,7 +278,9 @@ def test_a_bug_in_a_host_thread_is_an_internal_error(local_site: Site, monkeypat
     monkeypatch.setattr(Starter, "start_host", broken)
     r = CliRunner().invoke(app, ["up", str(inv)])
     assert r.exit_code == 1, r.output
-    assert r.output.startswith("dtf: error: internal error: KeyError: 'tasks' (traceback in "), r.output
+    # Where it was raised, and the innermost frame of dtf's own code that called it.
+    assert re.match(r"dtf: error: internal error: KeyError: 'tasks' \(at fake/test_lifecycle\.py:\d+, "
+                    r"from dtf/hostops/start\.py:\d+; traceback in ", r.output), r.output
     assert "in broken" in (site.home / "debug.log").read_text()
 
 
