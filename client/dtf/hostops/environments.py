@@ -15,6 +15,7 @@ from dtf.cluster.plan import HostPlan
 from dtf.files import environment, relay
 from dtf.hostops.launcher import decode
 from dtf.hostops.parallel import Cancelled, HostOps
+from dtf.hosts.control import SSH_FAILED
 from dtf.hosts.transport import HostError, Transport
 from dtf_server import layout
 from dtf_server.protocol import CheckReply, EnvReply, FetchReply
@@ -127,9 +128,11 @@ class Environments:
         try:
             built = decode(EnvReply, r, "building the environment")
         except HostError:
-            if r.stdout.strip() or r.exit_code >= 0:
+            if r.stdout.strip() or 0 <= r.exit_code < SSH_FAILED:
                 raise
-            # No reply and killed by a signal (SSH reports -1): what was built is never used.
+            # No reply and killed by a signal: what was built is never used. ssh says so as -1
+            # (paramiko), -9 (our ssh client killed with it), or 255 (the remote command ended by
+            # a signal has no exit status; a lost connection was already reported as such).
             raise HostError(f"the environment build in {hp.env_dir} was killed before it finished; "
                             f"the next `dtf up` builds it again")
         if not built.ok:
