@@ -257,3 +257,40 @@ def test_wheels_copied_from_another_host_are_checked(tmp_path: Path):
     second = relay.join("cp311-manylinux_2_36_x86_64", "h1")
     assert first.host == "h0" and first.parent is None and second.parent is first
     assert relay.join("cp312-manylinux_2_36_x86_64", "h1").parent is None
+
+
+def test_the_laptops_uv_is_found_once_while_sysconfig_fills_its_variables(monkeypatch: pytest.MonkeyPatch):
+    """Two managed hosts ask for the laptop's uv at once. uv's `find_uv_bin` reads
+    `sysconfig.get_config_var("EXE")`, and Python 3.11's sysconfig fills its variables on first
+    use without a lock: a second thread read None meanwhile (`"uv" + None`, a TypeError that
+    failed `up` once in CI). Here sysconfig's filling is held open 0.1 s while eight threads ask."""
+    import sysconfig
+    import threading
+    import time
+
+    fill = sysconfig._init_posix  # type: ignore[attr-defined]
+
+    def slow(variables: dict) -> None:
+        time.sleep(0.1)
+        fill(variables)
+
+    monkeypatch.setattr(sysconfig, "_init_posix", slow)
+    monkeypatch.setattr(sysconfig, "_CONFIG_VARS", None)
+    if hasattr(sysconfig, "_CONFIG_VARS_INITIALIZED"):  # Python 3.12+ (which locks it)
+        monkeypatch.setattr(sysconfig, "_CONFIG_VARS_INITIALIZED", False)
+    monkeypatch.setattr(environment, "_uv", None)
+    found: list[object] = []
+
+    def ask() -> None:
+        try:
+            found.append(environment.uv_binary())
+        except Exception as e:  # the failure is the point
+            found.append(e)
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(found) == 8 and len(set(map(str, found))) == 1, found
+    assert os.access(str(found[0]), os.X_OK), found

@@ -147,17 +147,31 @@ def cache_root() -> Path:
     return Path(base) / "dtf"
 
 
-def uv_binary() -> str:
-    """The laptop's uv (the `uv` package, a dependency of dtf)."""
-    try:
-        from uv import find_uv_bin
+_UV_LOCK = threading.Lock()
+_uv: str | None = None
 
-        return str(find_uv_bin())
-    except (ImportError, FileNotFoundError):
-        found = shutil.which("uv")
-        if found is None:
-            raise EnvError("uv is not installed on this machine (pip install uv)") from None
-        return found
+
+def uv_binary() -> str:
+    """The laptop's uv (the `uv` package, a dependency of dtf), found once per process.
+
+    Found under a lock: `find_uv_bin` reads `sysconfig.get_config_var("EXE")`, and Python 3.11's
+    sysconfig fills its variables on first use without a lock, so a second thread reads None
+    meanwhile. Two managed hosts asking at once made `up` fail with `TypeError: can only
+    concatenate str (not "NoneType") to str` (seen once in CI; tests/unit/test_environment.py
+    holds the race open)."""
+    global _uv
+    with _UV_LOCK:
+        if _uv is None:
+            try:
+                from uv import find_uv_bin
+
+                _uv = str(find_uv_bin())
+            except (ImportError, FileNotFoundError):
+                found = shutil.which("uv")
+                if found is None:
+                    raise EnvError("uv is not installed on this machine (pip install uv)") from None
+                _uv = found
+        return _uv
 
 
 def _canonical(name: str) -> str:
