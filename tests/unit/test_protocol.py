@@ -197,6 +197,29 @@ def test_the_mesh_check_in_a_start_waits_for_a_server_still_starting_and_names_w
         server.close()
 
 
+def test_the_mesh_check_tries_many_refusing_targets_at_a_bounded_rate(monkeypatch: pytest.MonkeyPatch):
+    """While the other hosts start, each refusing target is tried every len(targets) / REACH_RATE
+    seconds (at least every READY_POLL): 29 targets each tried every 50 ms were 580 refused
+    connects a second per host, most of a 30-host `up`'s CPU on shared cores. An upper bound
+    only: a slow machine tries less often, never more."""
+    from dtf_server import commands
+
+    tries: list[str] = []
+
+    def refuse(address: tuple[str, int], timeout: float) -> socket.socket:
+        tries.append(f"{address[0]}:{address[1]}")
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(commands.socket, "create_connection", refuse)
+    targets = [f"10.0.0.{i}:2222" for i in range(40)]
+    seconds = 1.0
+    missed = commands.reach(targets, seconds, again=True)
+    assert missed == dict.fromkeys(targets, "Connection refused")
+    pause = max(commands.READY_POLL, len(targets) / commands.REACH_RATE)  # 0.4 s
+    assert len(tries) <= len(targets) * (seconds / pause + 1), len(tries)  # 3 each: 120 (every 50 ms: 800)
+    assert min(tries.count(t) for t in targets) >= 1
+
+
 def test_a_missing_launcher_is_python_exit_2_with_no_reply(tmp_path: Path):
     r = subprocess.run([sys.executable, str(tmp_path / "launcher-000000000000.pyz"), "status"],
                        capture_output=True, text=True, timeout=30)
