@@ -103,7 +103,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     line and writes the traceback to $DTF_HOME/debug.log, which lives in the test's tmp_path (a CI
     run keeps nothing else)."""
     report = yield
-    if report.failed and call.when in ("call", "setup", "teardown"):
+    if report.failed:
         tmp = getattr(item, "funcargs", {}).get("tmp_path")
         if isinstance(tmp, Path):
             for log in sorted(tmp.rglob("debug.log"))[:3]:

@@ -67,6 +67,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+_PACKAGES = ("dtf", "dtf_server")  # dtf's own code, in a traceback's file names
+
+
 def where(e: BaseException) -> str:
     """Where an unexpected exception was raised, for its one line: the innermost frame (a library's
     too: `paramiko/config.py:312`), and the innermost of dtf's own when that is another one."""
@@ -76,10 +79,10 @@ def where(e: BaseException) -> str:
 
     def short(f: traceback.FrameSummary) -> str:
         parts = Path(f.filename).parts
-        at = max((i for i, p in enumerate(parts) if p in ("dtf", "dtf_server")), default=len(parts) - 2)
+        at = max((i for i, p in enumerate(parts) if p in _PACKAGES), default=len(parts) - 2)
         return f"{'/'.join(parts[max(at, 0):])}:{f.lineno}"
 
-    ours = [f for f in frames if {"dtf", "dtf_server"} & set(Path(f.filename).parts)]
+    ours = [f for f in frames if any(p in _PACKAGES for p in Path(f.filename).parts)]
     last = short(frames[-1])
     return last if not ours or ours[-1] is frames[-1] else f"{last}, from {short(ours[-1])}"
 
