@@ -48,6 +48,7 @@ from dtf_server import layout
 from dtf_server.procs import (
     exit_reason,
     log_line,
+    nvidia_gpus,
     ours,
     port_busy,
     port_open,
@@ -113,27 +114,29 @@ def cmd_check(args: argparse.Namespace) -> CheckReply:
                       busy=[p for p in args.port if port_busy(p)],
                       client_address=client[0] if client else None,
                       running=running_tasks(args.dir) if args.dir else [],
-                      machine=machine, system=system, libc=libc, env_ready=env_ready,
+                      machine=machine, system=system, libc=libc, env_ready=env_ready, gpus=nvidia_gpus(),
                       # what a build would need: only looked at when the environment is not complete
                       wheels=envs.wheels_in(args.wheels) if env_ready is False else [],
                       free=envs.free_space(args.wheels) if env_ready is False else -1)
 
 
-def check_passes(check: CheckReply, tensorflow: str, fresh: bool) -> bool:
+def check_passes(check: CheckReply, tensorflow: str, fresh: bool, gpus: int = 0) -> bool:
     """Whether `up` goes on to start the host's servers after this check (the client decides the
-    same from the CheckReply, and says why not)."""
+    same from the CheckReply, and says why not). `gpus`: how many GPUs the host's tasks are given
+    (its highest id + 1): a host whose NVIDIA driver lists fewer fails (one without a driver passes)."""
     return (check.tensorflow is not None and (not tensorflow or check.tensorflow == tensorflow)
-            and not check.busy and not (fresh and check.running))
+            and not check.busy and not (fresh and check.running)
+            and not (gpus and check.gpus is not None and check.gpus < gpus))
 
 
 def cmd_check_start(args: argparse.Namespace) -> StartReply | None:
     """`up`'s check and start in one launcher call (one python start, one round trip): print the
-    CheckReply; if the host passes it (its TensorFlow is `--tensorflow`, the ports are free and,
-    with `--fresh`, no task of this cluster runs there), start the servers and answer their
-    StartReply (the last line, as every command's reply)."""
+    CheckReply; if the host passes it (its TensorFlow is `--tensorflow`, the ports are free, with
+    `--fresh` no task of this cluster runs there, and it has the `--gpus` it is given), start the
+    servers and answer their StartReply (the last line, as every command's reply)."""
     check = cmd_check(argparse.Namespace(dir=args.dir, port=args.port, env=None, wheels=None))
     print(encode(check), flush=True)
-    if not check_passes(check, args.tensorflow, args.fresh):
+    if not check_passes(check, args.tensorflow, args.fresh, args.gpus):
         return None
     return cmd_start(args)
 
@@ -683,6 +686,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
             c.add_argument("--port", type=int, action="append", default=[])
             c.add_argument("--tensorflow", default="")  # the laptop's version ("": not compared)
             c.add_argument("--fresh", action="store_true")  # a task of this cluster running there refuses
+            c.add_argument("--gpus", type=int, default=0)  # GPUs the tasks are given (highest id + 1)
         if name in ("start", "check-start"):
             c.add_argument("--task", action="append", default=[])
         else:

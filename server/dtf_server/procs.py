@@ -169,6 +169,20 @@ def tf_version() -> str | None:
     return None
 
 
+# One directory per GPU that the NVIDIA driver knows (its PCI address), whether or not a cgroup
+# lets this process use it: a count that needs neither nvidia-smi nor CUDA. DTF_NVIDIA_GPUS_DIR
+# stands in for it in the tests (hosts without GPUs).
+NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
+
+
+def nvidia_gpus() -> int | None:
+    """How many GPUs the host's NVIDIA driver lists; None where it has no NVIDIA driver."""
+    try:
+        return len(os.listdir(os.environ.get("DTF_NVIDIA_GPUS_DIR") or NVIDIA_GPUS_DIR))
+    except OSError:
+        return None
+
+
 def expand_home(argv: list[str]) -> list[str]:
     """What a shell does to a leading ~/ (the plan writes host paths that way)."""
     return [os.path.expanduser(a) if a == "~" or a.startswith("~/") else a for a in argv]

@@ -130,11 +130,12 @@ def asdict(value: Any) -> Any:
 
 
 # Bump on any change of a command's arguments or of a reply's fields.
-PROTOCOL = 10  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
+PROTOCOL = 11  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
 # 5: run, supervise-program, follow (collective mode); 6: `sync` from host to host (--from, --serve,
 # --free-port); 7: top (a stream of TopSample lines); 8: run-step (Slurm), stop --clean, StopReply.cleaned;
 # 9: check-start (`up`'s check and start in one call: a CheckReply line, then the StartReply);
-# 10: start --reach (the mesh check in the same call), StartReply.unreachable
+# 10: start --reach (the mesh check in the same call), StartReply.unreachable; 11: CheckReply.gpus,
+# check-start --gpus
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
@@ -208,6 +209,7 @@ class CheckReply:
     env_ready: bool | None = None  # None: no environment was asked about
     wheels: list[str] = field(default_factory=list)
     free: int = -1  # bytes free where the wheels and environments go (-1: not asked)
+    gpus: int | None = None  # GPUs the host's NVIDIA driver lists (procs.nvidia_gpus); None: no driver
 
 
 @record

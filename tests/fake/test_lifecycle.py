@@ -117,6 +117,24 @@ def test_busy_port_is_refused_and_nothing_is_left(site: Site):
     assert site.processes() == [] and site.files() == []
 
 
+def test_gpus_the_host_does_not_have_are_refused_and_nothing_is_left(local_site: Site, tmp_path: Path):
+    """A `gpus` key naming a GPU id the host's NVIDIA driver does not list fails `up` for that
+    host, in one line (its worker would see no GPU and train on the CPU without a word); with as
+    many as it names, `up` goes on. DTF_NVIDIA_GPUS_DIR stands in for /proc/driver/nvidia/gpus."""
+    driver = tmp_path / "nvidia-gpus"
+    (driver / "0000:01:00.0").mkdir(parents=True)
+    env = {"DTF_NVIDIA_GPUS_DIR": str(driver)}
+    inv = local_site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 2}}, gpus=2)
+    r = local_site.dtf("up", str(inv), env=env)
+    reason = "gpus: the inventory gives its workers GPU id 1, but the host's NVIDIA driver lists 1 GPU (id 0)"
+    assert_one_line_error(r, 4, "dtf up failed on 2 host(s)", f"a: {reason}", f"b: {reason}")
+    assert local_site.processes() == [] and local_site.files() == []
+    (driver / "0000:02:00.0").mkdir()
+    r = local_site.dtf("up", str(inv), env=env)
+    assert r.returncode == 0, r.stderr
+    assert local_site.dtf("down").returncode == 0
+
+
 def test_ctrl_c_twice_during_up_still_rolls_back(site: Site):
     # Servers that serve only once the test has pressed Ctrl-C (a barrier: a file, not a race with
     # how fast they start) and ignore TERM: the first Ctrl-C lands while they start, the second

@@ -55,7 +55,7 @@ REPLIES = [
     CleanReply(removed=["/x/ps-0/log"], in_use=False),
     CheckReply(python="3.11.2", executable="/usr/bin/python3", tensorflow=None, busy=[], client_address=None,
                running=[], machine="x86_64", system="Linux", libc="glibc 2.36", env_ready=False,
-               wheels=["tf_keras-2.21.0-py3-none-any.whl"], free=10**9),
+               wheels=["tf_keras-2.21.0-py3-none-any.whl"], free=10**9, gpus=4),
     EnvReply(ok=True, seconds={"create": 0.1, "install": 20.5}, size=1500000000),
     EnvReply(ok=False, error="disk full while building the environment in /srv/e"),
     PurgeReply(removed=["/w/.cache/env"], size=10**9),
@@ -309,3 +309,27 @@ def test_tf_version_is_read_from_the_dist_info_names_on_sys_path(tmp_path, monke
     assert tf_version() == metadata.version("tensorflow-cpu") == "2.20.0"
     monkeypatch.setattr(sys, "path", [str(tmp_path / "missing")])
     assert tf_version() is None
+
+
+def test_a_host_passes_its_check_with_the_gpus_it_is_given_or_without_a_driver():
+    from dtf_server.commands import check_passes
+
+    def host(gpus: int | None) -> CheckReply:
+        return CheckReply(python="3", executable="p", tensorflow="2.21.0", busy=[], client_address=None,
+                          running=[], gpus=gpus)
+
+    assert check_passes(host(2), "2.21.0", True, gpus=2) and check_passes(host(8), "2.21.0", True, gpus=2)
+    assert not check_passes(host(1), "2.21.0", True, gpus=2) and not check_passes(host(0), "", False, gpus=1)
+    assert check_passes(host(None), "2.21.0", True, gpus=2)  # no NVIDIA driver: TensorFlow's CPU
+    assert check_passes(host(0), "2.21.0", True)  # no gpus key
+
+
+def test_the_hosts_gpus_are_the_nvidia_drivers_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from dtf_server.procs import nvidia_gpus
+
+    monkeypatch.setenv("DTF_NVIDIA_GPUS_DIR", str(tmp_path / "none"))
+    assert nvidia_gpus() is None
+    for bus in ("0000:17:00.0", "0000:65:00.0"):
+        (tmp_path / bus).mkdir()
+    monkeypatch.setenv("DTF_NVIDIA_GPUS_DIR", str(tmp_path))
+    assert nvidia_gpus() == 2

@@ -117,6 +117,11 @@ class HostPlan:
         return self.env_dir is not None
 
     @property
+    def gpus_needed(self) -> int:
+        """How many GPUs the host must have for its `gpus` (its highest id + 1; 0 without `gpus`)."""
+        return max(self.spec.gpus) + 1 if self.spec.gpus else 0
+
+    @property
     def wheels_dir(self) -> str:
         return environment.wheels_dir(self.spec.workdir)
 
@@ -187,6 +192,7 @@ class HostPlan:
         ports = [a for t in self.tasks_in(only) for a in ("--port", str(t.port))]
         return self.launcher_argv("check-start", *ports, "--tensorflow", tensorflow or "",
                                   *(["--fresh"] if only is None else []),
+                                  *(["--gpus", str(self.gpus_needed)] if self.gpus_needed else []),
                                   *self._start_args(only, "", reach, reach_timeout))
 
     def supervise_step_argv(self, task: TaskPlan, token: str) -> list[str]:

@@ -140,11 +140,15 @@ class Starter:
                 raise HostError(f"TensorFlow mismatch: a managed environment holds dtf's pinned "
                                 f"{environment.TF_VERSION}, this machine has {tf_version}")
         elif check.tensorflow is None:
-            raise HostError(f"TensorFlow is not installed for {hp.python} "
-                            f"(install tensorflow-cpu=={tf_version} there, or set python: managed)")
+            raise HostError(f"TensorFlow is not installed for {hp.python} (install "
+                            f"tensorflow-cpu=={tf_version or environment.TF_VERSION} there, or set python: managed)")
         elif tf_version and check.tensorflow != tf_version:
             raise HostError(f"TensorFlow mismatch: {check.tensorflow} on the host ({hp.python}), "
                             f"{tf_version} on this machine")
+        if hp.gpus_needed and check.gpus is not None and check.gpus < hp.gpus_needed:
+            has = {0: "none", 1: "1 GPU (id 0)"}.get(check.gpus, f"{check.gpus} GPUs (ids 0-{check.gpus - 1})")
+            raise HostError(f"gpus: the inventory gives its workers GPU id {hp.gpus_needed - 1}, but the "
+                            f"host's NVIDIA driver lists {has}")
         if check.running and only is None:
             raise HostError(
                 f"cluster {self.ops.plan.cluster!r} already runs here ({', '.join(check.running)} "
