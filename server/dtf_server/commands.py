@@ -34,13 +34,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-from typing import Any, NoReturn
 
 # Each command is a python start of its own (on the lab, `status` on every host is one): the
 # modules only some commands use are imported by those commands, not by all of them.
@@ -86,6 +83,10 @@ from dtf_server.protocol import (
     encode,
 )
 from dtf_server.supervisor import Supervisor, read_lease, renew, running_tasks, write_lease
+
+TYPE_CHECKING = False  # (typing's, without its import: see dtf_server.protocol)
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 READY_POLL = 0.05
 # Connection attempts per second a host's mesh check makes at most while other hosts' tasks refuse
@@ -395,6 +396,7 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
     it could not connect to, with the reason. `again`: a refused connection is tried again until
     the time is up (`up`'s mesh check from a host whose servers serve while the other hosts may
     still be starting theirs; the laptop asks again what is missed once every host serves)."""
+    import socket
     from concurrent.futures import ThreadPoolExecutor
 
     deadline = time.monotonic() + timeout
@@ -573,6 +575,8 @@ def cmd_fence(args: argparse.Namespace) -> FenceReply:
 
 
 def cmd_clean(args: argparse.Namespace) -> CleanReply:
+    import shutil
+
     from dtf_server import fence
     removed: list[str] = []
     if not os.path.isdir(args.dir):
@@ -639,7 +643,18 @@ def cmd_sync(args: argparse.Namespace) -> SyncReply:
     return SyncReply(present=True, received=received, passed=relay.passed if relay is not None else 0)
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's, at a fixed width: its own asks shutil for the terminal's (`import shutil`,
+    with bz2 and lzma, 3 ms of every launcher call: each add_argument makes a formatter)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=100)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{"formatter_class": _Formatter, **kwargs})
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")  # not 2: see protocol.EXIT_NO_LAUNCHER

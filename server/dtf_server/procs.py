@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
-from typing import Any
+
+TYPE_CHECKING = False  # (typing's, without its import: see dtf_server.protocol)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def proc_start_ticks(pid: int) -> int | None:
@@ -60,6 +62,8 @@ def server_record(sup: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def port_busy(port: int) -> bool:
+    import socket  # here: a supervisor, `stop` and `status` never need it
+
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     # Like gRPC: SO_REUSEADDR, so a port left in TIME_WAIT by a stopped server counts as free.
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -73,6 +77,8 @@ def port_busy(port: int) -> bool:
 
 
 def port_open(port: int, timeout: float = 0.5) -> bool:
+    import socket
+
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout):
             return True

@@ -16,12 +16,9 @@ from __future__ import annotations
 import fcntl
 import os
 import select
-import shutil
 import signal
 import subprocess
 import time
-from types import FrameType
-from typing import Any
 
 from dtf_server import layout
 from dtf_server.procs import (
@@ -35,6 +32,11 @@ from dtf_server.procs import (
     write_json,
 )
 from dtf_server.protocol import Defaults, Lease, TaskSpec, asdict
+
+TYPE_CHECKING = False  # (typing's, without its import: see dtf_server.protocol)
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import Any
 
 SUPERVISE_POLL = 0.2  # how often a supervisor looks at its server
 LEASE_POLL = 1.0  # how often a supervisor reads the lease
@@ -220,6 +222,8 @@ class Supervisor:
             return  # already removed by another task
         with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one task at a time: the last one sees no others
+            import shutil  # here only: its import (bz2, lzma) is a cost of every supervisor's start
+
             shutil.rmtree(self.dir, ignore_errors=True)
             if not running_tasks(self.root):
                 from dtf_server import fence  # here only: every launcher command imports this module

@@ -97,13 +97,22 @@ def test_task_spec_round_trips():
     assert TaskSpec.from_arg(spec.to_arg()) == spec
 
 
-def test_the_launcher_is_one_deterministic_zipapp_named_by_its_content(tmp_path: Path):
+def test_the_launcher_is_one_deterministic_zipapp_named_by_its_content(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    # Built here, not read from the laptop's cache (which another process may be writing: its
+    # bytecode's marshal refs and frozenset orders are its own; see shipping.launcher_bytes).
+    from dtf.files.environment import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache-a"))
+    shipping.launcher_bytes.cache_clear()
     data = shipping.launcher_bytes()
     names = zipfile.ZipFile(BytesIO(data)).namelist()
     assert names[-1] == "__main__.py" and "dtf_server/protocol.py" in names and "dtf_server/commands.py" in names
     assert all(i.date_time == (1980, 1, 1, 0, 0, 0) for i in zipfile.ZipFile(BytesIO(data)).infolist())
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache-b"))
     shipping.launcher_bytes.cache_clear()
     assert shipping.launcher_bytes() == data  # built again: the same bytes, the same name
+    assert (tmp_path / "cache-a").exists() and (tmp_path / "cache-b").exists()
     assert shipping.launcher_name().startswith("launcher-") and shipping.launcher_name().endswith(".pyz")
     # It runs with a bare python (no dtf installed): the check command answers in the protocol.
     path = tmp_path / shipping.launcher_name()
@@ -210,7 +219,7 @@ def test_the_mesh_check_tries_many_refusing_targets_at_a_bounded_rate(monkeypatc
         tries.append(f"{address[0]}:{address[1]}")
         raise ConnectionRefusedError(111, "Connection refused")
 
-    monkeypatch.setattr(commands.socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)  # reach imports socket when it runs
     targets = [f"10.0.0.{i}:2222" for i in range(40)]
     seconds = 1.0
     missed = commands.reach(targets, seconds, again=True)

@@ -61,7 +61,10 @@ def _compiled(name: str, source: bytes) -> tuple[str, bytes]:
 def launcher_bytes() -> bytes:
     """The zipapp; kept in the laptop's cache (`launchers/`, named by a hash of its sources and
     of this python's bytecode version): every dtf command names the launcher, and building it
-    (compiling it) took a quarter of a second of each command's start."""
+    (compiling it) took a quarter of a second of each command's start. Two processes that build
+    it at the same moment may make different bytes (marshal's refs and the order of frozenset
+    constants are a process's own): the file is replaced whole, and each process names the
+    launcher by the bytes it ships (launcher_name), so the worst case is one more upload."""
     # The `dtf` package rides along, never imported by the launcher: collective mode runs the
     # user's program on the hosts, with this zipapp on its PYTHONPATH (`import dtf`, dtf.program.runner).
     server, client = _sources(PACKAGE), _sources(CLIENT_PACKAGE)

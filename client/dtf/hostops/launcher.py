@@ -4,12 +4,16 @@ the types of `dtf_server.protocol`; a host without this dtf's launcher gets it u
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from dtf.cluster.plan import HostPlan
 from dtf.files import shipping
 from dtf.hosts.transport import HostError, Result, Transport
 from dtf_server import protocol
-from dtf_server.protocol import ProtocolMismatch, R
+from dtf_server.protocol import ProtocolMismatch
+
+if TYPE_CHECKING:
+    from dtf_server.protocol import R
 
 RENEW_TIMEOUT = 15.0  # seconds for a short launcher command (renew, a directory check)
 
