@@ -139,7 +139,7 @@ PROTOCOL = 11  # 3: `sync` (dtf sync); 4: check reports the platform and a manag
 # --free-port); 7: top (a stream of TopSample lines); 8: run-step (Slurm), stop --clean, StopReply.cleaned;
 # 9: check-start (`up`'s check and start in one call: a CheckReply line, then the StartReply);
 # 10: start --reach (the mesh check in the same call), StartReply.unreachable; 11: CheckReply.gpus,
-# check-start --gpus
+# check-start --gpus; `start` forks its supervisors (no `supervise` command)
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
@@ -174,7 +174,7 @@ class ProtocolMismatch(Exception):
 # -- commands' arguments ----------------------------------------------------------------------
 @record
 class TaskSpec:
-    """One task as `start` and `supervise` get it: the plan's exact serve command included."""
+    """One task as `start` and its supervisor get it: the plan's exact serve command included."""
 
     job: str
     index: int
