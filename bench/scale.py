@@ -1,6 +1,6 @@
 """Control at scale on the SSH lab, fake servers: prints, asserts nothing.
 
-    sudo .venv/bin/python bench/scale.py [--hosts 3,10,30,100] [--repeat 1] [--bastion] [--profile]
+    sudo .venv/bin/python bench/scale.py [--hosts 3,10,30,100] [--repeat 1] [--bastion] [--profile] [--kex ALG]
 
 One lab of as many hosts as the largest count; for each count N, a cluster of one task per host
 (h0 the ps, the others workers) on the first N hosts, and in one run:
@@ -115,15 +115,21 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--bastion", action="store_true", help="every host behind one ProxyJump host")
     ap.add_argument("--profile", action="store_true", help="print where `up`'s time went, per step")
+    ap.add_argument("--kex", help="a KexAlgorithms for every host in the lab's ssh_config: the floor's and dtf's "
+                                  "(bench/ssh_kex.py: OpenSSH 9.0-9.8's default costs the client ~100 ms a handshake)")
     args = ap.parse_args()
     counts = [int(n) for n in args.hosts.split(",")]
     extra = 1 if args.bastion else 0
     with tempfile.TemporaryDirectory() as tmp, Lab(max(counts) + extra, root=Path(tmp) / "lab",
                                                    bastion=args.bastion) as lab:
         home = Path(tmp) / "home"
+        if args.kex:
+            with open(lab.ssh_config, "a") as config:
+                config.write(f"\nHost *\n  KexAlgorithms {args.kex}\n")
         names = [h.name for h in lab.hosts if h.name != lab.bastion_name]
         print(f"lab: {len(names)} hosts{' behind bastion ' + lab.bastion_name if args.bastion else ''}, "
-              f"mode {lab.mode}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+              f"mode {lab.mode}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+              + (f", KexAlgorithms {args.kex}" if args.kex else ""))
         ports = lab.ports(1)
         rows = []
         for n in counts:

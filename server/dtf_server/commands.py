@@ -395,7 +395,9 @@ def cmd_supervise_step(args: argparse.Namespace) -> None:
     write_json(os.path.join(tdir, layout.PID),
                {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid()), "job": task.job,
                 "index": task.index, "port": task.port, "started": time.time(), "token": args.token})
-    Supervisor(args.dir, task, args.restart_limit, args.restart_backoff).run()
+    code = Supervisor(args.dir, task, args.restart_limit, args.restart_backoff).run()
+    sys.stdout.flush()  # gone as soon as its server is, as a forked supervisor (fork_supervisor)
+    os._exit(code)
 
 
 def cmd_start(args: argparse.Namespace) -> StartReply:
