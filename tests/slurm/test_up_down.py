@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from helpers import REPO, as_in_a_terminal, assert_one_line_error, dtf
+from sites import listener
 from slurmlab import STUCK, SlurmLab
 
 FAKE = {"DTF_SERVER": "fake"}
@@ -168,6 +169,31 @@ def test_an_existing_allocation_is_used_and_left_running(slurm_lab: SlurmLab, tm
         assert not [s for s in steps(slurm_lab, job) if "dtf-mine-" in s]
         assert left_behind(slurm_lab) == []
     finally:
+        slurm_lab.slurm(["scancel", job])
+
+
+def test_a_node_that_fails_its_check_starts_no_task_and_leaves_no_step(slurm_lab: SlurmLab,
+                                                                        tmp_path: Path) -> None:
+    """A node whose port is busy fails `up` in one line, no task starts there, the other node is
+    rolled back, and no step of dtf's is left (in an allocation of the user's, which `up` does not
+    cancel)."""
+    r = slurm_lab.slurm(["sbatch", "--parsable", "-N2", "--output=/dev/null", "--wrap", "exec sleep infinity"])
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    holder = listener(slurm_lab, "h1", 2222)
+    try:
+        inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="busy", job=int(job))
+        r = dtf("up", str(inv), home=tmp_path / "home", env=FAKE, timeout=180)
+        assert_one_line_error(r, 4, "dtf up failed on 1 host(s)", "h1: port busy: 2222 (ps:0)")
+        deadline = time.monotonic() + 30
+        while [s for s in steps(slurm_lab, job) if "dtf-busy-" in s] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [s for s in steps(slurm_lab, job) if "dtf-busy-" in s]
+        assert left_behind(slurm_lab) == []
+        assert ours(slurm_lab, job) == [f"{job} RUNNING"]
+    finally:
+        holder.kill()
+        holder.wait()
         slurm_lab.slurm(["scancel", job])
 
 
