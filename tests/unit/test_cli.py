@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -14,7 +15,9 @@ from typer.testing import CliRunner
 from dtf.cli import app
 from dtf.cluster import state
 from dtf.cluster.plan import Plan
+from dtf.errors import InventoryError
 from dtf.files.shipping import launcher_name
+from dtf.hosts.transport import check_ssh_config
 
 runner = CliRunner()
 
@@ -193,6 +196,26 @@ def test_missing_or_broken_ssh_config_is_an_inventory_error(tmp_path: Path):
     (tmp_path / "nope").write_text("Host a\n  ProxyCommand\n")
     r = runner.invoke(app, ["up", "--dry-run", str(inv)])
     assert r.exit_code == 3 and "ssh_config: " in r.output and "cannot parse it" in r.output
+
+
+def test_a_slurm_inventorys_ssh_config_is_checked_by_openssh_alone(tmp_path: Path):
+    """A Slurm inventory's nodes take their addresses from Slurm: only OpenSSH reads its
+    ssh_config (`ssh -G`), and `up` does not import paramiko (0.1 s) to check the file."""
+    if shutil.which("ssh") is None:
+        pytest.skip("needs OpenSSH's ssh")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("cluster: demo\nssh_config: cfg\nslurm: {login: login, nodes: 2, workers: 1}\n")
+    config = tmp_path / "cfg"
+    config.write_text("Host login\n  HostName 10.0.0.1\n")
+    code = (f"import sys; from pathlib import Path; from dtf.hosts.transport import check_ssh_config\n"
+            f"check_ssh_config(Path({str(inv)!r}), {str(config)!r}, paramiko_reads=False)\n"
+            f"assert 'paramiko' not in sys.modules, 'paramiko imported'\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    config.write_text("Host login\n  Bogus yes\n")
+    with pytest.raises(InventoryError) as e:
+        check_ssh_config(inv, str(config), paramiko_reads=False)
+    assert str(e.value) == f"{inv}:2:1: ssh_config: {config}: cannot parse it: line 2: Bad configuration option: bogus"
 
 
 def test_ci_asks_the_lab_for_network_namespaces_only():

@@ -584,22 +584,41 @@ def resolver(ssh_config: str | None) -> Callable[[HostSpec], str]:
     return resolve
 
 
-def check_ssh_config(inventory_path: Path, ssh_config: str) -> None:
-    """The inventory's ssh_config must be a file paramiko can read: say so at the inventory's
-    `ssh_config:` line, not with a traceback later."""
-    import paramiko
-
+def check_ssh_config(inventory_path: Path, ssh_config: str, paramiko_reads: bool = True) -> None:
+    """The inventory's ssh_config must be a file its readers can parse: say so at the inventory's
+    `ssh_config:` line, not with a traceback later. Its readers: OpenSSH, where there is an `ssh`
+    (every connection is its: `ssh -F FILE -G` reads the whole file, 8 ms), and paramiko where
+    `paramiko_reads` (the hosts' TF addresses: resolver) or there is no `ssh`. A Slurm inventory's
+    nodes have their addresses from Slurm: its `up` does not import paramiko (0.1 s) for this."""
     from dtf.errors import InventoryError, Problem
+    from dtf.hosts.openssh import ssh_binary
 
-    text = inventory_path.read_text(errors="replace")
-    line = next((i for i, s in enumerate(text.splitlines(), 1) if s.startswith("ssh_config")), 1)
     path = os.path.expanduser(ssh_config)
+    reason = None
     try:
-        paramiko.SSHConfig.from_path(path)
+        with open(path, "rb"):
+            pass
     except OSError as e:
         reason = e.strerror or str(e)
-    except Exception as e:  # paramiko's own parse errors
-        reason = f"cannot parse it: {e}"
-    else:
+    ssh = ssh_binary()
+    if reason is None and ssh is not None:
+        r = subprocess.run([ssh, "-F", path, "-G", "dtf-ssh-config-check"], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            said = [s.strip() for s in r.stderr.splitlines() if s.strip() and "terminating" not in s]
+            first = said[0].removeprefix(f"{path}: ") if said else f"ssh -G exit {r.returncode}"
+            reason = f"cannot parse it: {first}"
+    if reason is None and (paramiko_reads or ssh is None):
+        import paramiko
+
+        try:
+            paramiko.SSHConfig.from_path(path)
+        except OSError as e:
+            reason = e.strerror or str(e)
+        except Exception as e:  # paramiko's own parse errors
+            reason = f"cannot parse it: {e}"
+    if reason is None:
         return
+    text = inventory_path.read_text(errors="replace")
+    line = next((i for i, s in enumerate(text.splitlines(), 1) if s.startswith("ssh_config")), 1)
     raise InventoryError([Problem(str(inventory_path), line, 1, "ssh_config", f"{ssh_config}: {reason}")])
