@@ -32,6 +32,11 @@ class Login(Transport):
 
     def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
         argv = list(argv)
+        if argv[:2] == ["sh", "-c"] and argv[2].startswith("scancel"):  # slurm.cancel_argv
+            self.run(["scancel", argv[4]])
+            while self.run(["squeue", f"--jobs={argv[4]}"]).stdout.strip():  # (never: cancelled)
+                pass
+            return Result(0, "", "")
         if argv[:2] == ["sh", "-c"] and "squeue" in argv[2]:  # slurm.wait_argv: one look (sbatch first)
             return self.look(argv[4:])
         self.ran.append(argv)

@@ -313,6 +313,7 @@ def fake_slurm(bin_dir: Path, states: list[str], sbatch: str = "42") -> None:
                    f'line=$(sed -n "$((n + 1))p" "{bin_dir}/states"); [ -n "$line" ] || line=$(tail -1 "{bin_dir}/states"); '
                    'if [ "$line" = gone ]; then echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; fi; '
                    'echo "$line"'),
+        "scancel": f'echo "$@" > "{bin_dir}/scancel.args"',
         "scontrol": ('if [ "$1 $2" = "show hostnames" ]; then echo n2; echo n1; '
                      'else echo "NodeName=n1 Arch=x86_64 NodeAddr=10.0.0.1 State=ALLOCATED"; '
                      'echo "NodeName=n2 NodeAddr=10.0.0.2 State=ALLOCATED"; fi'),
@@ -363,3 +364,18 @@ def test_a_job_squeue_forgot_is_gone_and_a_failed_sbatch_says_why(tmp_path: Path
     assert slurm.parse_wait(r.stdout).state.state == "COMPLETING"
     r = run_wait(tmp_path, slurm.wait_argv(submit=["false"]), ["gone"])
     assert r.returncode != 0 and slurm.parse_wait(r.stdout).job is None
+
+
+def test_cancel_waits_on_the_login_host_until_the_queue_forgets_the_job(tmp_path: Path) -> None:
+    """`down`'s cancel in one command: scancel, then squeue 0.05 s apart until the job is not
+    listed (nothing printed, or squeue no longer knows it); a squeue error is looked past; still
+    listed at the deadline: exit 3 with squeue's last answer."""
+    r = run_wait(tmp_path, slurm.cancel_argv("42", 5), ["COMPLETING", "COMPLETING", "Socket timed out", ""])
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "bin" / "scancel.args").read_text() == "42\n"
+    assert (tmp_path / "bin" / "n").read_text().strip() == "4"
+    r = run_wait(tmp_path, slurm.cancel_argv("42", 5), ["CANCELLED", "gone"])
+    assert r.returncode == 0, r.stderr
+    r = run_wait(tmp_path, slurm.cancel_argv("42", 0.2, pause=0.05), ["COMPLETING"])
+    assert (r.returncode, r.stderr.strip()) == (3, "COMPLETING")
+    assert int((tmp_path / "bin" / "n").read_text()) == 4

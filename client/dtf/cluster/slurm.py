@@ -265,6 +265,31 @@ def scancel_argv(job: str) -> list[str]:
     return ["scancel", job]
 
 
+# scancel, then squeue every PAUSE seconds until the queue no longer lists the job (squeue prints
+# nothing for it, or no longer knows it): on the login host, one command, not a round trip a look.
+# Exits 3 with squeue's last answer if it is still listed after TRIES looks; scancel's own failure
+# exits 1 with its message.
+_CANCEL = """scancel "$1" || exit 1
+n=0
+while :; do
+  if out=$(squeue --noheader --jobs="$1" --format=%T 2>&1); then
+    [ -z "$out" ] && exit 0
+  else
+    case "$out" in *"Invalid job id"*) exit 0;; esac
+  fi
+  n=$((n+1))
+  [ "$n" -ge "$2" ] && { echo "$out" >&2; exit 3; }
+  sleep "$3"
+done
+"""
+CANCEL_PAUSE = 0.05
+
+
+def cancel_argv(job: str, seconds: float, pause: float = CANCEL_PAUSE) -> list[str]:
+    """Cancel `job` and wait until the queue no longer lists it, for at most `seconds` (_CANCEL)."""
+    return ["sh", "-c", _CANCEL, "sh", job, str(max(1, round(seconds / pause))), f"{pause:g}"]
+
+
 def step_argv(job: str, node: str, argv: list[str] | tuple[str, ...], name: str = "dtf") -> list[str]:
     """`argv` as a job step of `job` on `node` alone, beside the other steps there (--overlap)."""
     return ["srun", "--quiet", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",

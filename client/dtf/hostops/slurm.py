@@ -155,14 +155,16 @@ def _wait_running(t: Transport, job: str, look: slurm.Waited, wait: float, say: 
 
 
 def _cancel(t: Transport, job: str, say: Say) -> float:
-    """scancel, then wait until squeue no longer lists the job; the seconds that took."""
+    """scancel, then wait until squeue no longer lists the job (one command on the login host:
+    slurm.cancel_argv); the seconds that took."""
     t0 = time.monotonic()
-    _run(t, slurm.scancel_argv(job), "scancel")
-    deadline = t0 + CANCEL_TIMEOUT
-    while not job_state(t, job).gone:
-        if time.monotonic() > deadline:
-            raise HostError(f"job {job} still in the queue {CANCEL_TIMEOUT:g}s after scancel")
-        time.sleep(0.2)
+    r = t.run(slurm.cancel_argv(job, CANCEL_TIMEOUT), timeout=CANCEL_TIMEOUT + QUERY_TIMEOUT)
+    if r.exit_code == 3:
+        last = (r.stderr.strip().splitlines() or [""])[-1]
+        raise HostError(f"job {job} still in the queue {CANCEL_TIMEOUT:g}s after scancel"
+                        + (f" ({last})" if last else ""))
+    if not r.ok:
+        raise HostError(f"scancel failed: {(r.stderr.strip().splitlines() or [f'exit {r.exit_code}'])[-1]}")
     seconds = time.monotonic() - t0
     say(f"job {job} cancelled; the queue no longer lists it ({seconds:.1f}s)")
     return seconds
