@@ -199,6 +199,19 @@ class _Forked:
         return self.returncode
 
 
+def _close_inherited() -> None:
+    """Close every descriptor above stderr: those open (/proc/self/fd), else a range of them."""
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        os.closerange(3, 65536)
+        return
+    for fd in fds:
+        if fd > 2:
+            with contextlib.suppress(OSError):  # (the listing's own, closed already)
+                os.close(fd)
+
+
 def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: dict[str, str]) -> _Forked:
     """Start a task's supervisor detached (its own session: it survives the SSH session, and one
     process group holds it and its server), logging to the task's log, and record it in pid.json.
@@ -220,7 +233,7 @@ def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: 
             os.dup2(null, 0)
             os.dup2(log, 1)
             os.dup2(log, 2)
-            os.closerange(3, 65536)  # the SSH session's pipes above all: it must end without us
+            _close_inherited()  # the SSH session's pipes above all: it must end without us
             os.chdir(tdir)
             with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
                 comm.write(f"dtf {task.name}"[:15])
