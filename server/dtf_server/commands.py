@@ -48,6 +48,7 @@ from dtf_server.procs import (
     log_line,
     nvidia_gpus,
     ours,
+    platform_info,
     port_busy,
     port_open,
     proc_start_ticks,
@@ -108,18 +109,21 @@ def parse_name(text: str) -> tuple[str, int]:
 
 
 def cmd_check(args: argparse.Namespace) -> CheckReply:
-    from dtf_server import envs
     client = os.environ.get("SSH_CONNECTION", "").split()
-    machine, system, libc = envs.platform_info()
-    env_ready = envs.ready(args.env) if args.env else None
+    machine, system, libc = platform_info()
+    env_ready, wheels, free = None, [], -1
+    if args.env:  # a managed environment's (dtf_server.envs: imported only where one is asked about)
+        from dtf_server import envs
+
+        env_ready = envs.ready(args.env)
+        if not env_ready:  # what a build would need: only looked at when the environment is not complete
+            wheels, free = envs.wheels_in(args.wheels), envs.free_space(args.wheels)
     return CheckReply(python=sys.version.split()[0], executable=sys.executable, tensorflow=tf_version(),
                       busy=[p for p in args.port if port_busy(p)],
                       client_address=client[0] if client else None,
                       running=running_tasks(args.dir) if args.dir else [],
                       machine=machine, system=system, libc=libc, env_ready=env_ready, gpus=nvidia_gpus(),
-                      # what a build would need: only looked at when the environment is not complete
-                      wheels=envs.wheels_in(args.wheels) if env_ready is False else [],
-                      free=envs.free_space(args.wheels) if env_ready is False else -1)
+                      wheels=wheels, free=free)
 
 
 def check_passes(check: CheckReply, tensorflow: str, fresh: bool, gpus: int = 0) -> bool:

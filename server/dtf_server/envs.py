@@ -18,7 +18,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -30,12 +29,6 @@ from dtf_server.protocol import EnvReply, FetchReply, PurgeReply, ServeReply
 
 LOCK_WAIT = 900.0  # seconds a build waits for another build of the same environment
 _NO_SPACE = ("No space left on device", "os error 28", "ENOSPC", "Disk quota exceeded")
-
-
-def platform_info() -> tuple[str, str, str]:
-    """(machine, system, libc): what picks this host's wheels, e.g. ("x86_64", "Linux", "glibc 2.36")."""
-    libc, version = platform.libc_ver()
-    return platform.machine(), platform.system(), f"{libc} {version}" if libc and version else ""
 
 
 def env_python(env: str) -> str:

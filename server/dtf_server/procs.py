@@ -189,6 +189,18 @@ def nvidia_gpus() -> int | None:
         return None
 
 
+def platform_info() -> tuple[str, str, str]:
+    """(machine, system, libc): what picks this host's wheels, e.g. ("x86_64", "Linux", "glibc 2.36").
+    platform.machine(), platform.system() and platform.libc_ver()'s answers, from os: `import
+    platform` was 14 ms of every host's check."""
+    uname = os.uname()
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""  # "glibc 2.36"; not glibc: none
+    except (ValueError, OSError, AttributeError):
+        libc = ""
+    return uname.machine, uname.sysname, libc if len(libc.split()) == 2 else ""
+
+
 def expand_home(argv: list[str]) -> list[str]:
     """What a shell does to a leading ~/ (the plan writes host paths that way)."""
     return [os.path.expanduser(a) if a == "~" or a.startswith("~/") else a for a in argv]

@@ -342,3 +342,14 @@ def test_the_hosts_gpus_are_the_nvidia_drivers_entries(tmp_path: Path, monkeypat
         (tmp_path / bus).mkdir()
     monkeypatch.setenv("DTF_NVIDIA_GPUS_DIR", str(tmp_path))
     assert nvidia_gpus() == 2
+
+
+def test_the_hosts_platform_is_what_the_platform_module_says():
+    """The check's machine, system and libc come from os (`import platform` was 14 ms of every
+    host's check), and say what platform.machine(), system() and libc_ver() say."""
+    import platform
+
+    from dtf_server.procs import platform_info
+
+    libc, version = platform.libc_ver()
+    assert platform_info() == (platform.machine(), platform.system(), f"{libc} {version}" if libc and version else "")
