@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import zipfile
+from collections.abc import Iterator
 from io import BytesIO
 from pathlib import Path
 
@@ -97,14 +98,50 @@ def test_task_spec_round_trips():
     assert TaskSpec.from_arg(spec.to_arg()) == spec
 
 
-def test_the_launcher_is_one_deterministic_zipapp_named_by_its_content(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch):
-    # Built here, not read from the laptop's cache (which another process may be writing: its
-    # bytecode's marshal refs and frozenset orders are its own; see shipping.launcher_bytes).
+@pytest.fixture
+def own_launcher_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A launcher cache of the test's own, and this process's launcher built anew in it; after
+    the test, built anew again from the laptop's cache, where every dtf process reads it (a
+    later test of this process names the launcher the way the dtf commands it runs do)."""
     from dtf.files.environment import CACHE_ENV
 
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache-a"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     shipping.launcher_bytes.cache_clear()
+    shipping.launcher_name.cache_clear()
+    yield tmp_path / "cache"
+    shipping.launcher_bytes.cache_clear()
+    shipping.launcher_name.cache_clear()
+
+
+def test_the_first_launcher_build_in_the_cache_is_every_processs(own_launcher_cache: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    """Another process's build lands in the cache while this one builds: this one ships that
+    file's bytes (and so names the same launcher), and leaves the file as it found it."""
+    build = shipping._build
+    ours = shipping.launcher_bytes()  # built, and written to the cache
+    (cached,) = (own_launcher_cache / "launchers").glob("*.pyz")
+    assert cached.read_bytes() == ours
+    theirs = b"PK another process's build"
+    cached.write_bytes(theirs)
+    cached.rename(cached.with_name("keep"))
+
+    def another_first(server: list[tuple[str, bytes]], client: list[tuple[str, bytes]]) -> bytes:
+        cached.with_name("keep").rename(cached)  # lands while this process builds
+        return build(server, client)
+
+    shipping.launcher_bytes.cache_clear()
+    monkeypatch.setattr(shipping, "_build", another_first)
+    assert shipping.launcher_bytes() == theirs and cached.read_bytes() == theirs
+    assert [p.name for p in cached.parent.iterdir()] == [cached.name]  # no temporary file left
+
+
+def test_the_launcher_is_one_deterministic_zipapp_named_by_its_content(own_launcher_cache: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    # Built here, in a cache of the test's own, twice in this process: the same bytes. (Another
+    # process's build may differ: its bytecode's marshal refs and frozenset orders are its own;
+    # see shipping.launcher_bytes.)
+    from dtf.files.environment import CACHE_ENV
+
     data = shipping.launcher_bytes()
     names = zipfile.ZipFile(BytesIO(data)).namelist()
     assert names[-1] == "__main__.py" and "dtf_server/protocol.py" in names and "dtf_server/commands.py" in names
@@ -112,7 +149,7 @@ def test_the_launcher_is_one_deterministic_zipapp_named_by_its_content(tmp_path:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache-b"))
     shipping.launcher_bytes.cache_clear()
     assert shipping.launcher_bytes() == data  # built again: the same bytes, the same name
-    assert (tmp_path / "cache-a").exists() and (tmp_path / "cache-b").exists()
+    assert (tmp_path / "cache-b").exists()
     assert shipping.launcher_name().startswith("launcher-") and shipping.launcher_name().endswith(".pyz")
     # It runs with a bare python (no dtf installed): the check command answers in the protocol.
     path = tmp_path / shipping.launcher_name()

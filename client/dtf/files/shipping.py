@@ -61,10 +61,13 @@ def _compiled(name: str, source: bytes) -> tuple[str, bytes]:
 def launcher_bytes() -> bytes:
     """The zipapp; kept in the laptop's cache (`launchers/`, named by a hash of its sources and
     of this python's bytecode version): every dtf command names the launcher, and building it
-    (compiling it) took a quarter of a second of each command's start. Two processes that build
-    it at the same moment may make different bytes (marshal's refs and the order of frozenset
-    constants are a process's own): the file is replaced whole, and each process names the
-    launcher by the bytes it ships (launcher_name), so the worst case is one more upload."""
+    (compiling it) took a quarter of a second of each command's start.
+
+    The first build to reach the cache is every process's: two processes that build it at the same
+    moment make different bytes (marshal's refs and the order of frozenset constants are a
+    process's own), and a process names the launcher by its bytes (launcher_name). A build that
+    finds the file already there takes that file's bytes, never replaces it: otherwise a `dtf up`
+    and a test (or two dtf commands) started at once on a new dtf each named another launcher."""
     # The `dtf` package rides along, never imported by the launcher: collective mode runs the
     # user's program on the hosts, with this zipapp on its PYTHONPATH (`import dtf`, dtf.program.runner).
     server, client = _sources(PACKAGE), _sources(CLIENT_PACKAGE)
@@ -81,7 +84,15 @@ def launcher_bytes() -> bytes:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
         tmp.write_bytes(data)
-        os.replace(tmp, cached)
+        try:
+            os.link(tmp, cached)  # whole, and only if no other build is there first
+        except FileExistsError:
+            data = cached.read_bytes()
+        except OSError:  # a file system without hard links: whole, the last build's
+            os.replace(tmp, cached)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
     return data
 
 
