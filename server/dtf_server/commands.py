@@ -182,10 +182,20 @@ def _fresh_task_dir(root: str, task: TaskSpec) -> str:
     return tdir
 
 
-def _record_supervisor(tdir: str, task: TaskSpec, pid: int) -> None:
+def _record_supervisor(tdir: str, task: TaskSpec, pid: int, **extra: str) -> None:
+    """The task's pid.json: its supervisor, as `ours` knows it again (`extra`: a Slurm step's token)."""
     write_json(os.path.join(tdir, layout.PID),
                {"pid": pid, "start_ticks": proc_start_ticks(pid), "job": task.job,
-                "index": task.index, "port": task.port, "started": time.time()})
+                "index": task.index, "port": task.port, "started": time.time(), **extra})
+
+
+def _leave(code: int) -> NoReturn:
+    """A supervisor's end, gone as soon as its server is (`down` waits for both): its log flushed,
+    nothing else to finish; the interpreter's own shutdown took 10-20 ms more."""
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 class _Forked:
@@ -249,12 +259,7 @@ def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: 
 
             traceback.print_exc()
         finally:
-            # Gone as soon as its server is (`down` waits for both): the log flushed, nothing else
-            # to finish; the interpreter's own shutdown took 10-20 ms more.
-            with contextlib.suppress(BaseException):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
+            _leave(code)
     os.close(log)
     _record_supervisor(tdir, task, pid)
     return _Forked(pid)
@@ -403,18 +408,10 @@ def cmd_supervise_step(args: argparse.Namespace) -> None:
     """A task's supervisor in the foreground, as a Slurm job step: the step lives as long as it."""
     os.environ.update(kv.split("=", 1) for kv in args.env)
     task = TaskSpec.from_arg(args.task)
-    tdir = layout.task_dir(args.dir, task.job, task.index)
-    os.makedirs(tdir, exist_ok=True)
-    for stale in (layout.READY, layout.SUPERVISOR):  # left by an earlier run
-        if os.path.exists(os.path.join(tdir, stale)):
-            os.unlink(os.path.join(tdir, stale))
+    tdir = _fresh_task_dir(args.dir, task)
     _foreground_in(tdir)
-    write_json(os.path.join(tdir, layout.PID),
-               {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid()), "job": task.job,
-                "index": task.index, "port": task.port, "started": time.time(), "token": args.token})
-    code = Supervisor(args.dir, task, args.restart_limit, args.restart_backoff).run()
-    sys.stdout.flush()  # gone as soon as its server is, as a forked supervisor (fork_supervisor)
-    os._exit(code)
+    _record_supervisor(tdir, task, os.getpid(), token=args.token)
+    _leave(Supervisor(args.dir, task, args.restart_limit, args.restart_backoff).run())
 
 
 def cmd_start(args: argparse.Namespace) -> StartReply:
