@@ -8,8 +8,8 @@ it did what was asked:
     serve-wheels --dir W --port P --file NAME ... [--idle S]   serve those wheels to the other hosts
     fetch-wheels --from URL --dir W --file NAME:SHA256 ...    copy wheels from another host's serve-wheels
     start     --dir D --task SPEC ... [options]    start supervised servers detached, wait until each serves
-                                                   (a supervisor forked per task: restarts its server when it dies)
-    supervise-step --dir D --task SPEC --token T   (internal) a supervisor in the foreground (a Slurm job step)
+                                                   (a supervisor forked per task: restarts its server when it dies);
+                                                   --keep (a Slurm job step): then stay until they have ended
     serve     --job J --index I --port P --ready F [--full] (internal) run one tf.distribute.Server
     fake      --job J --index I --port P --ready F (tests) a server without TensorFlow: dtf_server.fake
     status    --dir D --task JOB:INDEX ... [--renew]  is each task alive, serving, restarted how often
@@ -44,6 +44,7 @@ import time
 # modules only some commands use are imported by those commands, not by all of them.
 from dtf_server import layout
 from dtf_server.procs import (
+    die_with_parent,
     exit_reason,
     log_line,
     nvidia_gpus,
@@ -182,11 +183,11 @@ def _fresh_task_dir(root: str, task: TaskSpec) -> str:
     return tdir
 
 
-def _record_supervisor(tdir: str, task: TaskSpec, pid: int, **extra: str) -> None:
-    """The task's pid.json: its supervisor, as `ours` knows it again (`extra`: a Slurm step's token)."""
+def _record_supervisor(tdir: str, task: TaskSpec, pid: int) -> None:
+    """The task's pid.json: its supervisor, as `ours` knows it again."""
     write_json(os.path.join(tdir, layout.PID),
                {"pid": pid, "start_ticks": proc_start_ticks(pid), "job": task.job,
-                "index": task.index, "port": task.port, "started": time.time(), **extra})
+                "index": task.index, "port": task.port, "started": time.time()})
 
 
 def _leave(code: int) -> NoReturn:
@@ -226,15 +227,21 @@ def _close_inherited() -> None:
                 os.close(fd)
 
 
-def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: dict[str, str]) -> _Forked:
+def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: dict[str, str],
+                    bound: bool = False) -> _Forked:
     """Start a task's supervisor detached (its own session: it survives the SSH session, and one
     process group holds it and its server), logging to the task's log, and record it in pid.json.
 
     Forked from this launcher, not a python of its own: it has every module it needs already, so
     it costs no interpreter start (a `python -S launcher supervise` was 40-60 ms of CPU per task
     before it spawned its server: a third of a host's `up` on the lab's shared cores). Its command
-    line stays this `start`'s; its name (`ps -e`, top) says what it is: `dtf ps:0`."""
+    line stays this `start`'s; its name (`ps -e`, top) says what it is: `dtf ps:0`.
+
+    `bound` (`start --keep`, a Slurm job step): it ends with this launcher, however that ends (TERM
+    when it dies: it stops its server and goes). Slurm ends a step by its process group where the
+    site tracks processes by group (proctrack/pgid), and a supervisor has a session of its own."""
     tdir = _fresh_task_dir(root, task)
+    parent = os.getpid()
     log = os.open(os.path.join(tdir, layout.LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -243,6 +250,10 @@ def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: 
         code = 70
         try:
             os.setsid()
+            if bound:
+                die_with_parent(signal.SIGTERM)
+                if os.getppid() != parent:  # it died before that took
+                    _leave(0)
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.dup2(log, 1)
@@ -388,8 +399,8 @@ def cmd_follow(args: argparse.Namespace) -> None:
 
 
 class _Step:
-    """A supervisor started as a Slurm job step (`supervise-step`) by the login host, known by the
-    pid.json it writes with the token it was given: what `start --spawned TOKEN` waits for."""
+    """A program copy started by a Slurm job step of copies (`run-step`), known by the pid.json it
+    writes with the token it was given: what `run --spawned TOKEN` waits for."""
 
     def __init__(self, tdir: str, token: str) -> None:
         self.tdir, self.token = tdir, token
@@ -404,35 +415,22 @@ class _Step:
         return None if ours(record) else 1
 
 
-def cmd_supervise_step(args: argparse.Namespace) -> None:
-    """A task's supervisor in the foreground, as a Slurm job step: the step lives as long as it."""
-    os.environ.update(kv.split("=", 1) for kv in args.env)
-    task = TaskSpec.from_arg(args.task)
-    tdir = _fresh_task_dir(args.dir, task)
-    _foreground_in(tdir)
-    _record_supervisor(tdir, task, os.getpid(), token=args.token)
-    _leave(Supervisor(args.dir, task, args.restart_limit, args.restart_backoff).run())
-
-
 def cmd_start(args: argparse.Namespace) -> StartReply:
     env = dict(os.environ)
     env.update(kv.split("=", 1) for kv in args.env)
     os.makedirs(args.dir, exist_ok=True)
     write_lease(args.dir, args.ttl, hold=args.timeout)  # before any supervisor reads it
     results: dict[str, TaskStarted] = {}
-    pending: dict[str, tuple[TaskSpec, _Forked | _Step, str]] = {}
+    pending: dict[str, tuple[TaskSpec, _Forked, str]] = {}
     for task in (TaskSpec.from_arg(a) for a in args.task):
         tdir = layout.task_dir(args.dir, task.job, task.index)
         os.makedirs(tdir, exist_ok=True)
-        if args.spawned:  # started as job steps already: wait for them, as for our own
-            pending[task.name] = (task, _Step(tdir, args.spawned), tdir)
-            continue
         record = read_json(os.path.join(tdir, layout.PID))
         if record is not None and ours(record) and record.get("port") == task.port:
             results[task.name] = TaskStarted(ok=True, pid=record["pid"], already=True)
             continue
-        pending[task.name] = (task, fork_supervisor(args.dir, task, args.restart_limit, args.restart_backoff, env),
-                              tdir)
+        forked = fork_supervisor(args.dir, task, args.restart_limit, args.restart_backoff, env, bound=args.keep)
+        pending[task.name] = (task, forked, tdir)
 
     # Ready means: the server wrote ready.json once it serves, AND its port accepts a connection.
     # A server that dies first has crashed (its supervisor would restart it, but a server that
@@ -441,26 +439,19 @@ def cmd_start(args: argparse.Namespace) -> StartReply:
     while pending and time.monotonic() < deadline:
         for name, (task, waited, tdir) in list(pending.items()):
             code = waited.poll()
-            # A job step's supervisor removes an earlier run's supervisor.json before it writes its
-            # pid.json: until that appears, what is there is not this supervisor's (the step may
-            # start after this command: both leave the login host at once).
-            fresh = not isinstance(waited, _Step) or waited.seen
-            died = (read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}).get("last_exit") if fresh else None
+            died = (read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}).get("last_exit")
             if code is not None or died:
                 reason = f"server {died}" if died else f"supervisor {exit_reason(code or 0)}"
                 results[name] = TaskStarted(ok=False, pid=waited.pid, reason=reason,
                                             log_tail=tail(os.path.join(tdir, layout.LOG)))
                 del pending[name]
-            elif (not isinstance(waited, _Step) or waited.seen) and os.path.exists(os.path.join(tdir, layout.READY)) \
-                    and port_open(task.port):
+            elif os.path.exists(os.path.join(tdir, layout.READY)) and port_open(task.port):
                 results[name] = TaskStarted(ok=True, pid=waited.pid)
                 del pending[name]
         if pending:
             time.sleep(READY_POLL)
     for name, (_, waited, tdir) in pending.items():
-        never = isinstance(waited, _Step) and not waited.seen
-        reason = "its job step did not start" if never else "not serving"
-        results[name] = TaskStarted(ok=False, pid=waited.pid, reason=f"{reason} after {args.timeout:g}s",
+        results[name] = TaskStarted(ok=False, pid=waited.pid, reason=f"not serving after {args.timeout:g}s",
                                     log_tail=tail(os.path.join(tdir, layout.LOG)))
     unreachable = None
     if args.reach and all(r.ok for r in results.values()):
@@ -771,7 +762,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--file", action="append", default=[])
     c.add_argument("--wait", type=float, default=30.0)
     c.add_argument("--timeout", type=float, default=30.0)
-    for name in ("start", "check-start", "supervise-step"):
+    for name in ("start", "check-start"):
         c = add(name)
         c.add_argument("--dir", required=True)
         if name == "check-start":
@@ -779,23 +770,17 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
             c.add_argument("--tensorflow", default="")  # the laptop's version ("": not compared)
             c.add_argument("--fresh", action="store_true")  # a task of this cluster running there refuses
             c.add_argument("--gpus", type=int, default=0)  # GPUs the tasks are given (highest id + 1)
-        if name in ("start", "check-start"):
-            c.add_argument("--task", action="append", default=[])
-        else:
-            c.add_argument("--task", required=True)
+        c.add_argument("--task", action="append", default=[])
         c.add_argument("--restart-limit", type=int, default=Defaults.RESTART_LIMIT)
         c.add_argument("--restart-backoff", type=float, default=Defaults.RESTART_BACKOFF)
         c.add_argument("--env", action="append", default=[])
-        if name == "supervise-step":
-            c.add_argument("--token", required=True)
-        if name in ("start", "check-start"):
-            c.add_argument("--timeout", type=float, default=Defaults.START_TIMEOUT)
-            c.add_argument("--ttl", type=float, default=Defaults.TTL)
-            # Slurm: the supervisors were started as job steps with this token; wait for them.
-            c.add_argument("--spawned", default="")
-            # `up`'s mesh check in the same call: once these servers serve, the other hosts' tasks.
-            c.add_argument("--reach", action="append", default=[])
-            c.add_argument("--reach-timeout", type=float, default=5.0)
+        c.add_argument("--timeout", type=float, default=Defaults.START_TIMEOUT)
+        c.add_argument("--ttl", type=float, default=Defaults.TTL)
+        # `up`'s mesh check in the same call: once these servers serve, the other hosts' tasks.
+        c.add_argument("--reach", action="append", default=[])
+        c.add_argument("--reach-timeout", type=float, default=5.0)
+        # A Slurm node's job step: after the reply, stay until the supervisors forked here end.
+        c.add_argument("--keep", action="store_true")
     for name in ("serve", "fake"):
         c = add(name)
         c.add_argument("--job", required=True)
@@ -875,7 +860,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
 
 COMMANDS: dict[str, Any] = {
     "check": cmd_check, "check-start": cmd_check_start,
-    "start": cmd_start, "supervise-step": cmd_supervise_step,
+    "start": cmd_start,
     "serve": cmd_serve, "fake": cmd_fake, "status": cmd_status, "renew": cmd_renew, "stop": cmd_stop,
     "clean": cmd_clean, "reach": cmd_reach, "fence": cmd_fence, "sync": cmd_sync, "env": cmd_env, "purge": cmd_purge,
     "serve-wheels": cmd_serve_wheels, "fetch-wheels": cmd_fetch_wheels, "run": cmd_run, "run-step": cmd_run_step,
@@ -893,6 +878,28 @@ def main(argv: list[str] | None = None) -> int:
     if reply is None:  # supervise, serve, fake, supervise-program, follow, top: they run until done
         return 0
     print(encode(reply), flush=True)
+    if getattr(args, "keep", False):
+        keep()
     if isinstance(reply, StartReply) and not reply.ok:
         return EXIT_START_FAILED
     return 0
+
+
+def keep() -> None:
+    """`start --keep`: this launcher is a Slurm node's job step (dtf.hosts.slurmstep.start_kept),
+    which lasts as long as its main process: Slurm would end the step, the supervisors forked here
+    with it, if this one exited. It stays, silent (the reply was its last word: the login host
+    reads until then), until every supervisor it forked has ended (`down`, the lease, a failed
+    start's rollback); Slurm signals it with the rest of the step when the job ends."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
+        comm.write("dtf step")
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue

@@ -96,13 +96,15 @@ def tail(path: str, lines: int = 20) -> list[str]:
         return []
 
 
-def die_with_parent() -> None:
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """In a supervisor's child, before exec: be killed when the supervisor dies, however it dies
-    (Linux's PR_SET_PDEATHSIG), so a server never outlives the process that answers for it."""
+    (Linux's PR_SET_PDEATHSIG), so a server never outlives the process that answers for it.
+    `sig`: the signal it gets then (a supervisor of a Slurm step's launcher: TERM, to stop its
+    server)."""
     try:
         import ctypes
 
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        ctypes.CDLL(None).prctl(1, sig)  # 1: PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 

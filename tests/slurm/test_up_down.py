@@ -54,6 +54,25 @@ def left_behind(lab: SlurmLab, timeout: float = 10) -> list[str]:
     return found
 
 
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def ancestors(pid: int) -> list[str]:
+    """The names of a process's parents, up to init."""
+    names = []
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        names.append(comm(pid))
+    return names
+
+
 def steps(lab: SlurmLab, job: str) -> list[str]:
     r = lab.slurm(["squeue", "-h", "-s", f"--jobs={job}", "-o", "%i %j %N"])
     return r.stdout.split("\n")[:-1]
@@ -73,8 +92,9 @@ def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     job = job_of(r.stdout)
     assert ours(slurm_lab, job) == [f"{job} RUNNING"]
+    # one job step per node, named for its tasks
     names = sorted(line.split()[1] for line in steps(slurm_lab, job) if "dtf-sl-" in line)
-    assert names == ["dtf-sl-ps:0", "dtf-sl-ps:1", "dtf-sl-worker:0", "dtf-sl-worker:1"], steps(slurm_lab, job)
+    assert names == ["dtf-sl-ps:0+worker:0", "dtf-sl-ps:1+worker:1"], steps(slurm_lab, job)
     # the tasks serve on the compute nodes, at their own addresses
     assert all(h.address in r.stdout for h in slurm_lab.computes), r.stdout
     r = dtf("status", home=home, env=FAKE, timeout=60)
@@ -161,7 +181,7 @@ def test_an_existing_allocation_is_used_and_left_running(slurm_lab: SlurmLab, tm
         home = tmp_path / "home"
         r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert len([s for s in steps(slurm_lab, job) if "dtf-mine-" in s]) == 4
+        assert len([s for s in steps(slurm_lab, job) if "dtf-mine-" in s]) == 2  # a step per node
         r = dtf("down", home=home, env=FAKE, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"job {job} is yours" in r.stdout
@@ -205,7 +225,14 @@ def test_the_tasks_end_with_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None
     r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     job = job_of(r.stdout)
-    assert len([c for c in node_processes(slurm_lab) if c.startswith(f"{sys.executable} ") and "supervise-step" in c]) == 4
+    # each node's launcher stays in its step (a slurmstepd's child), its supervisors and servers
+    # below it: Slurm accounts for every one of them
+    found = [(pid, c) for pid, c in slurm_lab.processes(workdir(slurm_lab)) if c.startswith(f"{sys.executable} ")]
+    names = sorted(comm(pid) for pid, _ in found)
+    assert names == ["dtf ps:0", "dtf ps:1", "dtf step", "dtf step", "dtf worker:0", "dtf worker:1",
+                     "python", "python", "python", "python", "python"], found  # 4 servers, the batch script
+    outside = [(pid, c) for pid, c in found if "slurmstepd" not in ancestors(pid)]
+    assert outside == [], outside
     slurm_lab.slurm(["scancel", job])
     assert left_behind(slurm_lab, timeout=30) == []
     deadline = time.monotonic() + 30

@@ -204,11 +204,12 @@ def test_a_plan_on_an_allocation_round_trips() -> None:
     plan = make_plan(inv.with_nodes(alloc.nodes), slurm=alloc)
     assert plan.cluster_spec()["worker"][2:4] == ["10.0.0.2:3001", "10.0.0.2:3002"]
     assert Plan.from_dict(plan.to_dict()) == plan
-    step = plan.hosts[1].supervise_step_argv(plan.hosts[1].tasks[0], "tok")
-    assert step[1] == "-S" and step[3:7] == ["supervise-step", "--dir", "~/.dtf/hpc", "--task"] and "--token" in step
-    assert slurm.supervise_step_argv("77", "n2", "hpc", "ps:1", ["x"]) == [
+    start = plan.hosts[1].check_start_argv(None, "2.21.0", keep=True)
+    assert start[2] == "check-start" and "--keep" in start and "--fresh" in start
+    assert "--keep" not in plan.hosts[1].check_start_argv(None, "2.21.0")
+    assert slurm.step_argv("77", "n2", ["x"], name="dtf-hpc-ps:1+worker:1") == [
         "srun", "--quiet", "--jobid=77", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2",
-        "--job-name=dtf-hpc-ps:1", "--kill-on-bad-exit=0", "x"]
+        "--job-name=dtf-hpc-ps:1+worker:1", "--kill-on-bad-exit=0", "x"]
 
 
 GPU = """\

@@ -165,27 +165,27 @@ class HostPlan:
     def start_argv(self) -> list[str]:
         return self.start_argv_for(None)
 
-    def start_argv_for(self, only: Collection[str] | None, spawned: str = "",
-                       reach: Collection[str] = (), reach_timeout: float = 0) -> list[str]:
-        """Start the tasks (or those in `only`); `spawned`: they were started as Slurm job steps
-        with this token (`supervise_step_argv`): only wait until they serve. `reach`: then check
-        that the host connects to these ADDR:PORTs (the other hosts' tasks, which may still be
-        starting: each gets `reach_timeout` seconds)."""
-        return self.bare_launcher_argv("start", *self._start_args(only, spawned, reach, reach_timeout))
+    def start_argv_for(self, only: Collection[str] | None, reach: Collection[str] = (), reach_timeout: float = 0,
+                       keep: bool = False) -> list[str]:
+        """Start the tasks (or those in `only`). `reach`: then check that the host connects to
+        these ADDR:PORTs (the other hosts' tasks, which may still be starting: each gets
+        `reach_timeout` seconds). `keep`: a Slurm node's job step, which stays as long as the
+        supervisors it starts (dtf.hosts.slurmstep.start_kept)."""
+        return self.bare_launcher_argv("start", *self._start_args(only, reach, reach_timeout, keep))
 
-    def _start_args(self, only: Collection[str] | None, spawned: str = "",
-                    reach: Collection[str] = (), reach_timeout: float = 0) -> list[str]:
+    def _start_args(self, only: Collection[str] | None, reach: Collection[str] = (), reach_timeout: float = 0,
+                    keep: bool = False) -> list[str]:
         env_args = [a for k, v in self.env for a in ("--env", f"{k}={v}")]
         reach_args = [a for target in reach for a in ("--reach", target)]
         return ["--dir", self.root, "--timeout", f"{self.start_timeout:g}",
                 "--ttl", f"{self.ttl:g}", "--restart-limit", str(self.spec.restart_limit),
                 "--restart-backoff", f"{self.spec.restart_backoff:g}",
-                *env_args, *(["--spawned", spawned] if spawned else []),
+                *env_args, *(["--keep"] if keep else []),
                 *(reach_args + ["--reach-timeout", f"{reach_timeout:g}"] if reach else []),
                 *self.task_args(with_argv=True, only=only)]
 
     def check_start_argv(self, only: Collection[str] | None, tensorflow: str | None,
-                         reach: Collection[str] = (), reach_timeout: float = 0) -> list[str]:
+                         reach: Collection[str] = (), reach_timeout: float = 0, keep: bool = False) -> list[str]:
         """`check_argv` and `start_argv_for` in one launcher call (a host with its own python):
         the host starts its servers when it passes the check (`tensorflow`: the laptop's version,
         the host's must be the same; a fresh start, `only` None, refuses a cluster running there)."""
@@ -193,15 +193,7 @@ class HostPlan:
         return self.launcher_argv("check-start", *ports, "--tensorflow", tensorflow or "",
                                   *(["--fresh"] if only is None else []),
                                   *(["--gpus", str(self.gpus_needed)] if self.gpus_needed else []),
-                                  *self._start_args(only, "", reach, reach_timeout))
-
-    def supervise_step_argv(self, task: TaskPlan, token: str) -> list[str]:
-        """A task's supervisor in the foreground: what its Slurm job step runs."""
-        env_args = [a for k, v in self.env for a in ("--env", f"{k}={v}")]
-        return self.bare_launcher_argv(
-            "supervise-step", "--dir", self.root, "--task", task.spec().to_arg(), "--token", token,
-            "--restart-limit", str(self.spec.restart_limit), "--restart-backoff", f"{self.spec.restart_backoff:g}",
-            *env_args)
+                                  *self._start_args(only, reach, reach_timeout, keep))
 
     def check_argv(self, only: Collection[str] | None = None) -> list[str]:
         ports = [a for t in self.tasks_in(only) for a in ("--port", str(t.port))]

@@ -389,9 +389,3 @@ def program_step_argv(job: str, nodes: list[str] | tuple[str, ...], per_node: in
     return ["srun", "--quiet", f"--jobid={job}", "--overlap", "--overcommit", f"--nodes={len(nodes)}",
             f"--ntasks={len(nodes) * per_node}", f"--ntasks-per-node={per_node}", f"--nodelist={','.join(nodes)}",
             "--distribution=block", *gpus, f"--job-name=dtf-{cluster}-program", "--kill-on-bad-exit=0", *argv]
-
-
-def supervise_step_argv(job: str, node: str, cluster: str, task: str, launcher_argv: list[str]) -> list[str]:
-    """A task's supervisor (and its server) as a job step of its own, started from the login host
-    and left running there (detached: the step lives while its srun does)."""
-    return step_argv(job, node, launcher_argv, name=f"dtf-{cluster}-{task}")

@@ -88,12 +88,16 @@ class Starter:
 
     def _in_one_call(self, hp: HostPlan) -> bool:
         """Whether the host's check and start are one launcher call: nothing happens between them
-        (no environment to build, no firewall to set, not a Slurm node's job steps)."""
-        return not hp.managed and self.ops.plan.firewall != "members" and hp.spec.connection != "slurm"
+        (no environment to build, no firewall to set)."""
+        return not hp.managed and self.ops.plan.firewall != "members"
 
-    def _ship_and_run(self, t: Transport, hp: HostPlan, argv: list[str], timeout: float) -> Result:
-        """Upload the launcher and run one of its commands, in one round trip where the transport can."""
+    def _ship_and_run(self, t: Transport, hp: HostPlan, argv: list[str], timeout: float,
+                      kept: tuple[Collection[str] | None, int] | None = None) -> Result:
+        """Upload the launcher and run one of its commands, in one round trip where the transport can.
+        `kept` (only, lines): a Slurm node's start of those tasks, a job step that stays (`_kept_step`)."""
         self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
+        if kept is not None:
+            return self._kept_step(t, hp, argv, *kept, timeout, upload=True)
         if isinstance(t, ControlTransport):
             return t.put_and_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv, timeout=timeout)
         return t.put_then_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv, timeout=timeout)
@@ -114,9 +118,11 @@ class Starter:
         which it answers first; the reasons it did not are the same as `_check`'s."""
         tasks = hp.tasks_in(only)
         self.ops.step(hp, f"uploading launcher, checking python and TensorFlow, starting {len(tasks)} server(s)")
+        slurm = hp.spec.connection == "slurm"
         try:
-            r = self._ship_and_run(t, hp, hp.check_start_argv(only, tf_version, *self._reach(hp)),
-                                   CHECK_TIMEOUT + hp.start_timeout + 30 + MESH_TIMEOUT)
+            r = self._ship_and_run(t, hp, hp.check_start_argv(only, tf_version, *self._reach(hp), keep=slurm),
+                                   CHECK_TIMEOUT + hp.start_timeout + 30 + MESH_TIMEOUT,
+                                   kept=(only, 2) if slurm else None)
         except HostError:
             self.started.add(hp.name)  # its deadline: it may have started them, the rollback stops them
             raise
@@ -163,10 +169,11 @@ class Starter:
         tasks = hp.tasks_in(only)
         self.ops.step(hp, f"starting {len(tasks)} server(s)")
         self.started.add(hp.name)  # from here on, a rollback must stop tasks there
+        timeout = hp.start_timeout + 30 + MESH_TIMEOUT
         if hp.spec.connection == "slurm":
-            r = self._start_steps(t, hp, tasks, only)
+            r = self._kept_step(t, hp, hp.start_argv_for(only, *self._reach(hp), keep=True), only, 1, timeout)
         else:
-            r = t.run(hp.start_argv_for(only, "", *self._reach(hp)), timeout=hp.start_timeout + 30 + MESH_TIMEOUT)
+            r = t.run(hp.start_argv_for(only, *self._reach(hp)), timeout=timeout)
         return self._started(r)
 
     def _reach(self, hp: HostPlan) -> tuple[list[str], float]:
@@ -184,24 +191,19 @@ class Starter:
             raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
         return started
 
-    def _start_steps(self, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan],
-                     only: Collection[str] | None) -> Result:
-        """A node of a Slurm allocation: each task's supervisor runs as a job step of its own,
-        started from the login host; the launcher's `start` then waits for them (the token), as a
-        step of its own, in the same command there."""
-        import uuid
-
-        from dtf.cluster import slurm
-        from dtf.hostops.slurm import detach_script
+    def _kept_step(self, t: Transport, hp: HostPlan, argv: list[str], only: Collection[str] | None, lines: int,
+                   timeout: float, upload: bool = False) -> Result:
+        """A node of a Slurm allocation: its tasks start in ONE job step that stays (the launcher's
+        `--keep`: it waits there for the supervisors it forked), so Slurm accounts for every
+        supervisor and server and ends them with the job. One step and one python per node, as
+        an SSH host's start has: a step of its own per supervisor cost an `srun` and a python
+        start each before any server started. `upload`: the launcher travels on its stdin."""
         from dtf.hosts.slurmstep import SlurmStepTransport
 
         assert isinstance(t, SlurmStepTransport)
-        token = uuid.uuid4().hex[:16]
-        job, cluster = t.allocation.job, self.ops.plan.cluster
-        script = detach_script([slurm.supervise_step_argv(job, hp.name, cluster, task.name,
-                                                          hp.supervise_step_argv(task, token)) for task in tasks])
-        return t.run_after(script, hp.start_argv_for(only, token, *self._reach(hp)),
-                           timeout=hp.start_timeout + 30 + MESH_TIMEOUT)
+        names = "+".join(task.name for task in hp.tasks_in(only))
+        return t.start_kept(argv, f"dtf-{self.ops.plan.cluster}-{names}"[:120], lines, timeout,
+                            upload=(shipping.launcher_bytes(), hp.root, shipping.launcher_name()) if upload else None)
 
     def _fence(self, t: Transport, hp: HostPlan, client_address: str | None) -> None:
         """`firewall: members`: close the host's TF ports to all but the cluster's hosts (and the

@@ -30,6 +30,19 @@ from dtf.hosts.transport import (
 
 # Write stdin to "$1/$2" atomically (as put_bytes promises): a temporary name, then a rename.
 _WRITE = 'mkdir -p "$1" && cat > "$1/$3" && mv -f "$1/$3" "$1/$2"'
+# The last line of a kept step's output when it ended (start_kept): its exit status.
+_EXIT = "dtf-step-exit"
+# sh that passes on the first $1 lines of its stdin, each as it comes (head holds them until the end).
+_LINES = 'n=0; while [ "$n" -lt "$1" ] && IFS= read -r l; do printf "%s\\n" "$l"; n=$((n + 1)); done'
+
+
+def kept_result(r: Result) -> Result:
+    """start_kept's Result: the step's lines, and its exit status where it said it (it ended)."""
+    lines = r.stdout.splitlines()
+    if lines and lines[-1].startswith(_EXIT + " "):
+        code = lines.pop().split()[-1]
+        return Result(int(code) if code.isdigit() else 1, "".join(line + "\n" for line in lines), r.stderr)
+    return r
 
 
 class SlurmStepTransport(Transport):
@@ -82,16 +95,46 @@ class SlurmStepTransport(Transport):
             return self.login.run(self.step(step), timeout=COMMAND_TIMEOUT + timeout, stdin=data)
         return self.login.feed_channel(self.step(step), io.BytesIO(data), stall=COMMAND_TIMEOUT + timeout)
 
-    def run_after(self, script: str, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
-        """`script` (sh) on the login host, then `argv` as a job step, in ONE command there (a round
-        trip saved: `up` starts the tasks' steps, then the launcher's `start` waits for them). A
-        failing script exits 1 with its message before the step runs."""
+    def start_kept(self, argv: Sequence[str], name: str, lines: int, timeout: float,
+                   upload: tuple[bytes, str, str] | None = None) -> Result:
+        """`argv` as a job step that stays (the launcher's `start --keep`: it lasts as long as the
+        supervisors it forks, so Slurm accounts for them and ends them with the job), named `name`;
+        `upload` (data, dir, filename): a file written on its stdin first, as put_then_run.
+
+        ONE command on the login host: the step's srun is started detached there (it lives as
+        long as the step), and the command returns once the step has written `lines` lines (its
+        replies), or has ended (then its exit status is the Result's), or after `timeout`
+        seconds (exit 124; the launcher's own deadlines end the step). stderr: the srun's, so far."""
+        from shlex import quote
+
         from dtf.hosts.shell import render
 
-        both = ["sh", "-c", f"{{ {script}\n}} || exit 1\nexec {render(self.step(argv))}"]
+        step = list(argv)
+        if upload is not None:
+            _, remote_dir, filename = upload
+            step = ["sh", "-c", _WRITE + ' && shift 3 && exec "$@"', "sh", remote_dir, filename,
+                    temporary_name(filename), *argv]
+        srun = render(self.step(step, name=name))
+        # The srun, detached (setsid -f: its own session, it outlives this command), reads the
+        # upload from this command's stdin and writes into a pipe read line by line here (each
+        # line passed on as it comes: a deadline keeps those said). Its stderr goes to a file:
+        # holding this session's stderr, it would hold the command open for the step's life. A
+        # step that ends (a failed check, python missing) says its exit status last.
+        script = (f'e=$(mktemp) || exit 1\n'
+                  f'{{ setsid -f sh -c \'"$@"; echo "{_EXIT} $?"\' sh {srun} 2>"$e"; }}'
+                  f' | timeout {max(1, round(timeout)):d} sh -c {quote(_LINES)} sh {lines:d}\n'
+                  f'rc=$?; cat "$e" >&2; rm -f "$e"; exit $rc')
+        data = upload[0] if upload is not None else b""
+        stall = COMMAND_TIMEOUT + timeout + 5
         if isinstance(self.login, ControlTransport):
-            return self.login.run(both, timeout=timeout, named=argv)
-        return self.login.run(both, timeout=timeout)
+            r = self.login.run(["sh", "-c", script], timeout=stall, stdin=data, named=argv)
+        else:
+            r = self.login.feed_channel(["sh", "-c", script], io.BytesIO(data), stall=stall)
+        if r.exit_code == 124:
+            said = len(r.stdout.splitlines())
+            raise HostError(f"job step {name} said {said} of its {lines} line(s) within {timeout:g}s"
+                            + (f": {r.stderr.strip().splitlines()[-1]}" if r.stderr.strip() else ""))
+        return kept_result(r)
 
     def stream(self, argv: Sequence[str]) -> int:
         return self.login.stream(self.step(argv))

@@ -1,0 +1,112 @@
+"""SlurmStepTransport.start_kept, the login host's side of a node's start on Slurm, on this machine:
+the login host is a local shell, and `srun` a stand-in that runs the step's command here (its
+options dropped), in the foreground as srun does. What is checked is the login host's script: it
+returns once the step has said its lines, while the step goes on; a step that ends says its exit
+status; stderr comes back; a silent step is given up at the deadline, with what it said."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from dtf.cluster.inventory import HostSpec
+from dtf.cluster.slurm import Allocation
+from dtf.hosts.slurmstep import SlurmStepTransport, kept_result
+from dtf.hosts.transport import COMMAND_TIMEOUT, HostError, LocalTransport, Readable, Result, SSHTransport, feed_process
+
+SPEC = HostSpec(host="n1", line=1, connection="slurm", user=None, port=None, identity_file=None,
+                python="python3", workdir="/tmp", address=None, ps_ports=(), worker_ports=())
+SRUN = """#!/bin/sh
+while [ "${1#--}" != "$1" ]; do shift; done
+exec "$@"
+"""
+
+
+class Login(LocalTransport):
+    def feed_channel(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
+                     sent: Callable[[int], None] = lambda n: None) -> Result:
+        return feed_process(argv, source, stall, sent)
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SlurmStepTransport:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    allocation = Allocation(job="7", submitted=True, login=SPEC, nodes=("n1",), addresses=("127.0.0.1",))
+    return SlurmStepTransport(SPEC, allocation, login=cast(SSHTransport, Login(SPEC)))  # (its feed_channel)
+
+
+def alive(pid_file: Path) -> bool:
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def stop(pid_file: Path) -> None:
+    subprocess.run(["pkill", "-F", str(pid_file)], check=False)
+
+
+def test_it_returns_with_the_lines_while_the_step_stays(node: SlurmStepTransport, tmp_path: Path) -> None:
+    pid = tmp_path / "pid"
+    script = f'echo $$ > {pid}; echo check; echo started; echo oops >&2; exec sleep 60'
+    t0 = time.monotonic()
+    r = node.start_kept(["sh", "-c", script], "dtf-c-ps:0", lines=2, timeout=30)
+    try:
+        assert time.monotonic() - t0 < 20
+        assert (r.exit_code, r.stdout) == (0, "check\nstarted\n"), r
+        assert "oops" in r.stderr
+        assert alive(pid)  # the step goes on, detached from the command that started it
+    finally:
+        stop(pid)
+
+
+def test_a_step_that_ends_says_its_exit_status(node: SlurmStepTransport) -> None:
+    r = node.start_kept(["sh", "-c", "echo check; echo why >&2; exit 3"], "dtf-c-ps:0", lines=2, timeout=30)
+    assert (r.exit_code, r.stdout) == (3, "check\n") and "why" in r.stderr, r
+    r = node.start_kept(["/nonexistent/python3", "launcher"], "dtf-c-ps:0", lines=2, timeout=30)
+    assert (r.exit_code, r.stdout) == (127, ""), r  # as over SSH: `python missing`
+
+
+def test_the_upload_is_written_before_the_command_runs(node: SlurmStepTransport, tmp_path: Path) -> None:
+    pid = tmp_path / "pid"
+    target = tmp_path / "root"
+    script = f'echo $$ > {pid}; cat {target}/launcher.pyz; echo; exec sleep 60'
+    r = node.start_kept(["sh", "-c", script], "dtf-c-ps:0", lines=1, timeout=30,
+                        upload=(b"the launcher", str(target), "launcher.pyz"))
+    try:
+        assert (r.exit_code, r.stdout) == (0, "the launcher\n"), r
+        assert [p.name for p in target.iterdir()] == ["launcher.pyz"]
+    finally:
+        stop(pid)
+
+
+def test_a_silent_step_is_given_up_at_the_deadline(node: SlurmStepTransport, tmp_path: Path) -> None:
+    pid = tmp_path / "pid"
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(HostError, match=r"^job step dtf-c-ps:0 said 1 of its 2 line\(s\) within 1s$"):
+            node.start_kept(["sh", "-c", f"echo $$ > {pid}; echo check; exec sleep 60"], "dtf-c-ps:0", lines=2,
+                            timeout=1)
+        assert time.monotonic() - t0 < 30
+    finally:
+        stop(pid)
+
+
+def test_kept_result_reads_the_exit_line() -> None:
+    assert kept_result(Result(0, "a\nb\n", "")) == Result(0, "a\nb\n", "")
+    assert kept_result(Result(0, "a\ndtf-step-exit 2\n", "e")) == Result(2, "a\n", "e")
+    assert kept_result(Result(124, "", "")) == Result(124, "", "")
