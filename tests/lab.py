@@ -465,6 +465,17 @@ class Lab:
         if r.returncode != 0:
             raise LabError(f"nft failed: {r.stderr.strip()}")
 
+    def connects(self, host: Host | str | None, address: str, port: int) -> bool:
+        """Whether a TCP connection from that lab host (None: this machine) to address:port opens."""
+        if host is None:
+            try:
+                with socket.create_connection((address, port), timeout=3):
+                    return True
+            except OSError:
+                return False
+        code = f"import socket; socket.create_connection(({address!r}, {port}), timeout=3)"
+        return self.run(host, [sys.executable, "-c", code], timeout=20).returncode == 0
+
     def tables(self, host: Host | str) -> list[str]:
         """The nftables tables of a lab host (`inet NAME`...)."""
         r = self.run(host, ["nft", "list", "tables"], timeout=10)

@@ -17,7 +17,8 @@ it did what was asked:
     stop      --dir D --task JOB:INDEX ... [--grace S]  TERM the task's process group, KILL after a grace
     clean     --dir D [--keep-logs] [--if-unused]  remove what dtf put in D (firewall rules too)
     reach     [--dir D] --to ADDR:PORT ... [--timeout S]  which targets this host cannot connect to; renews D's lease
-    fence     --dir D --port P ... --allow A ... [--remove]  TF ports open only to A and loopback
+    fence     --dir D --port P ... --allow A ... [--allow-launch-node] [--remove]  TF ports open only to
+                                                   A and loopback (and a Slurm step's srun host)
     sync      --dir C --hash H [--receive]         whether C/H exists; --receive: make it from the pack on stdin
               [--from ADDR:PORT] [--serve P --children N] [--token T] [--wait S] [--free-port]: host to host
     run       --dir D --task SPEC ... [--env K=V] [--clear-output]  collective mode: start program copies
@@ -635,7 +636,11 @@ def cmd_fence(args: argparse.Namespace) -> FenceReply:
     if args.remove:
         return fence.remove(args.dir)
     os.makedirs(args.dir, exist_ok=True)
-    return fence.apply(args.dir, args.port, args.allow)
+    allow = list(args.allow)
+    launcher = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") if args.allow_launch_node else None
+    if launcher:  # the login host whose srun started this step: it carries dtf's connections to the tasks
+        allow.append(launcher)
+    return fence.apply(args.dir, args.port, allow)
 
 
 def cmd_clean(args: argparse.Namespace) -> CleanReply:
@@ -840,6 +845,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--dir", required=True)
     c.add_argument("--port", type=int, action="append", default=[])
     c.add_argument("--allow", action="append", default=[])
+    c.add_argument("--allow-launch-node", action="store_true")  # Slurm: and the step's srun host
     c.add_argument("--remove", action="store_true")
     c = add("sync")
     c.add_argument("--dir", required=True)

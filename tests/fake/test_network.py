@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import textwrap
 import time
@@ -63,18 +62,6 @@ def site(tmp_path: Path, lab: Lab):
         the_site.cleanup()
 
 
-def connects(lab: Lab, host: str | None, address: str, port: int) -> bool:
-    """Whether a TCP connection from that lab host (None: this machine) to address:port opens."""
-    if host is None:
-        try:
-            with socket.create_connection((address, port), timeout=3):
-                return True
-        except OSError:
-            return False
-    code = f"import socket; socket.create_connection(({address!r}, {port}), timeout=3)"
-    return lab.run(host, [sys.executable, "-c", code], timeout=20).returncode == 0
-
-
 def logins(lab: Lab) -> dict[str, int]:
     """SSH logins each sshd of the lab accepted so far (its log, LogLevel VERBOSE)."""
     return {h.name: (lab.root / h.name / "sshd.log").read_text(errors="replace").count("Accepted publickey")
@@ -104,7 +91,7 @@ def test_auto_picks_ssh_when_only_port_22_passes_and_the_proxy_carries_only_task
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
     with lab.laptop_blocked():
-        assert not connects(lab, None, lab.host("h0").address, site.ports_of("a")[0])
+        assert not lab.connects(None, lab.host("h0").address, site.ports_of("a")[0])
         t0 = time.monotonic()
         r = site.dtf("up", str(inv), env=env)
         up_s = time.monotonic() - t0
@@ -219,15 +206,15 @@ def test_firewall_members_closes_the_tf_ports_to_everyone_else_until_down(site: 
     assert status_json(site.home)["network"] == "ssh"  # auto: the laptop is no member
     a, b = lab.host("h0").address, lab.host("h1").address
     for port in site.ports_of("a"):
-        assert connects(lab, "h1", a, port)  # a member
-        assert connects(lab, "h0", "127.0.0.1", port)  # loopback
-        assert not connects(lab, "h2", a, port)  # not a member
-        assert not connects(lab, None, a, port)  # the laptop
-    assert not connects(lab, "h2", b, site.ports_of("b")[0])
+        assert lab.connects("h1", a, port)  # a member
+        assert lab.connects("h0", "127.0.0.1", port)  # loopback
+        assert not lab.connects("h2", a, port)  # not a member
+        assert not lab.connects(None, a, port)  # the laptop
+    assert not lab.connects("h2", b, site.ports_of("b")[0])
     assert any(t.startswith("inet dtf_") for t in lab.tables("h0"))
     assert site.dtf("down").returncode == 0
     assert not any(t.startswith("inet dtf_") for t in lab.tables("h0") + lab.tables("h1"))
-    assert connects(lab, "h2", a, site.ports_of("a")[0]) is False  # nothing listens: and no rule left
+    assert lab.connects("h2", a, site.ports_of("a")[0]) is False  # nothing listens: and no rule left
 
 
 def test_firewall_rules_go_when_the_lease_lapses(site: LabSite):
@@ -277,8 +264,8 @@ def test_firewall_members_with_iptables(site: LabSite, tmp_path: Path):
     r = site.dtf("up", str(inv))
     assert r.returncode == 0, r.stderr
     port = site.ports_of("a")[0]
-    assert not connects(lab, "h2", lab.host("h0").address, port)
-    assert connects(lab, "h0", lab.host("h0").address, port)  # the host itself is a member
+    assert not lab.connects("h2", lab.host("h0").address, port)
+    assert lab.connects("h0", lab.host("h0").address, port)  # the host itself is a member
     assert "DTF-" in lab.run("h0", ["iptables", "-S"]).stdout
     assert site.dtf("down").returncode == 0
     assert "DTF-" not in lab.run("h0", ["iptables", "-S"]).stdout

@@ -288,3 +288,30 @@ def test_another_allocation_is_refused_and_replace_starts_anew(slurm_lab: SlurmL
     r = dtf("down", home=home, env=FAKE, timeout=120)
     assert r.returncode == 0 and ours(slurm_lab, second) == [], r.stdout + r.stderr
     assert left_behind(slurm_lab) == []
+
+
+def test_firewall_members_lets_the_login_host_in(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """`firewall: members` on Slurm: the nodes' TF ports open to the cluster's nodes and to the
+    login host (every connection from the laptop comes through it), closed to the rest. Its start
+    comes after the fence, a step of its own per node (the launcher's `start --keep`, no check)."""
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="fw")
+    doc = yaml.safe_load(inv.read_text())
+    inv.write_text(yaml.safe_dump({**doc, "firewall": "members"}, sort_keys=False))
+    home = tmp_path / "home"
+    tables = slurm_lab.tables(slurm_lab.computes[0])  # the lab's own (it blocks the laptop)
+    r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = job_of(r.stdout)
+    names = sorted(line.split()[1] for line in steps(slurm_lab, job) if "dtf-fw-" in line)
+    assert names == ["dtf-fw-ps:0+worker:0", "dtf-fw-ps:1+worker:1"], steps(slurm_lab, job)
+    r = dtf("status", home=home, env=FAKE, timeout=60)
+    assert r.returncode == 0 and r.stdout.count(" alive ") == 4, r.stdout + r.stderr
+    h1, h2 = slurm_lab.computes
+    assert len(slurm_lab.tables(h1)) == len(tables) + 1, slurm_lab.tables(h1)  # dtf's, beside the lab's own
+    assert slurm_lab.connects(slurm_lab.login, h1.address, 2222)  # the login host
+    assert slurm_lab.connects(h2, h1.address, 2222)  # a member
+    r = dtf("down", home=home, env=FAKE, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert left_behind(slurm_lab) == []
+    assert ours(slurm_lab, job) == []
+    assert slurm_lab.tables(h1) == tables and slurm_lab.tables(h2) == tables

@@ -226,9 +226,12 @@ class HostPlan:
                                        *[a for t in targets for a in ("--to", t)])
 
     def fence_argv(self, allow: Collection[str]) -> list[str]:
-        """Close this host's TF ports to all but `allow` (and loopback): `firewall: members`."""
+        """Close this host's TF ports to all but `allow` (and loopback): `firewall: members`. A
+        Slurm node lets in the login host too, at the address the node sees it from (the step's
+        SLURM_LAUNCH_NODE_IPADDR): every connection from the laptop to a task comes through it."""
         ports = [a for t in self.tasks for a in ("--port", str(t.port))]
-        return self.launcher_argv("fence", "--dir", self.root, *ports, *[a for m in allow for a in ("--allow", m)])
+        return self.launcher_argv("fence", "--dir", self.root, *ports, *[a for m in allow for a in ("--allow", m)],
+                                  *(["--allow-launch-node"] if self.spec.connection == "slurm" else []))
 
     def sync_argv(self, digest: str, receive: bool = False, *, free_port: bool = False, source: str = "",
                   serve: int = 0, children: int = 0, token: str = "", wait: float = 0) -> list[str]:
