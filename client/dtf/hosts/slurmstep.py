@@ -103,8 +103,9 @@ class SlurmStepTransport(Transport):
 
         ONE command on the login host: the step's srun is started detached there (it lives as
         long as the step), and the command returns once the step has written `lines` lines (its
-        replies), or has ended (then its exit status is the Result's), or after `timeout`
-        seconds (exit 124; the launcher's own deadlines end the step). stderr: the srun's, so far."""
+        replies), or has ended (then its exit status is the Result's). stderr: the srun's, so far.
+        HostError after `timeout` seconds without them, with how many it said (the launcher's
+        own deadlines, shorter, end the step; `up`'s rollback stops what it started)."""
         from shlex import quote
 
         from dtf.hosts.shell import render
