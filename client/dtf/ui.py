@@ -183,12 +183,13 @@ def show_slurm_plan(inv: Inventory) -> None:
     out.print(f"cluster {inv.cluster} (from {inv.path}): a Slurm allocation, through the login host ({target})",
               markup=False)
     if spec.submits:
-        out.print(f"  submit   {render(slurm.sbatch_argv(inv))}", markup=False)
-        out.print("           (cancelled by `dtf down`, and by Ctrl-C or --slurm-wait while it pends; its script "
-                  "ends the job when the cluster's lease lapses on the first node)", markup=False)
+        out.print(f"  submit   {render(slurm.salloc_argv(inv))}", markup=False)
+        out.print("           (cancelled by `dtf down`, and by Ctrl-C or --slurm-wait while it pends; a job step "
+                  "on its first node cancels it when the cluster's lease lapses there)", markup=False)
     else:
         out.print(f"  use      job {spec.job}, an allocation you made: never cancelled by dtf", markup=False)
-    out.print("  each task: a job step, " + render(slurm.step_argv(spec.job or "ID", "NODE", ["..."])), markup=False)
+    out.print("  each node's tasks: a job step, " + render(slurm.step_argv(spec.job or "ID", "NODE", ["..."])),
+              markup=False)
     for line in slurm.layout_lines(inv):
         out.print(line, markup=False)
 

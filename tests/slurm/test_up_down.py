@@ -92,9 +92,10 @@ def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     job = job_of(r.stdout)
     assert ours(slurm_lab, job) == [f"{job} RUNNING"]
-    # one job step per node, named for its tasks
-    names = sorted(line.split()[1] for line in steps(slurm_lab, job) if "dtf-sl-" in line)
-    assert names == ["dtf-sl-ps:0+worker:0", "dtf-sl-ps:1+worker:1"], steps(slurm_lab, job)
+    # one job step per node, named for its tasks, and the lease watch on the first node
+    names = sorted(line.split()[1:] for line in steps(slurm_lab, job) if "dtf-sl-" in line)
+    assert names == [["dtf-sl-lease", "h1"], ["dtf-sl-ps:0+worker:0", "h1"], ["dtf-sl-ps:1+worker:1", "h2"]], \
+        steps(slurm_lab, job)
     # the tasks serve on the compute nodes, at their own addresses
     assert all(h.address in r.stdout for h in slurm_lab.computes), r.stdout
     r = dtf("status", home=home, env=FAKE, timeout=60)
@@ -230,7 +231,7 @@ def test_the_tasks_end_with_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None
     found = [(pid, c) for pid, c in slurm_lab.processes(workdir(slurm_lab)) if c.startswith(f"{sys.executable} ")]
     names = sorted(comm(pid) for pid, _ in found)
     assert names == ["dtf ps:0", "dtf ps:1", "dtf step", "dtf step", "dtf worker:0", "dtf worker:1",
-                     "python", "python", "python", "python", "python"], found  # 4 servers, the batch script
+                     "python", "python", "python", "python", "python"], found  # 4 servers, the lease watch
     outside = [(pid, c) for pid, c in found if "slurmstepd" not in ancestors(pid)]
     assert outside == [], outside
     slurm_lab.slurm(["scancel", job])
@@ -246,8 +247,9 @@ def test_the_tasks_end_with_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None
 
 
 def test_the_lease_lapsing_ends_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:
-    """No dtf command uses the cluster for its --ttl: its tasks stop themselves, and the batch
-    script, seeing the lease lapse on the first node, ends the job (the laptop is gone: no scancel)."""
+    """No dtf command uses the cluster for its --ttl: its tasks stop themselves, and the lease
+    watch, seeing the lease lapse on the first node, cancels the job (the laptop is gone: no
+    `dtf down`)."""
     inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="lapse")
     home = tmp_path / "home"
     r = dtf("up", "--ttl", "6s", str(inv), home=home, env=FAKE, timeout=180)
@@ -276,8 +278,8 @@ def test_another_allocation_is_refused_and_replace_starts_anew(slurm_lab: SlurmL
     first = job_of(r.stdout)
     one = inventory(slurm_lab, tmp_path / "one.yaml", cluster="re", nodes=1)
     r = dtf("up", str(one), home=home, env=FAKE, timeout=120)
-    assert_one_line_error(r, 8, f"slurm: job {first} was made by sbatch --parsable --job-name=dtf-re --nodes=2",
-                          "slurm: this inventory asks for sbatch --parsable --job-name=dtf-re --nodes=1")
+    assert_one_line_error(r, 8, f"slurm: job {first} was made by salloc --no-shell --job-name=dtf-re --nodes=2",
+                          "slurm: this inventory asks for salloc --no-shell --job-name=dtf-re --nodes=1")
     assert ours(slurm_lab, first) == [f"{first} RUNNING"]
     r = dtf("up", "--replace", str(one), home=home, env=FAKE, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -303,7 +305,7 @@ def test_firewall_members_lets_the_login_host_in(slurm_lab: SlurmLab, tmp_path: 
     assert r.returncode == 0, r.stdout + r.stderr
     job = job_of(r.stdout)
     names = sorted(line.split()[1] for line in steps(slurm_lab, job) if "dtf-fw-" in line)
-    assert names == ["dtf-fw-ps:0+worker:0", "dtf-fw-ps:1+worker:1"], steps(slurm_lab, job)
+    assert names == ["dtf-fw-lease", "dtf-fw-ps:0+worker:0", "dtf-fw-ps:1+worker:1"], steps(slurm_lab, job)
     r = dtf("status", home=home, env=FAKE, timeout=60)
     assert r.returncode == 0 and r.stdout.count(" alive ") == 4, r.stdout + r.stderr
     h1, h2 = slurm_lab.computes

@@ -37,10 +37,12 @@ class Login(Transport):
             while self.run(["squeue", f"--jobs={argv[4]}"]).stdout.strip():  # (never: cancelled)
                 pass
             return Result(0, "", "")
-        if argv[:2] == ["sh", "-c"] and "squeue" in argv[2]:  # slurm.wait_argv: one look (sbatch first)
+        if argv[:2] == ["sh", "-c"] and "squeue" in argv[2]:  # slurm.wait_argv: one look (salloc first)
             return self.look(argv[4:])
         self.ran.append(argv)
-        if argv[0] == "sbatch":
+        if argv[:2] == ["sh", "-c"] and argv[2].startswith("setsid -f srun"):  # detach_steps: the lease watch
+            return Result(0, "", "")
+        if argv[0] == "salloc":
             return Result(0, "42\n", "")
         if argv[0] == "scancel":
             self.cancelled = True
@@ -92,7 +94,9 @@ def test_submit_wait_and_learn_the_nodes(login: Callable[..., Login]) -> None:
     said: list[str] = []
     alloc = slurm_ops.allocate(loads(INV), wait=30, say=said.append)
     assert (alloc.job, alloc.submitted, alloc.nodes, alloc.addresses) == ("42", True, ("n1", "n2"), ("10.0.0.1", "10.0.0.2"))
-    assert t.ran[0][:3] == ["sbatch", "--parsable", "--job-name=dtf-c"] and "--partition=p" in t.ran[0]
+    assert t.ran[0][:3] == ["salloc", "--no-shell", "--job-name=dtf-c"] and "--partition=p" in t.ran[0]
+    watch = [a for a in t.ran if a[:2] == ["sh", "-c"] and "--job-name=dtf-c-lease" in a[2]]
+    assert len(watch) == 1 and "--jobid=42" in watch[0][2] and "--nodelist=n1" in watch[0][2]
     assert said[0] == "job 42 submitted: dtf-c, 2 node(s)"
     assert said[1].startswith("job 42: PENDING (Resources), waited 0s")
     assert said[-1].startswith("job 42 runs on n[1-2]")
@@ -132,4 +136,4 @@ def test_an_existing_job_is_never_submitted_nor_cancelled(login: Callable[..., L
     inv = loads("cluster: c\nslurm: {login: login1, job: 7, workers: 1}\n")
     with pytest.raises(HostFailure):
         slurm_ops.allocate(inv, wait=0.05, say=lambda line: None)
-    assert not [a for a in t.ran if a[0] in ("sbatch", "scancel")]
+    assert not [a for a in t.ran if a[0] in ("salloc", "scancel") or a[:2] == ["sh", "-c"]]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dtf.cluster.inventory import loads
-from dtf.cluster.slurm import ended_line, fields, sbatch_argv
+from dtf.cluster.slurm import ended_line, fields, salloc_argv
 
 NODES = ("NodeName=h1 Arch=x86_64 State=IDLE ThreadsPerCore=1 Partitions=main\n"
          "NodeName=h2 Arch=x86_64 State=DOWN+NOT_RESPONDING ThreadsPerCore=1 Partitions=main "
@@ -46,6 +46,7 @@ def test_time_limit_preemption_and_a_forgotten_job() -> None:
 
 
 def test_dtf_submits_a_job_that_is_never_requeued() -> None:
-    # a requeued allocation would hold new nodes without dtf's tasks: it must end instead
+    # a requeued allocation would hold new nodes without dtf's tasks: it must end instead. Slurm
+    # requeues batch jobs only: dtf's is salloc's, with no script.
     inv = loads("cluster: c\nslurm: {login: l, nodes: 2, workers: 1}\n")
-    assert "--no-requeue" in sbatch_argv(inv)
+    assert salloc_argv(inv)[:2] == ["salloc", "--no-shell"]

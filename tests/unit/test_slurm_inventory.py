@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -59,21 +60,24 @@ def test_the_nodes_become_hosts_in_slurms_order() -> None:
     assert all(h.connection == "slurm" and h.worker_ports == (3001, 3002) for h in inv.hosts)
 
 
-def test_sbatch_command() -> None:
+def test_salloc_command() -> None:
     inv = parse(FULL)
     assert inv.slurm is not None
-    argv = slurm.sbatch_argv(inv)
-    assert argv[:-1] == [
-        "sbatch", "--parsable", "--job-name=dtf-hpc", "--nodes=3", "--ntasks-per-node=1", "--no-requeue", "--output=/dev/null",
+    assert slurm.salloc_argv(inv) == [
+        "salloc", "--no-shell", "--job-name=dtf-hpc", "--nodes=3", "--ntasks-per-node=1",
         "--partition=gpu", "--time=1:30:00", "--account=proj42", "--qos=normal", "--gpus-per-node=4",
         "--constraint=a100", "--exclusive"]
-    assert argv[-1] == "--wrap=" + slurm.hold_script(inv)
+    watch = slurm.watch_argv(inv, "77", "gpu7")
+    assert watch[:8] == ["srun", "--quiet", "--jobid=77", "--overlap", "--nodes=1", "--ntasks=1",
+                         "--nodelist=gpu7", "--job-name=dtf-hpc-lease"]
+    assert watch[-3:] == ["sh", "-c", slurm.watch_script(inv)]
 
 
-def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> None:
-    """It exits when the lease on the batch node lapses (also when the supervisors removed the
-    files after it lapsed); it holds while the lease is fresh, before the tasks started, and when
-    the files go while the lease was fresh (`dtf down` cancels the job once every node is clean)."""
+def test_the_lease_watch_cancels_the_job_when_the_lease_lapses(tmp_path: Path) -> None:
+    """It cancels the job (scancel $SLURM_JOB_ID) when the lease on the first node lapses (also
+    when the supervisors removed the files after it lapsed); it holds while the lease is fresh,
+    before the tasks started, and when the files go while the lease was fresh (`dtf down` cancels
+    the job once every node is clean)."""
     import json
     import os
     import subprocess
@@ -81,11 +85,16 @@ def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> N
     import time
 
     inv = parse(FULL.replace("~/.dtf", str(tmp_path)).replace("/opt/tf/bin/python3", sys.executable))
-    script = slurm.hold_script(inv, poll=0.05)
+    script = slurm.watch_script(inv, poll=0.05)
     lease = tmp_path / "hpc" / "lease.json"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "$@" >> {bin_dir}/scancel.args\n')
+    (bin_dir / "scancel").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77"}
 
     def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(["sh", "-c", script])
+        return subprocess.Popen(["sh", "-c", script], env=env)
 
     def holds(proc: subprocess.Popen[bytes], seconds: float = 0.5) -> bool:
         try:
@@ -110,6 +119,7 @@ def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> N
         assert holds(proc)  # ttl 0: never lapses
         lease.write_text(json.dumps({"ttl": 1, "renewed": time.time() - 5}))
         assert not holds(proc, 30) and proc.returncode == 0
+        assert (bin_dir / "scancel.args").read_text() == "77\n"
         # The supervisors removed the files once it lapsed: the script saw the lease while it was
         # fresh, then never again. A fresh lease appears and goes until the script has seen one
         # (however slow this machine is to start Python): then it ends once that one lapses.
@@ -123,6 +133,7 @@ def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> N
             lease.unlink()
             holds(proc, 2)
         assert proc.returncode == 0
+        assert (bin_dir / "scancel.args").read_text() == "77\n77\n"
     finally:
         proc.kill()
         proc.wait()
@@ -139,8 +150,11 @@ def test_the_hold_script_ends_the_job_when_the_lease_lapses(tmp_path: Path) -> N
      "5:3: slurm.partition: expected a partition name without quotes or shell characters such as ; $ ` ( ) < > |, got 'a;b'"),
     ("  login: l\n  nodes: 2\n  sbatch: [--time=5]\n  workers: 1\n",
      "5:3: slurm.sbatch: '--time=5' in the list: set it with slurm.time"),
+    ("  login: l\n  nodes: 2\n  sbatch: [--job-name=x]\n  workers: 1\n",
+     "5:3: slurm.sbatch: '--job-name=x' in the list: dtf sets it itself"),
     ("  login: l\n  nodes: 2\n  sbatch: [--wrap=x]\n  workers: 1\n",
-     "5:3: slurm.sbatch: '--wrap=x' in the list: dtf sets it itself"),
+     "5:3: slurm.sbatch: '--wrap=x' in the list: a batch script's option; dtf asks for the allocation "
+     "with salloc, which takes the others"),
     ("  login: l\n  nodes: 2\n  sbatch: [constraint]\n  workers: 1\n",
      "5:3: slurm.sbatch: expected a list of sbatch options such as '--constraint=a100' or '--exclusive', got 'constraint' in the list"),
     ("  login: l\n  job: 12x\n  workers: 1\n",
@@ -170,17 +184,17 @@ def test_host_only_defaults_are_refused() -> None:
         "inventory.yaml:2:12: defaults.address: not with slurm: Slurm decides where tasks run"]
 
 
-def test_dry_run_shows_the_sbatch_command_and_the_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dry_run_shows_the_salloc_command_and_the_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DTF_HOME", str(tmp_path / "home"))
     path = tmp_path / "inventory.yaml"
     path.write_text(FULL)
     r = CliRunner().invoke(app, ["up", "--dry-run", str(path)])
     assert r.exit_code == 0, r.output
     assert "through the login host (ssh -l alice -p 2200 login.hpc.example.org)" in r.output
-    assert ("submit   sbatch --parsable --job-name=dtf-hpc --nodes=3 --ntasks-per-node=1 --no-requeue --output=/dev/null "
+    assert ("submit   salloc --no-shell --job-name=dtf-hpc --nodes=3 --ntasks-per-node=1 "
             "--partition=gpu --time=1:30:00 --account=proj42 --qos=normal --gpus-per-node=4 --constraint=a100 "
-            "--exclusive '--wrap=command -v /opt/tf/bin/python3 >/dev/null 2>&1 || exec sleep infinity; "
-            "exec /opt/tf/bin/python3 -c ") in r.output
+            "--exclusive\n") in r.output
+    assert "a job step on its first node cancels it when the cluster's lease lapses there" in r.output
     assert "  node 1: ps:1 :3000, worker:2 :3001, worker:3 :3002" in r.output
     assert not (tmp_path / "home").exists()
 
@@ -191,7 +205,7 @@ def test_squeue_answers() -> None:
     assert slurm.parse_squeue("").gone
     assert slurm.parse_job_id("123;cluster\n") == "123"
     with pytest.raises(ValueError):
-        slurm.parse_job_id("sbatch: error: Batch job submission failed")
+        slurm.parse_job_id("salloc: error: Job submit/allocate failed")
 
 
 def test_a_plan_on_an_allocation_round_trips() -> None:
@@ -221,10 +235,10 @@ slurm: {login: login, nodes: 2, workers: 2, sbatch: [--exclusive, "--gres=gpu:a1
 def test_a_gres_of_gpus_gives_the_nodes_their_gpus_and_goes_to_the_copies_step() -> None:
     inv = parse(GPU)
     assert inv.slurm is not None and inv.slurm.node.gpus == (0, 1, 2, 3)
-    assert slurm.gpu_options(slurm.sbatch_argv(inv)) == ["--gres=gpu:a100:4,tmpfs:10G"]
+    assert slurm.gpu_options(slurm.salloc_argv(inv)) == ["--gres=gpu:a100:4,tmpfs:10G"]
     assert parse(GPU.replace("gpu:a100:4", "gpu")).slurm.node.gpus == (0,)  # type: ignore[union-attr]
     assert parse(GPU.replace("gpu:a100:4", "tmpfs:1G")).slurm.node.gpus is None  # type: ignore[union-attr]
-    assert slurm.gpu_options(slurm.sbatch_argv(parse(FULL))) == ["--gpus-per-node=4"]
+    assert slurm.gpu_options(slurm.salloc_argv(parse(FULL))) == ["--gpus-per-node=4"]
     assert errors(GPU.replace("workers: 2,", "workers: 2, gpus_per_node: 4,")) == [
         "inventory.yaml:2:63: slurm.sbatch: a --gres of GPUs and slurm.gpus_per_node: one GPU request per node "
         "(remove one of them)"]
@@ -300,16 +314,17 @@ def test_the_hook_makes_slurm_cluster_resolver_count_the_nodes_gpus(monkeypatch:
     assert fake.get_num_gpus() == 4  # type: ignore[attr-defined]
 
 
-def fake_slurm(bin_dir: Path, states: list[str], sbatch: str = "42") -> None:
-    """Stand-ins for sbatch, squeue and scontrol on PATH: squeue answers `states` one per call
-    (then the last again); 'gone' is squeue's answer for a job it no longer knows."""
+def fake_slurm(bin_dir: Path, states: list[str], salloc: str = "42") -> None:
+    """Stand-ins for salloc, squeue and scontrol on PATH: salloc says `salloc` and stays a moment
+    (as while its job pends); squeue answers `states` one per call (then the last again); 'gone'
+    is squeue's answer for a job it no longer knows."""
     import shutil
 
     shutil.rmtree(bin_dir, ignore_errors=True)
     bin_dir.mkdir()
     (bin_dir / "states").write_text("\n".join(states) + "\n")
     scripts = {
-        "sbatch": f'echo "$@" > "{bin_dir}/sbatch.args"; echo "{sbatch}"',
+        "salloc": f'echo "$@" > "{bin_dir}/salloc.args"; echo "{salloc}" >&2; sleep 0.3',
         "squeue": (f'n=$(cat "{bin_dir}/n" 2>/dev/null || echo 0); echo $((n + 1)) > "{bin_dir}/n"; '
                    f'line=$(sed -n "$((n + 1))p" "{bin_dir}/states"); [ -n "$line" ] || line=$(tail -1 "{bin_dir}/states"); '
                    'if [ "$line" = gone ]; then echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; fi; '
@@ -324,23 +339,25 @@ def fake_slurm(bin_dir: Path, states: list[str], sbatch: str = "42") -> None:
         (bin_dir / name).chmod(0o755)
 
 
-def run_wait(tmp_path: Path, argv: list[str], states: list[str], sbatch: str = "42"):  # type: ignore[no-untyped-def]
+def run_wait(tmp_path: Path, argv: list[str], states: list[str], salloc: str = "42"):  # type: ignore[no-untyped-def]
     import os
     import subprocess
 
-    fake_slurm(tmp_path / "bin", states, sbatch)
+    fake_slurm(tmp_path / "bin", states, salloc)
     return subprocess.run(argv, capture_output=True, text=True, timeout=30,
                           env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
 
 
 def test_one_command_submits_waits_and_names_the_nodes(tmp_path: Path) -> None:
-    """`up`'s allocation in one command on the login host: sbatch, squeue until the job runs
-    (0.1 s apart there, not a round trip each), then its nodes in Slurm's order and addresses."""
+    """`up`'s allocation in one command on the login host: salloc (left waiting in the
+    background, its job id read from what it says first), squeue until the job runs (0.1 s apart
+    there, not a round trip each), then its nodes in Slurm's order and addresses."""
     running = "RUNNING|None|n[1-2]|0:01|59:59"
-    r = run_wait(tmp_path, slurm.wait_argv(submit=["sbatch", "--parsable", "--wrap=sleep 1; echo 'x'"]),
-                 ["PENDING|Resources|||", "CONFIGURING|None|n[1-2]|0:00|1:00:00", running], sbatch="42;fed")
+    r = run_wait(tmp_path, slurm.wait_argv(submit=["salloc", "--no-shell", "--constraint=a b"]),
+                 ["PENDING|Resources|||", "CONFIGURING|None|n[1-2]|0:00|1:00:00", running],
+                 salloc="salloc: Pending job allocation 42\nsalloc: job 42 queued and waiting for resources")
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "bin" / "sbatch.args").read_text() == "--parsable --wrap=sleep 1; echo 'x'\n"
+    assert (tmp_path / "bin" / "salloc.args").read_text() == "--no-shell --constraint=a b\n"
     w = slurm.parse_wait(r.stdout)
     assert (w.job, w.state.state, w.nodes, w.addresses) == ("42", "RUNNING", ("n2", "n1"),
                                                              {"n1": "10.0.0.1", "n2": "10.0.0.2"})
@@ -358,13 +375,25 @@ def test_a_look_at_a_pending_job_ends_after_its_time(tmp_path: Path) -> None:
     assert (tmp_path / "bin" / "n").read_text().strip() == "1"  # no time: one squeue
 
 
-def test_a_job_squeue_forgot_is_gone_and_a_failed_sbatch_says_why(tmp_path: Path) -> None:
+def test_a_job_squeue_forgot_is_gone_and_a_failed_salloc_says_why(tmp_path: Path) -> None:
     r = run_wait(tmp_path, slurm.wait_argv("42"), ["gone"])
     assert r.returncode == 0 and slurm.parse_wait(r.stdout).state.gone, (r.stdout, r.stderr)
     r = run_wait(tmp_path, slurm.wait_argv("42"), ["COMPLETING|None|n1|0:10|0:00"])
     assert slurm.parse_wait(r.stdout).state.state == "COMPLETING"
-    r = run_wait(tmp_path, slurm.wait_argv(submit=["false"]), ["gone"])
-    assert r.returncode != 0 and slurm.parse_wait(r.stdout).job is None
+    r = run_wait(tmp_path, slurm.wait_argv("42"), ["RUNNING|None|n[1-2]|0:01|59:59"],
+                 salloc="salloc: Granted job allocation 42")
+    assert slurm.parse_wait(r.stdout).state.state == "RUNNING"
+    # a granted allocation: salloc says so and exits (--no-shell)
+    r = run_wait(tmp_path, slurm.wait_argv(submit=["salloc"]), ["RUNNING|None|n[1-2]|0:01|59:59"],
+                 salloc="salloc: Granted job allocation 7")
+    assert r.returncode == 0 and slurm.parse_wait(r.stdout).job == "7", (r.stdout, r.stderr)
+    # salloc ends without a job: its last words, at once (not at the deadline for its id)
+    t0 = time.monotonic()
+    r = run_wait(tmp_path, slurm.wait_argv(submit=["sh", "-c", "echo 'salloc: error: invalid partition' >&2; "
+                                                               "echo 'salloc: error: Job submit/allocate failed' >&2; "
+                                                               "exit 1"]), ["gone"])
+    assert (r.returncode, r.stderr.strip()) == (1, "salloc: error: Job submit/allocate failed")
+    assert slurm.parse_wait(r.stdout).job is None and time.monotonic() - t0 < slurm.ID_SECONDS
 
 
 def test_cancel_waits_on_the_login_host_until_the_queue_forgets_the_job(tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ class SlurmSpec:
     account: str | None = None
     qos: str | None = None
     gpus_per_node: int | None = None
-    sbatch: tuple[str, ...] = ()  # more sbatch options, passed through as written
+    sbatch: tuple[str, ...] = ()  # more allocation options (sbatch's, but for a batch script's), to salloc as written
 
     @property
     def submits(self) -> bool:
@@ -424,12 +424,16 @@ def _read_packages(node: yaml.Node) -> tuple[str, ...]:
 _SLURM_TIME = re.compile(r"\d{1,9}(:\d{1,2}){0,2}|\d{1,5}-\d{1,2}(:\d{1,2}){0,2}")
 _SLURM_JOB = re.compile(r"[1-9][0-9]{0,11}")
 _MAX_NODES = 100_000
-# sbatch options dtf sets itself (from the keys named here), or that would break what it submits.
+# Allocation options dtf sets itself (from the keys named here), or that would break what it asks for.
 _SBATCH_OWN = {"-N": "nodes", "--nodes": "nodes", "-p": "partition", "--partition": "partition",
                "-t": "time", "--time": "time", "-A": "account", "--account": "account", "-q": "qos",
                "--qos": "qos", "--gpus-per-node": "gpus_per_node", "-J": None, "--job-name": None,
-               "--parsable": None, "--wrap": None, "-o": None, "--output": None, "-n": None,
-               "--ntasks": None, "--ntasks-per-node": None, "-W": None, "--wait": None, "-H": None, "--hold": None}
+               "-n": None, "--ntasks": None, "--ntasks-per-node": None, "-H": None, "--hold": None,
+               "--no-shell": None}
+# sbatch's options for a batch script, which salloc (what dtf asks for its allocation with) has not.
+_BATCH_ONLY = {"--wrap", "--parsable", "-o", "--output", "-e", "--error", "-i", "--input", "-a", "--array",
+               "-W", "--wait", "--export", "--export-file", "--ignore-pbs", "--propagate", "--requeue",
+               "--no-requeue"}
 
 
 def _read_slurm_time(node: yaml.Node) -> str:
@@ -491,6 +495,9 @@ def _read_sbatch(node: yaml.Node) -> tuple[str, ...]:
             key = _SBATCH_OWN[name]
             why = f"set it with slurm.{key}" if key else "dtf sets it itself"
             raise _Invalid(f"{text!r} in the list: {why}")
+        if name in _BATCH_ONLY:
+            raise _Invalid(f"{text!r} in the list: a batch script's option; dtf asks for the allocation "
+                           f"with salloc, which takes the others")
         options.append(text)
     return tuple(options)
 

@@ -1,9 +1,11 @@
 """The Slurm commands dtf runs on a cluster's login host, as argv lists, and how it reads their
 answers. Pure: no I/O (dtf.hostops.slurm runs them).
 
-What dtf submits is an allocation that holds its nodes and does nothing else (a batch script that
-sleeps until it is cancelled); every task then runs as a job step of it (`srun --jobid=ID
---overlap -N1 -n1 -w NODE ...`), so Slurm accounts for the tasks and ends them with the job.
+What dtf asks for is an allocation that holds its nodes and runs nothing of its own (`salloc
+--no-shell`: Slurm grants it at once where the nodes are free, where a batch job waits for the
+scheduler's next pass); every task then runs as a job step of it (`srun --jobid=ID --overlap -N1
+-n1 -w NODE ...`), so Slurm accounts for the tasks and ends them with the job, and one more step
+on its first node watches the cluster's lease (`watch_argv`).
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ from typing import Any
 
 from dtf.cluster.inventory import HostSpec, Inventory
 
-# The batch script of the allocation dtf submits holds the nodes until scancel, the time limit, or
-# the cluster's lease lapsing on the batch node (the first): no dtf command used the cluster for
-# its ttl (`dtf up --ttl`: the laptop is gone). It exits then, and the job ends with it. The
-# supervisors remove the cluster's files once the lease lapsed, so files gone after a lease that
-# had lapsed are a lapse too; files gone while the lease was fresh are `dtf down` at work, which
-# cancels the job itself once every node is clean (ending it sooner would cut the other nodes' clean).
-# A lease file written before the job began is an earlier job's (a job ended by its lapse may end
-# before its supervisors removed the files): ignored, or the new job would end at once.
+# The lease watch of the allocation dtf submits: a job step on its first node that cancels the job
+# once the cluster's lease there lapsed: no dtf command used the cluster for its ttl (`dtf up
+# --ttl`: the laptop is gone), so an abandoned cluster gives its nodes back. The supervisors remove
+# the cluster's files once the lease lapsed, so files gone after a lease that had lapsed are a lapse
+# too; files gone while the lease was fresh are `dtf down` at work, which cancels the job itself
+# once every node is clean (ending it sooner would cut the other nodes' clean). A lease file written
+# before the watch began is an earlier job's (a job ended by its lapse may end before its
+# supervisors removed the files): ignored, or the new job would end at once.
 HOLD_POLL = 2.0  # seconds
 _HOLD = """import json, os, sys, time
 begun = time.time()
@@ -37,7 +39,7 @@ while True:
     if lease is not None and written >= begun - 1:
         last = lease
     if last is not None and last["ttl"] and time.time() > last["renewed"] + last["ttl"]:
-        sys.exit(0)
+        os.execvp("scancel", ["scancel", os.environ["SLURM_JOB_ID"]])
     time.sleep(float(sys.argv[2]))
 """
 
@@ -47,46 +49,53 @@ def quote_arg(arg: str) -> str:
     return "~/" + shlex.quote(arg[2:]) if arg.startswith("~/") and len(arg) > 2 else shlex.quote(arg)
 
 
-def hold_script(inv: Inventory, poll: float = HOLD_POLL) -> str:
-    """The batch script (sh) of the allocation dtf submits for this inventory."""
+def watch_script(inv: Inventory, poll: float = HOLD_POLL) -> str:
+    """The lease watch (sh, run on the allocation's first node): once the lease lapsed, scancel."""
     assert inv.slurm is not None
     node = inv.slurm.node
     python = node.base_python if node.managed else node.python
     lease = posixpath.join(node.workdir, inv.cluster, "lease.json")
     # A python that is not there (`up` says so in its check) must not end the job: hold. The
-    # process holding is exec'd, never waited for: scancel's SIGTERM reaches it, not a shell.
+    # process holding is exec'd, never waited for (it execs scancel itself): the SIGTERM of the
+    # job's end reaches it, not a shell, whose wait held the job's end 3.7 s on the lab.
     py = quote_arg(python)
     return (f"command -v {py} >/dev/null 2>&1 || exec sleep infinity; "
             f"exec {py} -c {shlex.quote(_HOLD)} {quote_arg(lease)} {poll:g}")
+
+
+def watch_argv(inv: Inventory, job: str, node: str) -> list[str]:
+    """The lease watch as a job step of `job` on `node` (its first), started detached on the login host."""
+    return step_argv(job, node, ["sh", "-c", watch_script(inv)], name=f"{job_name(inv.cluster)}-lease")
 
 
 def job_name(cluster: str) -> str:
     return f"dtf-{cluster}"
 
 
-def sbatch_argv(inv: Inventory) -> list[str]:
-    """Submit the allocation: prints `ID` (or `ID;CLUSTER` on a federation) and returns at once."""
+def salloc_argv(inv: Inventory) -> list[str]:
+    """Ask for the allocation: salloc prints `Pending job allocation ID` (or `Granted ...`) at once
+    on stderr, waits while the job pends, and exits once it is granted (--no-shell: it runs
+    nothing, the job holds its nodes until scancel or its time limit). Not a batch job: Slurm
+    grants it in the request where the nodes are free, and never requeues it (a requeued
+    allocation would hold new nodes with none of dtf's tasks on them)."""
     spec, cluster = inv.slurm, inv.cluster
     assert spec is not None and spec.nodes is not None, "an existing job is never submitted"
-    # --no-requeue: Slurm requeues a batch job that lost a node (JobRequeue=1, its default), and a
-    # requeued allocation would hold new nodes with none of dtf's tasks on them: it must end
-    # (NODE_FAIL), for `status` and `train` to say so.
-    argv = ["sbatch", "--parsable", f"--job-name={job_name(cluster)}", f"--nodes={spec.nodes}",
-            "--ntasks-per-node=1", "--no-requeue", "--output=/dev/null"]
+    argv = ["salloc", "--no-shell", f"--job-name={job_name(cluster)}", f"--nodes={spec.nodes}",
+            "--ntasks-per-node=1"]
     for option, value in (("partition", spec.partition), ("time", spec.time), ("account", spec.account),
                           ("qos", spec.qos)):
         if value is not None:
             argv.append(f"--{option}={value}")
     if spec.gpus_per_node:
         argv.append(f"--gpus-per-node={spec.gpus_per_node}")
-    return [*argv, *spec.sbatch, f"--wrap={hold_script(inv)}"]
+    return [*argv, *spec.sbatch]
 
 
 def parse_job_id(out: str) -> str:
-    """The job id in sbatch --parsable's answer (ValueError if there is none)."""
+    """The job id on the wait's `JOB ID` line (ValueError if there is none)."""
     job = out.strip().split(";", 1)[0]
     if not job.isdigit():
-        raise ValueError(f"sbatch answered {out.strip()[:200]!r}, not a job id")
+        raise ValueError(f"salloc answered {out.strip()[:200]!r}, not a job id")
     return job
 
 
@@ -186,17 +195,36 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
 # the laptop pays per command, not Slurm): squeue every PAUSE seconds, for up to SECONDS (by the
 # login host's clock: a loaded slurmctld makes each squeue slower, not the look longer than
 # that and one squeue), until the job leaves the pending states; once it runs, its nodes in
-# Slurm's order and their records (NodeAddr), in the same answer. `--submit`: sbatch first (its
-# argv after `--`), the job's id on the first line. Answer: [JOB ID], the squeue line (empty:
-# squeue no longer lists the job), then for a running job `---`, `scontrol show hostnames`,
-# `---`, `scontrol show node`.
-WAIT_SECONDS, WAIT_PAUSE = 1.0, 0.1
-_WAIT = """set -e
+# Slurm's order and their records (NodeAddr), in the same answer. `--submit`: salloc first (its
+# argv after `--`), left in the background (it waits there while the job pends, and exits once
+# it is granted or cancelled), its job id read from its first words (within ID_SECONDS; its
+# error, if it ends without one), on the answer's first line. Answer: [JOB ID], the squeue line
+# (empty: squeue no longer lists the job), then for a running job `---`, `scontrol show
+# hostnames`, `---`, `scontrol show node`.
+WAIT_SECONDS, WAIT_PAUSE, ID_SECONDS = 1.0, 0.1, 20
+_WAIT = r"""set -e
 ms() { t=$(date +%s%N); echo $((t / 1000000)); }
 if [ "$1" = --submit ]; then
   shift 4
-  out=$("$@")
-  job=${out%%;*}
+  said=$(mktemp)
+  ( trap '' HUP; exec "$@" ) >"$said" 2>&1 </dev/null &
+  salloc=$!
+  end=$(($(ms) + ID_MS))
+  while :; do
+    alive=1
+    kill -0 "$salloc" 2>/dev/null || alive=  # (before the read: all it said is in the file then)
+    job=$(sed -n -e 's/^salloc: Granted job allocation \([0-9][0-9]*\).*/\1/p' \
+                 -e 's/^salloc: Pending job allocation \([0-9][0-9]*\).*/\1/p' "$said" | head -n 1)
+    [ -z "$job" ] || break
+    if [ -z "$alive" ] || [ "$(ms)" -ge "$end" ]; then
+      kill "$salloc" 2>/dev/null || true
+      echo "$(grep . "$said" | tail -n 1 || echo "salloc said no job id")" >&2
+      rm -f "$said"
+      exit 1
+    fi
+    sleep 0.01
+  done
+  rm -f "$said"
   echo "JOB $job"
 else
   job=$1
@@ -225,8 +253,8 @@ esac
 def wait_argv(job: str | None = None, submit: list[str] | None = None, seconds: float = WAIT_SECONDS,
               pause: float = WAIT_PAUSE) -> list[str]:
     """Look at `job` until it leaves the pending states (squeue `pause` apart, for up to `seconds`),
-    or submit it first (`submit`: the sbatch argv) and look at it: one command (see _WAIT)."""
-    script = f"MS={round(max(0.0, seconds) * 1000)}; PAUSE={pause:g}\n{_WAIT}"
+    or submit it first (`submit`: the salloc argv) and look at it: one command (see _WAIT)."""
+    script = f"MS={round(max(0.0, seconds) * 1000)}; PAUSE={pause:g}; ID_MS={ID_SECONDS * 1000}\n{_WAIT}"
     if submit is not None:
         return ["sh", "-c", script, "sh", "--submit", "-", "-", "--", *submit]
     assert job is not None
@@ -235,7 +263,7 @@ def wait_argv(job: str | None = None, submit: list[str] | None = None, seconds: 
 
 @dataclass(frozen=True)
 class Waited:
-    """wait_argv's answer: the job's id (from sbatch, with --submit), its state, and once it runs
+    """wait_argv's answer: the job's id (from salloc, with --submit), its state, and once it runs
     its nodes in Slurm's order and their addresses (NodeAddr)."""
 
     job: str | None
@@ -351,9 +379,9 @@ class Allocation:
 
 
 def request(inv: Inventory) -> tuple[str, ...]:
-    """What an allocation for this inventory is made from: the sbatch command (or the job's id)."""
+    """What an allocation for this inventory is made from: the salloc command (or the job's id)."""
     assert inv.slurm is not None
-    return tuple(sbatch_argv(inv)) if inv.slurm.submits else ("job", str(inv.slurm.job))
+    return tuple(salloc_argv(inv)) if inv.slurm.submits else ("job", str(inv.slurm.job))
 
 
 def show_nodes_argv(nodes: tuple[str, ...] | list[str]) -> list[str]:
@@ -372,7 +400,7 @@ def parse_node_addresses(out: str) -> dict[str, str]:
 
 def gpu_options(request: tuple[str, ...] | list[str]) -> list[str]:
     """The GPU request of the allocation (`--gpus-per-node=N`, or the `--gres=...` as given in
-    `sbatch:`), from its sbatch command: a job step of the program's copies asks for the same,
+    `sbatch:`), from its salloc command: a job step of the program's copies asks for the same,
     so that Slurm hands the step the node's GPUs as it would to the user's own `srun`."""
     return [a for a in request if a.startswith(("--gpus-per-node=", "--gres="))]
 

@@ -1,7 +1,8 @@
-"""A cluster's Slurm allocation, through its login host: submit it (or take the inventory's
-`job:`), wait until it runs (saying why it pends, up to a deadline), learn its nodes; and at
-`down`, cancel the one dtf submitted and wait until the queue no longer lists it. A start that
-fails, runs past its deadline or is interrupted (Ctrl-C) cancels what it submitted.
+"""A cluster's Slurm allocation, through its login host: ask for it (`salloc --no-shell`, or take
+the inventory's `job:`), wait until it runs (saying why it pends, up to a deadline), learn its
+nodes, start its lease watch; and at `down`, cancel the one dtf submitted and wait until the
+queue no longer lists it. A start that fails, runs past its deadline or is interrupted (Ctrl-C)
+cancels what it submitted.
 
 Nothing here prints: what the wait looks like goes through `say`.
 """
@@ -91,23 +92,25 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
                           DEFAULT_TTL if ttl is None else ttl) as t:
             waited: slurm.Waited | None = None
             if spec.submits:
-                r = t.run(slurm.wait_argv(submit=slurm.sbatch_argv(inv), seconds=min(slurm.WAIT_SECONDS, wait)),
-                          timeout=QUERY_TIMEOUT)
-                try:  # its id, even if the look after sbatch failed: it must be cancelled then
+                r = t.run(slurm.wait_argv(submit=slurm.salloc_argv(inv), seconds=min(slurm.WAIT_SECONDS, wait)),
+                          timeout=QUERY_TIMEOUT + slurm.ID_SECONDS)
+                try:  # its id, even if the look after salloc failed: it must be cancelled then
                     waited = slurm.parse_wait(r.stdout)
                     job = waited.job
                 except ValueError as e:
                     raise HostError(str(e))
                 if job is None:
-                    raise HostError(f"sbatch failed: {(r.stderr.strip().splitlines() or [f'exit {r.exit_code}'])[-1]}")
+                    raise HostError(f"salloc failed: {(r.stderr.strip().splitlines() or [f'exit {r.exit_code}'])[-1]}")
                 say(f"job {job} submitted: {slurm.job_name(inv.cluster)}, {spec.nodes} node(s)")
-                if not r.ok:  # sbatch worked, the look after it did not: look again
+                if not r.ok:  # salloc worked, the look after it did not: look again
                     waited = None
             assert job is not None
             try:
                 if waited is None:
                     waited = _look(t, job, 0)
                 waited = _wait_running(t, job, waited, wait, say)
+                if spec.submits:  # the lease watch on its first node (slurm.watch_argv)
+                    detach_steps(t, [slurm.watch_argv(inv, job, waited.nodes[0])])
             except BaseException:
                 if spec.submits:
                     _cancel(t, job, say)
