@@ -164,6 +164,30 @@ def test_ctrl_c_while_pending_cancels_the_job(slurm_lab: SlurmLab, tmp_path: Pat
     assert ours(slurm_lab, job) == []
 
 
+def test_ctrl_c_before_the_job_id_came_back_leaves_no_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """Ctrl-C while `up`'s first command on the login host still runs (salloc asked, the job in
+    the queue, its id not yet back on the laptop): that command, unable to answer, cancels the job.
+    (Should this machine be so slow that the answer came back first, dtf cancels it itself.)"""
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="early", partition=STUCK, nodes=1)
+    env = {**os.environ, "DTF_HOME": str(tmp_path / "home"), "COLUMNS": "200", **FAKE}
+    before = set(slurm_lab.queue())
+    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "up", str(inv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, preexec_fn=as_in_a_terminal)
+    deadline = time.monotonic() + 60
+    while not (new := set(slurm_lab.queue()) - before) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert new, "no job was asked for"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err, err
+    job = next(iter(new)).split()[0]
+    deadline = time.monotonic() + 30
+    while ours(slurm_lab, job) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ours(slurm_lab, job) == [], out
+
+
 def test_a_deadline_while_pending_cancels_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="late", partition=STUCK, nodes=1)
     r = dtf("up", "--slurm-wait", "3", str(inv), home=tmp_path / "home", env=FAKE, timeout=60)

@@ -396,6 +396,29 @@ def test_a_job_squeue_forgot_is_gone_and_a_failed_salloc_says_why(tmp_path: Path
     assert slurm.parse_wait(r.stdout).job is None and time.monotonic() - t0 < slurm.ID_SECONDS
 
 
+def test_a_laptop_gone_before_the_answer_leaves_no_job(tmp_path: Path) -> None:
+    """An `up` interrupted (Ctrl-C) while its first command waits for salloc's job id closes that
+    SSH session: the command cannot write its answer, and cancels the job it asked for."""
+    import os
+    import subprocess
+
+    fake_slurm(tmp_path / "bin", ["PENDING|Resources|||"], "salloc: Pending job allocation 42")
+    proc = subprocess.Popen(slurm.wait_argv(submit=["salloc", "--no-shell"]), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
+    assert proc.stdout is not None
+    proc.stdout.close()  # the laptop's end of the session, gone before salloc said the job's id
+    assert proc.wait(timeout=30) == 1
+    assert (tmp_path / "bin" / "scancel.args").read_text() == "42\n"
+    # a look at a job it did not ask for never cancels it
+    proc = subprocess.Popen(slurm.wait_argv("43", seconds=0), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
+    assert proc.stdout is not None
+    proc.stdout.close()
+    proc.wait(timeout=30)
+    assert (tmp_path / "bin" / "scancel.args").read_text() == "42\n"
+
+
 def test_cancel_waits_on_the_login_host_until_the_queue_forgets_the_job(tmp_path: Path) -> None:
     """`down`'s cancel in one command: scancel, then squeue 0.05 s apart until the job is not
     listed (nothing printed, or squeue no longer knows it); a squeue error is looked past; still

@@ -198,7 +198,9 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
 # Slurm's order and their records (NodeAddr), in the same answer. `--submit`: salloc first (its
 # argv after `--`), left in the background (it waits there while the job pends, and exits once
 # it is granted or cancelled), its job id read from its first words (within ID_SECONDS; its
-# error, if it ends without one), on the answer's first line. Answer: [JOB ID], the squeue line
+# error, if it ends without one), on the answer's first line; a laptop gone before the answer
+# (an interrupted `up`: the answer cannot be written) leaves no job: it is cancelled. Answer:
+# [JOB ID], the squeue line
 # (empty: squeue no longer lists the job), then for a running job `---`, `scontrol show
 # hostnames`, `---`, `scontrol show node`.
 WAIT_SECONDS, WAIT_PAUSE, ID_SECONDS = 1.0, 0.1, 20
@@ -225,7 +227,11 @@ if [ "$1" = --submit ]; then
     sleep 0.01
   done
   rm -f "$said"
-  echo "JOB $job"
+  # A `dtf up` interrupted before it read the id (Ctrl-C) closed this session: the job is
+  # nobody's then. What this command writes fails once the laptop has gone: cancel it then.
+  trap '' PIPE
+  submitted=1
+  echo "JOB $job" || { scancel "$job"; exit 1; }
 else
   job=$1
   shift
@@ -239,14 +245,17 @@ while :; do
   [ "$(ms)" -lt "$end" ] || break
   sleep "$PAUSE"
 done
-echo "$line"
-case $line in RUNNING*)
-  nodes=$(echo "$line" | cut -d'|' -f3)
-  echo ---
-  scontrol show hostnames "$nodes"
-  echo ---
-  scontrol --oneliner show node "$nodes" ;;
-esac
+out=$(
+  echo "$line"
+  case $line in RUNNING*)
+    nodes=$(echo "$line" | cut -d'|' -f3)
+    echo ---
+    scontrol show hostnames "$nodes"
+    echo ---
+    scontrol --oneliner show node "$nodes" ;;
+  esac
+)
+printf '%s\n' "$out" || { [ -z "${submitted:-}" ] || scancel "$job"; exit 1; }
 """
 
 
