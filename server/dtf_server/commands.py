@@ -477,15 +477,16 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
 
     def why_not(target: str) -> str | None:
         host, _, port = target.rpartition(":")
+        why = None  # the last try's reason: what the time running out during the next one says
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return f"no answer within {timeout:g}s"
+                return why or f"no answer within {timeout:g}s"
             try:
                 with socket.create_connection((host.strip("[]"), int(port)), timeout=left):
                     return None
-            except TimeoutError:
-                return f"no answer within {timeout:g}s"
+            except TimeoutError:  # (after a refusal: the sliver of time left ran out, on a loaded host)
+                return why or f"no answer within {timeout:g}s"
             except OSError as e:
                 why = e.strerror or str(e)
             if not again or deadline - time.monotonic() < pause:

@@ -243,6 +243,17 @@ def test_the_mesh_check_in_a_start_waits_for_a_server_still_starting_and_names_w
         server.close()
 
 
+def test_a_refused_target_is_named_so_when_a_loaded_host_oversleeps_its_time(monkeypatch: pytest.MonkeyPatch):
+    """On a loaded host the pause between two tries can outlast the time left: the target is
+    still named with its last reason (refused), not "no answer" (CI saw it on 2 shared cores)."""
+    from dtf_server import commands
+
+    (never,) = listen_ports(1, "127.0.0.1")
+    real_sleep = time.sleep
+    monkeypatch.setattr(commands.time, "sleep", lambda seconds: real_sleep(seconds + 0.5))
+    assert commands.reach([f"127.0.0.1:{never}"], 0.3, again=True) == {f"127.0.0.1:{never}": "Connection refused"}
+
+
 def test_the_mesh_check_tries_many_refusing_targets_at_a_bounded_rate(monkeypatch: pytest.MonkeyPatch):
     """While the other hosts start, each refusing target is tried every len(targets) / REACH_RATE
     seconds (at least every READY_POLL): 29 targets each tried every 50 ms were 580 refused
