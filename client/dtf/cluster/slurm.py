@@ -293,15 +293,6 @@ def parse_wait(out: str) -> Waited:
     return Waited(job, state, tuple(parts[1].split()), parse_node_addresses(parts[2]))
 
 
-def hostnames_argv(nodelist: str) -> list[str]:
-    """Expand a node list (node[1-3]) into one name a line."""
-    return ["scontrol", "show", "hostnames", nodelist]
-
-
-def scancel_argv(job: str) -> list[str]:
-    return ["scancel", job]
-
-
 # scancel, then squeue every PAUSE seconds until the queue no longer lists the job (squeue prints
 # nothing for it, or no longer knows it): on the login host, one command, not a round trip a look.
 # Exits 3 with squeue's last answer if it is still listed after TRIES looks; scancel's own failure

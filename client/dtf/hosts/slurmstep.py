@@ -36,6 +36,13 @@ _EXIT = "dtf-step-exit"
 _LINES = 'n=0; while [ "$n" -lt "$1" ] && IFS= read -r l; do printf "%s\\n" "$l"; n=$((n + 1)); done'
 
 
+def _written_then(argv: Sequence[str], remote_dir: str, filename: str) -> list[str]:
+    """sh that writes its stdin to remote_dir/filename (_WRITE), then execs `argv`: one job step for
+    both. A failed write exits 1 with the shell's message, before `argv` runs."""
+    return ["sh", "-c", _WRITE + ' && shift 3 && exec "$@"', "sh", remote_dir, filename,
+            temporary_name(filename), *argv]
+
+
 def kept_result(r: Result) -> Result:
     """start_kept's Result: the step's lines, and its exit status where it said it (it ended)."""
     lines = r.stdout.splitlines()
@@ -89,8 +96,7 @@ class SlurmStepTransport(Transport):
         stdin, then `argv`. A failed write exits 1 with the shell's message, before `argv` runs.
         Over the login host's open connection (a launcher is small: no new SSH handshake); the
         deadline is the upload's (COMMAND_TIMEOUT without progress) plus `timeout`, the command's."""
-        step = ["sh", "-c", _WRITE + ' && shift 3 && exec "$@"', "sh", remote_dir, filename,
-                temporary_name(filename), *argv]
+        step = _written_then(argv, remote_dir, filename)
         if isinstance(self.login, ControlTransport):  # a session of the master: a round trip
             return self.login.run(self.step(step), timeout=COMMAND_TIMEOUT + timeout, stdin=data)
         return self.login.feed_channel(self.step(step), io.BytesIO(data), stall=COMMAND_TIMEOUT + timeout)
@@ -110,11 +116,7 @@ class SlurmStepTransport(Transport):
 
         from dtf.hosts.shell import render
 
-        step = list(argv)
-        if upload is not None:
-            _, remote_dir, filename = upload
-            step = ["sh", "-c", _WRITE + ' && shift 3 && exec "$@"', "sh", remote_dir, filename,
-                    temporary_name(filename), *argv]
+        step = list(argv) if upload is None else _written_then(argv, upload[1], upload[2])
         srun = render(self.step(step, name=name))
         # The srun, detached (setsid -f: its own session, it outlives this command), reads the
         # upload from this command's stdin and writes into a pipe read line by line here (each
