@@ -905,8 +905,6 @@ def keep() -> None:
         comm.write("dtf step")
     while True:
         try:
-            os.wait()
+            os.wait()  # (a signal's EINTR is retried by Python itself: PEP 475)
         except ChildProcessError:
             return
-        except InterruptedError:
-            continue
