@@ -42,6 +42,20 @@ STATUS_SCHEMA = 1
 _CONTROL = dict.fromkeys((7, 8, 11, 12, 13))
 
 
+def load_tables() -> None:
+    """Import what a table needs (rich: 40 ms) in a thread, for a command that prints one after
+    waiting on its hosts (`up`, `status`): the import fits in the wait. Not a daemon thread: an
+    exit soon after waits for the import to end, not through it."""
+    import importlib
+    import threading
+
+    def load() -> None:
+        for module in ("rich.console", "rich.table"):
+            importlib.import_module(module)
+
+    threading.Thread(target=load, name="dtf-load-tables").start()
+
+
 class Console:
     """rich's Console for stdout or stderr, made at its first use. `print(text, markup=False)`
     of one string writes it itself, as that Console would: no highlighting, emoji codes (a path

@@ -188,6 +188,44 @@ def test_ctrl_c_before_the_job_id_came_back_leaves_no_job(slurm_lab: SlurmLab, t
     assert ours(slurm_lab, job) == [], out
 
 
+def masters(prefix: str) -> list[str]:
+    """The ssh masters of one cluster on this machine (their ControlPath starts with `prefix`)."""
+    r = subprocess.run(["pgrep", "-af", f"ControlPath={prefix}"], capture_output=True, text=True)
+    return [line for line in r.stdout.splitlines() if "pgrep" not in line]
+
+
+def test_ctrl_c_while_up_opens_the_login_master_leaves_no_master_nor_job(slurm_lab: SlurmLab,
+                                                                          tmp_path: Path) -> None:
+    """`up` opens the login host's master while it loads the rest (its head start): a Ctrl-C as
+    soon as that ssh runs, in the handshake or just after it, leaves no master behind, nor a job."""
+    from dtf.hosts.control import cluster_prefix
+
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="early2", nodes=1)
+    home = tmp_path / "home"
+    env = {**os.environ, "DTF_HOME": str(home), "COLUMNS": "200", **FAKE}
+    prefix = cluster_prefix(home, "early2")
+    before = {line.split()[0] for line in slurm_lab.queue()}
+    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "up", str(inv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, preexec_fn=as_in_a_terminal)
+    deadline = time.monotonic() + 60
+    while not masters(prefix) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err, err
+    deadline = time.monotonic() + 15
+    while masters(prefix) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert masters(prefix) == []
+    for job in {line.split()[0] for line in slurm_lab.queue()} - before:
+        deadline = time.monotonic() + 30
+        while ours(slurm_lab, job) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ours(slurm_lab, job) == [], out
+
+
 def test_a_deadline_while_pending_cancels_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="late", partition=STUCK, nodes=1)
     r = dtf("up", "--slurm-wait", "3", str(inv), home=tmp_path / "home", env=FAKE, timeout=60)

@@ -3,14 +3,21 @@ every way out of the wait (deadline, Ctrl-C, a job that fails) cancels what it s
 
 from __future__ import annotations
 
+import shutil
+import threading
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from dtf.cluster.inventory import loads
-from dtf.errors import HostFailure
+from dtf.errors import ExitCode, HostFailure
 from dtf.hostops import slurm as slurm_ops
-from dtf.hosts.transport import COMMAND_TIMEOUT, Result, Transport
+from dtf.hosts import tunnel
+from dtf.hosts.control import ControlTransport
+from dtf.hosts.transport import COMMAND_TIMEOUT, HostError, Result, Transport
 
 INV = "cluster: c\nslurm: {login: login1, nodes: 2, partition: p, workers: 1}\n"
 
@@ -38,10 +45,8 @@ class Login(Transport):
                 pass
             return Result(0, "", "")
         if argv[:2] == ["sh", "-c"] and "squeue" in argv[2]:  # slurm.wait_argv: one look (salloc first)
-            return self.look(argv[4:])
+            return self.look(argv[4:], argv[2])
         self.ran.append(argv)
-        if argv[:2] == ["sh", "-c"] and argv[2].startswith("setsid -f srun"):  # detach_steps: the lease watch
-            return Result(0, "", "")
         if argv[0] == "salloc":
             return Result(0, "42\n", "")
         if argv[0] == "scancel":
@@ -59,9 +64,10 @@ class Login(Transport):
             return Result(0, "NodeName=n1 Arch=x NodeAddr=10.0.0.1 x=y\nNodeName=n2 NodeAddr=10.0.0.2\n", "")
         return Result(127, "", f"{argv[0]}: not found")
 
-    def look(self, args: list[str]) -> Result:
+    def look(self, args: list[str], script: str) -> Result:
         """What the wait script answers, from the commands it runs (the ones this fake answers);
-        one squeue a look (its rounds on the login host are the script's, tested on its own)."""
+        one squeue a look (its rounds on the login host are the script's, tested on its own). The
+        step it starts once the job runs (`then`) is recorded as ["then", its sh]."""
         out = []
         if args[0] == "--submit":
             out.append("JOB " + self.run(args[4:]).stdout.strip())
@@ -71,6 +77,9 @@ class Login(Transport):
         state = self.run(["squeue", f"--jobs={job}"]).stdout
         out.append(state.strip())
         if state.startswith("RUNNING"):
+            then = script.split("THEN=", 1)[1].split("\n", 1)[0]
+            if then != "''":
+                self.ran.append(["then", then])
             out += ["---", self.run(["scontrol", "show", "hostnames"]).stdout.strip(),
                     "---", self.run(["scontrol", "--oneliner"]).stdout.strip()]
         return Result(0, "\n".join(out) + "\n", "")
@@ -95,8 +104,9 @@ def test_submit_wait_and_learn_the_nodes(login: Callable[..., Login]) -> None:
     alloc = slurm_ops.allocate(loads(INV), wait=30, say=said.append)
     assert (alloc.job, alloc.submitted, alloc.nodes, alloc.addresses) == ("42", True, ("n1", "n2"), ("10.0.0.1", "10.0.0.2"))
     assert t.ran[0][:3] == ["salloc", "--no-shell", "--job-name=dtf-c"] and "--partition=p" in t.ran[0]
-    watch = [a for a in t.ran if a[:2] == ["sh", "-c"] and "--job-name=dtf-c-lease" in a[2]]
-    assert len(watch) == 1 and "--jobid=42" in watch[0][2] and "--nodelist=n1" in watch[0][2]
+    watch = [a for a in t.ran if a[0] == "then"]  # the lease watch, started by the look that saw it run
+    assert len(watch) == 1 and "--job-name=dtf-c-lease" in watch[0][1]
+    assert '--jobid="$job"' in watch[0][1] and '--nodelist="$first"' in watch[0][1]
     assert said[0] == "job 42 submitted: dtf-c, 2 node(s)"
     assert said[1].startswith("job 42: PENDING (Resources), waited 0s")
     assert said[-1].startswith("job 42 runs on n[1-2]")
@@ -136,4 +146,97 @@ def test_an_existing_job_is_never_submitted_nor_cancelled(login: Callable[..., L
     inv = loads("cluster: c\nslurm: {login: login1, job: 7, workers: 1}\n")
     with pytest.raises(HostFailure):
         slurm_ops.allocate(inv, wait=0.05, say=lambda line: None)
-    assert not [a for a in t.ran if a[0] in ("salloc", "scancel") or a[:2] == ["sh", "-c"]]
+    assert not [a for a in t.ran if a[0] in ("salloc", "scancel", "then") or a[:2] == ["sh", "-c"]]
+
+
+class ControlLogin(Login, ControlTransport):
+    """The scripted login host, as the master transport `login_master` gives where there is an
+    ssh: opened (the handshake) once, slowly, in the head start's thread."""
+
+    def __init__(self, squeue: list[str], fail: str | None = None) -> None:
+        Login.__init__(self, squeue)
+        self.master = SimpleNamespace(path="/nonexistent/dtf-ctl-test")  # type: ignore[assignment]
+        self.fail, self.opened_in = fail, []
+
+    def open(self) -> None:
+        if self.opened_in:  # the master runs: a use of it (ControlTransport.open)
+            return
+        time.sleep(0.05)
+        if self.fail:
+            raise HostError(self.fail)
+        self.opened_in.append(threading.current_thread().name)
+
+
+@pytest.fixture
+def head_login(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[ControlLogin, list[str]]]:
+    """A ControlLogin as the login host's master, and the clusters whose masters were closed."""
+    monkeypatch.setattr(slurm_ops, "POLL_MAX", 0.01)
+
+    def make(squeue: list[str], fail: str | None = None,
+             running: bool = False) -> tuple[ControlLogin, list[str]]:
+        t = ControlLogin(squeue, fail)
+        closed: list[str] = []
+        made: list[ControlLogin] = []
+
+        def login_master(*a: object, **kw: object) -> ControlLogin:
+            made.append(t)
+            assert len(made) == 1, "the login host's master is asked for once"
+            return t
+
+        monkeypatch.setattr(slurm_ops, "login_master", login_master)
+        monkeypatch.setattr(slurm_ops, "close_masters", closed.append)
+        monkeypatch.setattr(tunnel, "listening", lambda path: running)
+        return t, closed
+
+    return make
+
+
+def test_the_head_start_opens_the_login_master_in_its_thread_and_up_goes_on_over_it(
+        head_login: Callable[..., tuple[ControlLogin, list[str]]]) -> None:
+    t, closed = head_login(["RUNNING|None|n[1-2]|0:01|59:59\n"])
+    inv = loads(INV)
+    head = slurm_ops.HeadStart(inv)
+    alloc = slurm_ops.allocate(inv, wait=30, say=lambda line: None, head=head)
+    assert alloc.nodes == ("n1", "n2") and t.ran[0][0] == "salloc"
+    assert t.opened_in == ["dtf-login-master"] and closed == []
+
+
+def test_a_head_start_that_failed_fails_the_allocation_at_the_login_host_without_a_second_try(
+        head_login: Callable[..., tuple[ControlLogin, list[str]]]) -> None:
+    t, closed = head_login(["RUNNING|None|n[1-2]|0:01|59:59\n"], fail="authentication refused for root@login1")
+    inv = loads(INV)
+    with pytest.raises(HostFailure) as info:
+        slurm_ops.allocate(inv, wait=30, say=lambda line: None, head=slurm_ops.HeadStart(inv))
+    assert info.value.lines()[-1].endswith("login1: authentication refused for root@login1")
+    assert t.ran == [] and closed == ["c"]
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_an_abandoned_head_start_closes_the_master_it_opened_and_only_that(
+        head_login: Callable[..., tuple[ControlLogin, list[str]]], running: bool) -> None:
+    """An `up` that ends before its allocation (a mistake found meanwhile, Ctrl-C) leaves no master
+    behind; a master that ran already is a running cluster's, and stays."""
+    t, closed = head_login([], running=running)
+    slurm_ops.HeadStart(loads(INV)).abandon()
+    assert t.opened_in == ["dtf-login-master"]
+    assert closed == ([] if running else ["c"])
+
+
+def test_an_up_whose_ssh_config_is_wrong_leaves_no_master_of_its_head_start(
+        head_login: Callable[..., tuple[ControlLogin, list[str]]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from dtf.cli import app
+
+    if shutil.which("ssh") is None:
+        pytest.skip("no ssh: ssh_config is read by paramiko alone")
+    monkeypatch.setenv("DTF_HOME", str(tmp_path / "home"))
+    t, closed = head_login([])
+    (tmp_path / "ssh_config").write_text("Host login1\n  NoSuchOption yes\n")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"ssh_config: {tmp_path / 'ssh_config'}\n" + INV)
+    r = CliRunner().invoke(app, ["up", str(inv)])
+    assert r.exit_code == int(ExitCode.INVENTORY), r.output
+    assert "inv.yaml:1:1: ssh_config:" in r.output and "line 2: Bad configuration option" in r.output
+    assert closed == ["c"] and t.ran == []

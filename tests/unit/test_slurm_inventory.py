@@ -330,6 +330,7 @@ def fake_slurm(bin_dir: Path, states: list[str], salloc: str = "42") -> None:
                    'if [ "$line" = gone ]; then echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; fi; '
                    'echo "$line"'),
         "scancel": f'echo "$@" > "{bin_dir}/scancel.args"',
+        "srun": f'echo "$@" > "{bin_dir}/srun.args.tmp"; mv "{bin_dir}/srun.args.tmp" "{bin_dir}/srun.args"',
         "scontrol": ('if [ "$1 $2" = "show hostnames" ]; then echo n2; echo n1; '
                      'else echo "NodeName=n1 Arch=x86_64 NodeAddr=10.0.0.1 State=ALLOCATED"; '
                      'echo "NodeName=n2 NodeAddr=10.0.0.2 State=ALLOCATED"; fi'),
@@ -394,6 +395,32 @@ def test_a_job_squeue_forgot_is_gone_and_a_failed_salloc_says_why(tmp_path: Path
                                                                "exit 1"]), ["gone"])
     assert (r.returncode, r.stderr.strip()) == (1, "salloc: error: Job submit/allocate failed")
     assert slurm.parse_wait(r.stdout).job is None and time.monotonic() - t0 < slurm.ID_SECONDS
+
+
+def test_the_look_that_finds_the_job_running_starts_the_lease_watch_on_its_first_node(tmp_path: Path) -> None:
+    """`up`'s lease watch comes with the answer that the job runs, not in a command of its own: a
+    job step of that job on its first node (in Slurm's order), started detached; none while the job
+    pends, none without `then` (the user's own job)."""
+    inv = loads("cluster: c\nslurm: {login: l, nodes: 2, workers: 1}\n")
+    srun_args = tmp_path / "bin" / "srun.args"
+    r = run_wait(tmp_path, slurm.wait_argv("42", seconds=0, then=slurm.watch_command(inv)), ["PENDING|Priority|||"])
+    assert slurm.parse_wait(r.stdout).state.state == "PENDING"
+    time.sleep(0.3)
+    assert not srun_args.exists()
+    r = run_wait(tmp_path, slurm.wait_argv(submit=["salloc"], then=slurm.watch_command(inv)),
+                 ["RUNNING|None|n[1-2]|0:01|59:59"], salloc="salloc: Granted job allocation 7")
+    assert r.returncode == 0, r.stderr
+    assert slurm.parse_wait(r.stdout).nodes == ("n2", "n1")
+    deadline = time.monotonic() + 10  # (detached: it may come after the answer)
+    while not srun_args.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    args = srun_args.read_text().split()
+    assert args[:7] == ["--quiet", "--jobid=7", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2",
+                        "--job-name=dtf-c-lease"]
+    assert args[8:10] == ["sh", "-c"]
+    r = run_wait(tmp_path, slurm.wait_argv("42"), ["RUNNING|None|n[1-2]|0:01|59:59"])
+    time.sleep(0.3)
+    assert slurm.parse_wait(r.stdout).state.state == "RUNNING" and not srun_args.exists()
 
 
 def test_a_laptop_gone_before_the_answer_leaves_no_job(tmp_path: Path) -> None:

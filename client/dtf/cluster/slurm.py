@@ -68,6 +68,13 @@ def watch_argv(inv: Inventory, job: str, node: str) -> list[str]:
     return step_argv(job, node, ["sh", "-c", watch_script(inv)], name=f"{job_name(inv.cluster)}-lease")
 
 
+def watch_command(inv: Inventory) -> str:
+    """The lease watch (watch_argv) as sh for the wait (wait_argv's `then`), which starts it once the
+    job runs: its job and first node are the wait's own $job and $first."""
+    # (shlex leaves @ unquoted: the placeholders become the variables, the rest stays quoted)
+    return shlex.join(watch_argv(inv, "@JOB@", "@NODE@")).replace("@JOB@", '"$job"').replace("@NODE@", '"$first"')
+
+
 def job_name(cluster: str) -> str:
     return f"dtf-{cluster}"
 
@@ -195,14 +202,14 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
 # the laptop pays per command, not Slurm): squeue every PAUSE seconds, for up to SECONDS (by the
 # login host's clock: a loaded slurmctld makes each squeue slower, not the look longer than
 # that and one squeue), until the job leaves the pending states; once it runs, its nodes in
-# Slurm's order and their records (NodeAddr), in the same answer. `--submit`: salloc first (its
-# argv after `--`), left in the background (it waits there while the job pends, and exits once
-# it is granted or cancelled), its job id read from its first words (within ID_SECONDS; its
-# error, if it ends without one), on the answer's first line; a laptop gone before the answer
-# (an interrupted `up`: the answer cannot be written) leaves no job: it is cancelled. Answer:
-# [JOB ID], the squeue line
-# (empty: squeue no longer lists the job), then for a running job `---`, `scontrol show
-# hostnames`, `---`, `scontrol show node`.
+# Slurm's order and their records (NodeAddr), in the same answer, and THEN (sh: the lease watch's
+# step, watch_command) started detached, its $first the job's first node (exit 4 if it cannot).
+# `--submit`: salloc first (its argv after `--`), left in the background (it waits there while
+# the job pends, and exits once it is granted or cancelled), its job id read from its first words
+# (within ID_SECONDS; its error, if it ends without one), on the answer's first line; a laptop
+# gone before the answer (an interrupted `up`: the answer cannot be written) leaves no job: it is
+# cancelled. Answer: [JOB ID], the squeue line (empty: squeue no longer lists the job), then for a
+# running job `---`, `scontrol show hostnames`, `---`, `scontrol show node`.
 WAIT_SECONDS, WAIT_PAUSE, ID_SECONDS = 1.0, 0.1, 20
 _WAIT = r"""set -e
 ms() { t=$(date +%s%N); echo $((t / 1000000)); }
@@ -249,8 +256,13 @@ out=$(
   echo "$line"
   case $line in RUNNING*)
     nodes=$(echo "$line" | cut -d'|' -f3)
+    names=$(scontrol show hostnames "$nodes")
+    if [ -n "$THEN" ] && [ -n "$names" ]; then
+      first=$(echo "$names" | head -n 1)
+      eval "setsid -f $THEN" >/dev/null 2>&1 </dev/null || { echo "cannot start the lease watch" >&2; exit 4; }
+    fi
     echo ---
-    scontrol show hostnames "$nodes"
+    echo "$names"
     echo ---
     scontrol --oneliner show node "$nodes" ;;
   esac
@@ -260,10 +272,12 @@ printf '%s\n' "$out" || { [ -z "${submitted:-}" ] || scancel "$job"; exit 1; }
 
 
 def wait_argv(job: str | None = None, submit: list[str] | None = None, seconds: float = WAIT_SECONDS,
-              pause: float = WAIT_PAUSE) -> list[str]:
+              pause: float = WAIT_PAUSE, then: str | None = None) -> list[str]:
     """Look at `job` until it leaves the pending states (squeue `pause` apart, for up to `seconds`),
-    or submit it first (`submit`: the salloc argv) and look at it: one command (see _WAIT)."""
-    script = f"MS={round(max(0.0, seconds) * 1000)}; PAUSE={pause:g}; ID_MS={ID_SECONDS * 1000}\n{_WAIT}"
+    or submit it first (`submit`: the salloc argv) and look at it: one command (see _WAIT). `then`:
+    sh to start, detached, once the job runs (watch_command)."""
+    script = (f"MS={round(max(0.0, seconds) * 1000)}; PAUSE={pause:g}; ID_MS={ID_SECONDS * 1000}; "
+              f"THEN={shlex.quote(then or '')}\n{_WAIT}")
     if submit is not None:
         return ["sh", "-c", script, "sh", "--submit", "-", "-", "--", *submit]
     assert job is not None

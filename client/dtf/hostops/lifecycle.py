@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtf.cluster import state
 from dtf.cluster.inventory import Inventory
@@ -37,20 +37,26 @@ from dtf.hostops.parallel import HostOps, Outcome, ProgressView, failures, no_vi
 from dtf.hostops.start import HostStarted, Starter
 from dtf.hostops.stop import STOP_GRACE, HostStopped
 
+if TYPE_CHECKING:
+    from dtf.hostops.slurm import HeadStart
+
 SERVER_ENV = "DTF_SERVER"  # what serves each task: `tensorflow` (default), or `fake[:options]` for tests
 
 
 def load_plan(inventory_path: Path, ttl: float | None = None, server: str = "tensorflow",
-              network: str | None = None, slurm: Allocation | None = None) -> Plan:
+              network: str | None = None, slurm: Allocation | None = None, inv: Inventory | None = None,
+              config_checked: bool = False) -> Plan:
     """The plan of an inventory file (bad input: InventoryError with file:line:col); a Slurm
-    inventory's with the nodes of its allocation `slurm`."""
+    inventory's with the nodes of its allocation `slurm`. `inv`: the file, loaded already;
+    `config_checked`: its ssh_config too (check_ssh_config)."""
     from dtf.cluster import inventory
     from dtf.hosts.transport import check_ssh_config, resolver
 
-    inv = inventory.load(inventory_path)
+    if inv is None:
+        inv = inventory.load(inventory_path)
     if slurm is not None:
         inv = inv.with_nodes(slurm.nodes)
-    if inv.ssh_config:
+    if inv.ssh_config and not config_checked:
         check_ssh_config(inventory_path, inv.ssh_config, paramiko_reads=slurm is None)
     try:
         plan = make_plan(inv, resolve=resolver(inv.ssh_config), local_python=sys.executable,
@@ -110,15 +116,17 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
 
 
 def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: Callable[[str], None],
-                     connect_timeout: float, replace: bool = False,
-                     view: ProgressView = no_view, ttl: float | None = None) -> tuple[Allocation, bool]:
+                     connect_timeout: float, replace: bool = False, view: ProgressView = no_view,
+                     ttl: float | None = None, head: HeadStart | None = None) -> tuple[Allocation, bool]:
     """The allocation `up` runs a Slurm inventory's cluster on: the recorded cluster's, while its
     job runs and the inventory asks for the same one (an `up` again repairs it), else a new one
     (True: made now, so an `up` that fails cancels it). An inventory that asks for another
     allocation than the running one is refused (ClusterChanged); `replace` takes the recorded
-    cluster down (its job with it) and starts anew."""
+    cluster down (its job with it) and starts anew. `head`: the login host's master, opened while
+    `up` loaded (slurm_ops.HeadStart; not with `replace`, whose teardown closes the masters)."""
     from dtf.cluster import slurm
     from dtf.hostops import slurm as slurm_ops
+    from dtf.hosts.transport import HostError
 
     if inv.cluster in state.names():
         record = state.load(inv.cluster)
@@ -128,8 +136,11 @@ def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: 
                 teardown(record, keep_logs=False, grace=STOP_GRACE, connect_timeout=connect_timeout,
                          view=view, say=say)
         elif recorded is not None:
-            with slurm_ops.login_transport(inv, connect_timeout) as t:
-                job = slurm_ops.job_state(t, recorded.job)
+            try:
+                with head.transport() if head is not None else slurm_ops.login_transport(inv, connect_timeout) as t:
+                    job = slurm_ops.job_state(t, recorded.job)
+            except HostError as e:
+                raise HostFailure("dtf up (Slurm)", {recorded.login.host: str(e)})
             if job.state == "RUNNING" and recorded.request != slurm.request(inv):
                 raise ClusterChanged(inv.cluster, record.inventory, str(inventory_path), [
                     f"slurm: job {recorded.job} was made by {' '.join(recorded.request)[:300]}",
@@ -141,7 +152,7 @@ def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: 
                     state.remove(inv.cluster)
                 say(f"job {recorded.job} of cluster {inv.cluster} is no longer in the queue "
                     f"(its tasks ended with it): starting the cluster anew")
-    return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout, ttl=ttl), True
+    return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout, ttl=ttl, head=head), True
 
 
 def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.Pack] = ()

@@ -9,16 +9,17 @@ Nothing here prints: what the wait looks like goes through `say`.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
 from dtf.cluster import slurm
 from dtf.cluster.inventory import HostSpec, Inventory
-from dtf.cluster.plan import DEFAULT_TTL
 from dtf.cluster.slurm import Allocation, JobState
 from dtf.errors import HostFailure
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError, SSHTransport, Transport
+from dtf_server.protocol import Defaults
 
 # While a job pends: squeue often at first, on the login host (a free partition starts a job in a
 # second or two: slurm.wait_argv's looks), then a look a second or so (a long wait must not load
@@ -26,6 +27,7 @@ from dtf.hosts.transport import HostError, SSHTransport, Transport
 POLL_MAX = 1.0
 CANCEL_TIMEOUT = 60.0  # seconds a cancelled job gets to leave the queue
 QUERY_TIMEOUT = 30.0  # seconds for one Slurm command on the login host
+DEFAULT_TTL = Defaults.TTL  # dtf.cluster.plan's (its import is 30 ms: `up` begins the login handshake sooner)
 
 Say = Callable[[str], None]
 
@@ -50,6 +52,59 @@ def login_master(login: HostSpec, cluster: str, ssh_config: str | None, connect_
         return SSHTransport(login, ssh_config, connect_timeout)
     return control.ControlTransport(control.cluster_master(ssh, login, state.home(), cluster, ssh_config,
                                                            connect_timeout, ttl))
+
+
+class HeadStart:
+    """The login host's master (login_master), opened in a thread from the moment `up` has read a
+    Slurm inventory: the SSH handshake (0.2-0.3 s on the lab) overlaps the loading of the rest of
+    dtf, where `up` would otherwise begin it 0.1-0.2 s later, at its allocation. `transport()`
+    waits for it: the master, or the error its start met (raised then, where `up` would have met
+    it); `abandon()`, for an `up` that ends before its allocation has the master: closes a master
+    this opened (one already running is the cluster's, and stays). Without an `ssh` binary there
+    is no master to open: `transport()` gives the paramiko transport."""
+
+    def __init__(self, inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None) -> None:
+        assert inv.slurm is not None
+        self.cluster = inv.cluster
+        self._args = (inv.slurm.login, inv.cluster, inv.ssh_config, connect_timeout,
+                      DEFAULT_TTL if ttl is None else ttl)
+        self._transport: SSHTransport | None = None
+        self._error: BaseException | None = None
+        self._opened = False  # a master this started (none ran)
+        self._loaded = threading.Event()
+        self._thread = threading.Thread(target=self._open, name="dtf-login-master", daemon=True)
+        self._thread.start()
+        # What the thread imports before it starts ssh (~20 ms) would share the interpreter with
+        # the caller's own imports, and start the handshake that much later: let it go first.
+        self._loaded.wait(1.0)
+
+    def _open(self) -> None:
+        try:
+            from dtf.hosts.control import ControlTransport
+            from dtf.hosts.tunnel import listening
+
+            t = login_master(*self._args)
+            self._loaded.set()
+            if isinstance(t, ControlTransport):
+                self._opened = not listening(t.master.path)
+                t.open()
+            self._transport = t
+        except BaseException as e:  # raised by transport(), in `up`'s own thread
+            self._error = e
+        finally:
+            self._loaded.set()
+
+    def transport(self) -> SSHTransport:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._transport is not None
+        return self._transport
+
+    def abandon(self) -> None:
+        self._thread.join()
+        if self._opened:
+            close_masters(self.cluster)
 
 
 def close_masters(cluster: str) -> None:
@@ -78,22 +133,26 @@ def job_state(t: Transport, job: str) -> JobState:
 
 
 def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = CONNECT_TIMEOUT,
-             ttl: float | None = None) -> Allocation:
+             ttl: float | None = None, head: HeadStart | None = None) -> Allocation:
     """The running allocation of a Slurm inventory: submitted now, or the inventory's `job`.
     HostFailure (the login host, with the reason) if it cannot be had within `wait` seconds;
     what was submitted is cancelled then, and on Ctrl-C. Over the cluster's master to the login
-    host (`login_master`), which `up` goes on using; closed here if it fails."""
+    host (`login_master`, or `head`'s: the same, opened sooner), which `up` goes on using; closed
+    here if it fails."""
     spec = inv.slurm
     assert spec is not None
     login = spec.login.host
     job = spec.job
     try:
-        with login_master(spec.login, inv.cluster, inv.ssh_config, connect_timeout,
-                          DEFAULT_TTL if ttl is None else ttl) as t:
+        with (head.transport() if head is not None else
+              login_master(spec.login, inv.cluster, inv.ssh_config, connect_timeout,
+                           DEFAULT_TTL if ttl is None else ttl)) as t:
             waited: slurm.Waited | None = None
+            # The lease watch of a job dtf submits: started by the look that finds it running.
+            watch = slurm.watch_command(inv) if spec.submits else None
             if spec.submits:
-                r = t.run(slurm.wait_argv(submit=slurm.salloc_argv(inv), seconds=min(slurm.WAIT_SECONDS, wait)),
-                          timeout=QUERY_TIMEOUT + slurm.ID_SECONDS)
+                r = t.run(slurm.wait_argv(submit=slurm.salloc_argv(inv), seconds=min(slurm.WAIT_SECONDS, wait),
+                                          then=watch), timeout=QUERY_TIMEOUT + slurm.ID_SECONDS)
                 try:  # its id, even if the look after salloc failed: it must be cancelled then
                     waited = slurm.parse_wait(r.stdout)
                     job = waited.job
@@ -107,10 +166,8 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
             assert job is not None
             try:
                 if waited is None:
-                    waited = _look(t, job, 0)
-                waited = _wait_running(t, job, waited, wait, say)
-                if spec.submits:  # the lease watch on its first node (slurm.watch_argv)
-                    detach_steps(t, [slurm.watch_argv(inv, job, waited.nodes[0])])
+                    waited = _look(t, job, 0, watch)
+                waited = _wait_running(t, job, waited, wait, say, watch)
             except BaseException:
                 if spec.submits:
                     _cancel(t, job, say)
@@ -126,13 +183,15 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
                       addresses=tuple(addresses.get(n, n) for n in waited.nodes), request=slurm.request(inv))
 
 
-def _look(t: Transport, job: str, seconds: float = slurm.WAIT_SECONDS) -> slurm.Waited:
-    """One look at the job (slurm.wait_argv: for up to `seconds` on the login host)."""
-    return slurm.parse_wait(_run(t, slurm.wait_argv(job, seconds=seconds), "squeue"))
+def _look(t: Transport, job: str, seconds: float = slurm.WAIT_SECONDS, then: str | None = None) -> slurm.Waited:
+    """One look at the job (slurm.wait_argv: for up to `seconds` on the login host; `then` once it runs)."""
+    return slurm.parse_wait(_run(t, slurm.wait_argv(job, seconds=seconds, then=then), f"looking at job {job}"))
 
 
-def _wait_running(t: Transport, job: str, look: slurm.Waited, wait: float, say: Say) -> slurm.Waited:
-    """Until the job runs (its nodes known), saying why it pends; HostError past `wait` seconds."""
+def _wait_running(t: Transport, job: str, look: slurm.Waited, wait: float, say: Say,
+                  then: str | None = None) -> slurm.Waited:
+    """Until the job runs (its nodes known), saying why it pends; HostError past `wait` seconds.
+    `then`: what the look that finds it running starts (wait_argv)."""
     t0 = time.monotonic()
     shown, last_shown = "", 0.0
     while True:
@@ -154,7 +213,7 @@ def _wait_running(t: Transport, job: str, look: slurm.Waited, wait: float, say: 
             raise HostError(f"job {job} still {state.state} after {wait:g}s ({state.reason}): cancelled")
         if waited >= 5:  # a long wait must not load slurmctld: a look a second or so
             time.sleep(min(POLL_MAX, max(0.0, wait - waited)))
-        look = _look(t, job, min(slurm.WAIT_SECONDS, max(0.0, wait - (time.monotonic() - t0))))
+        look = _look(t, job, min(slurm.WAIT_SECONDS, max(0.0, wait - (time.monotonic() - t0))), then)
 
 
 def _cancel(t: Transport, job: str, say: Say) -> float:

@@ -231,11 +231,15 @@ class Starter:
         if direct and network == "auto":
             return True
         deadline = time.monotonic() + REACH_TIMEOUT
-        for task in tasks:
-            while not t.reaches(task.address, timeout=min(5.0, REACH_TIMEOUT)):
-                if time.monotonic() > deadline:
-                    raise HostError(f"{task.name} serves on its host but {task.address} is not reachable "
-                                    f"through SSH from this machine (does its sshd allow TCP forwarding?)"
-                                    + ("" if network == "ssh" else ", nor directly"))
-                time.sleep(0.2)
-        return direct
+        pending = list(tasks)
+        while True:  # every task at once, as the direct probes: a round trip each over the master
+            reached = probe_all(lambda task: t.reaches(task.address, timeout=min(5.0, REACH_TIMEOUT)), pending)
+            pending = [task for task, ok in zip(pending, reached) if not ok]
+            if not pending:
+                return direct
+            if time.monotonic() > deadline:
+                task = pending[0]
+                raise HostError(f"{task.name} serves on its host but {task.address} is not reachable "
+                                f"through SSH from this machine (does its sshd allow TCP forwarding?)"
+                                + ("" if network == "ssh" else ", nor directly"))
+            time.sleep(0.2)
