@@ -40,7 +40,7 @@ def dtf(*args: str, home: Path, timeout: float = 300, env: dict | None = None,
     """Run `dtf ARGS` with DTF_HOME=home; never hangs (timeout). `check`: a failure ends the
     caller (a benchmark) with dtf's output."""
     full_env = {**os.environ, "DTF_HOME": str(home), "COLUMNS": "200", **(env or {})}
-    r = subprocess.run([sys.executable, "-m", "dtf.cli", *args], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "dtf", *args], capture_output=True, text=True,
                        timeout=timeout, env=full_env, cwd=cwd or REPO, stdin=subprocess.DEVNULL)
     if check and r.returncode != 0:
         raise SystemExit(f"failed: dtf {' '.join(args)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")

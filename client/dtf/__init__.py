@@ -1,6 +1,6 @@
 """dtf: train TensorFlow models on a cluster of SSH hosts, driven from your laptop.
 
-This package is both the `dtf` command (dtf.cli) and a small helper API for training programs:
+This package is both the `dtf` command (dtf.entry, then dtf.cli) and a small helper API for training programs:
 
     import dtf
     strategy = dtf.strategy()          # ParameterServerStrategy on the cluster of `dtf train`

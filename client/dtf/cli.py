@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import gc
-import re
+import os
 import sys
 import time
 import traceback
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from dtf.cluster import state
+from dtf.cluster.durations import parse_duration
 from dtf.errors import ClusterDown, DtfError, ExitCode, HostFailure, UsageError
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf_server.protocol import Defaults
@@ -54,6 +55,11 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             ui.error(["interrupted"])
             raise typer.Exit(int(ExitCode.INTERRUPTED))
+        except BrokenPipeError:
+            # What reads dtf's output went away (`dtf status | head -3`): nothing to say, as any
+            # tool in a pipe; what is still buffered for it goes nowhere (Python's documented way).
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(int(ExitCode.FAILURE))
         except Exception as e:
             log = state.home() / "debug.log"
             try:
@@ -91,19 +97,6 @@ def where(e: BaseException) -> str:
 def _recorded(cluster: str | None) -> Record:
     with state.locked():
         return state.load(state.resolve_name(cluster))
-
-
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str, option: str) -> float:
-    """'90', '90s', '30m', '2h', '1d' in seconds; '0' or 'never' is 0 (no limit)."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip().lower())
-    if text.strip().lower() == "never":
-        return 0.0
-    if not m:
-        raise UsageError(f"{option}: expected a duration like 90s, 30m, 2h or 0 (never), got {text!r}")
-    return float(m.group(1)) * _UNITS[m.group(2)]
 
 
 def _version(value: bool) -> None:
@@ -151,8 +144,6 @@ def up(
 
     On a cluster that is already up: restart only the tasks that are not serving.
     """
-    import os
-
     from dtf import ui
     from dtf.cluster.inventory import NETWORKS
     from dtf.cluster.inventory import load as load_inventory
@@ -168,9 +159,10 @@ def up(
     if inv.slurm is not None:
         from dtf.hostops.slurm import HeadStart
 
-        # The login host's handshake goes on while the rest of dtf loads (`replace` tears the
-        # recorded cluster down first, its masters with it).
-        head = None if replace else HeadStart(inv, connect_timeout, ttl_seconds)
+        # The login host's handshake goes on while the rest of dtf loads, begun before the CLI's
+        # (dtf.entry) or now (`replace` tears the recorded cluster down first, its masters with it).
+        head = None if replace else (HeadStart.take(inv, connect_timeout, ttl_seconds)
+                                     or HeadStart(inv, connect_timeout, ttl_seconds))
         try:
             if inv.ssh_config:  # (meanwhile: the file's mistakes at its line, not as ssh's failure)
                 from dtf.hosts.transport import check_ssh_config
@@ -436,5 +428,5 @@ def main() -> None:
             gc.freeze()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # (`python -m dtf` begins what it can before this module loads: dtf.entry)
     main()

@@ -241,3 +241,17 @@ def test_up_dry_run_says_what_network_auto_tests_and_a_bad_network_is_a_usage_er
     assert "network: ssh: `dtf train` reaches 10.9.9.1:2222, 10.9.9.1:2223 through SSH" in r.output
     r = runner.invoke(app, ["up", "--dry-run", "--network", "vpn", str(inv)])
     assert r.exit_code == 2 and "--network: expected one of auto, direct, ssh, got 'vpn'" in r.output
+
+
+def test_output_cut_short_by_its_reader_is_no_internal_error(tmp_path: Path) -> None:
+    """`dtf up --dry-run inv | head -1`: the reader goes away while dtf still writes."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("cluster: c\nhosts:\n" + "".join(f"  - {{host: h{i}, ps: 1, workers: 2}}\n" for i in range(200)))
+    proc = subprocess.Popen([sys.executable, "-m", "dtf", "up", "--dry-run", str(inv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "DTF_HOME": str(tmp_path / "home")})
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"cluster c")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1
+    assert err == "", err

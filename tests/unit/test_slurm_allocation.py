@@ -240,3 +240,62 @@ def test_an_up_whose_ssh_config_is_wrong_leaves_no_master_of_its_head_start(
     assert r.exit_code == int(ExitCode.INVENTORY), r.output
     assert "inv.yaml:1:1: ssh_config:" in r.output and "line 2: Bad configuration option" in r.output
     assert closed == ["c"] and t.ran == []
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["up", "inv.yaml"], ("inv.yaml", None, None)),
+    (["up", "--ttl", "2h", "inv.yaml", "--connect-timeout=4"], ("inv.yaml", 4.0, 7200.0)),
+    (["up", "inv.yaml", "--network", "ssh", "--slurm-wait=30"], ("inv.yaml", None, None)),
+    (["up", "inv.yaml", "--ttl", "never"], ("inv.yaml", None, 0.0)),
+    (["up"], None),
+    (["up", "inv.yaml", "--dry-run"], None),
+    (["up", "inv.yaml", "--replace"], None),
+    (["up", "--help"], None),
+    (["up", "a.yaml", "b.yaml"], None),
+    (["up", "inv.yaml", "--ttl"], None),
+    (["up", "inv.yaml", "--ttl", "soon"], None),
+    (["up", "inv.yaml", "-x"], None),
+    (["status"], None),
+    (["--version", "up", "inv.yaml"], None),
+])
+def test_only_a_plain_up_begins_before_the_cli(argv: list[str], expected: object) -> None:
+    from dtf.entry import up_arguments
+
+    assert up_arguments(argv) == expected
+
+
+def run_entry(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    from dtf import entry
+
+    monkeypatch.setattr("sys.argv", ["dtf", *argv])
+    with pytest.raises(SystemExit) as info:
+        entry.main()
+    return int(info.value.code or 0)
+
+
+def test_dtf_up_takes_over_the_master_begun_before_the_cli(
+        head_login: Callable[..., tuple[ControlLogin, list[str]]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dtf up` of a Slurm inventory: the login host's master is begun by dtf.entry, before the CLI
+    loads, and the `up` goes on over it (login_master is asked once: head_login); the allocation
+    that fails then closes it, as one begun by `up` itself."""
+    monkeypatch.setenv("DTF_HOME", str(tmp_path / "home"))
+    t, closed = head_login(["FAILED|NonZeroExitCode|||0:00\n"])
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(INV)
+    assert run_entry(["up", str(inv), "--connect-timeout", "7"], monkeypatch) == int(ExitCode.HOSTS)
+    assert "job 42 is FAILED (NonZeroExitCode)" in capsys.readouterr().err
+    assert t.opened_in == ["dtf-login-master"] and t.ran[0][0] == "salloc"
+    assert closed == ["c"]
+
+
+def test_a_master_begun_before_the_cli_for_an_up_that_never_takes_it_is_closed(
+        head_login: Callable[..., tuple[ControlLogin, list[str]]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("DTF_HOME", str(tmp_path / "home"))
+    t, closed = head_login([])
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(INV)
+    assert run_entry(["up", str(inv), "--network", "carrier-pigeon"], monkeypatch) == int(ExitCode.USAGE)
+    assert "--network: expected one of" in capsys.readouterr().err
+    assert t.opened_in == ["dtf-login-master"] and t.ran == [] and closed == ["c"]

@@ -55,13 +55,16 @@ def login_master(login: HostSpec, cluster: str, ssh_config: str | None, connect_
 
 
 class HeadStart:
-    """The login host's master (login_master), opened in a thread from the moment `up` has read a
-    Slurm inventory: the SSH handshake (0.2-0.3 s on the lab) overlaps the loading of the rest of
-    dtf, where `up` would otherwise begin it 0.1-0.2 s later, at its allocation. `transport()`
+    """The login host's master (login_master), opened in a thread from the moment a Slurm inventory
+    is read: by dtf.entry, before the CLI has loaded (`begin_early`, for `up` to `take`), or by
+    `up`. The SSH handshake (0.2-0.3 s on the lab) overlaps the loading of the CLI and of the rest
+    of dtf, where `up` would otherwise begin it 0.2 s later, at its allocation. `transport()`
     waits for it: the master, or the error its start met (raised then, where `up` would have met
     it); `abandon()`, for an `up` that ends before its allocation has the master: closes a master
     this opened (one already running is the cluster's, and stays). Without an `ssh` binary there
     is no master to open: `transport()` gives the paramiko transport."""
+
+    _early: HeadStart | None = None  # begun by dtf.entry, before the CLI; not yet taken by `up`
 
     def __init__(self, inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None) -> None:
         assert inv.slurm is not None
@@ -70,7 +73,7 @@ class HeadStart:
                       DEFAULT_TTL if ttl is None else ttl)
         self._transport: SSHTransport | None = None
         self._error: BaseException | None = None
-        self._opened = False  # a master this started (none ran)
+        self._opened = False  # a master this started (none ran), not handed on yet
         self._loaded = threading.Event()
         self._thread = threading.Thread(target=self._open, name="dtf-login-master", daemon=True)
         self._thread.start()
@@ -94,14 +97,44 @@ class HeadStart:
         finally:
             self._loaded.set()
 
+    @classmethod
+    def begin_early(cls, inv: Inventory, connect_timeout: float, ttl: float | None) -> None:
+        """Begin before the CLI has loaded (dtf.entry), for `up` to take."""
+        cls._early = cls(inv, connect_timeout, ttl)
+
+    @classmethod
+    def take(cls, inv: Inventory, connect_timeout: float, ttl: float | None) -> HeadStart | None:
+        """The head start begun early, if it opens what this `up` would (the same login host, ssh
+        config, cluster, timeout and ttl): `up`'s now. One begun otherwise is abandoned."""
+        head, cls._early = cls._early, None
+        if head is None:
+            return None
+        assert inv.slurm is not None
+        if head._args == (inv.slurm.login, inv.cluster, inv.ssh_config, connect_timeout,
+                          DEFAULT_TTL if ttl is None else ttl):
+            return head
+        head.abandon()
+        return None
+
+    @classmethod
+    def abandon_early(cls) -> None:
+        """The command is over: abandon a head start begun early that no `up` took."""
+        head, cls._early = cls._early, None
+        if head is not None:
+            head.abandon()
+
     def transport(self) -> SSHTransport:
+        """The login host's transport, once open: its user's from now on (`allocate` closes the
+        master when it fails)."""
         self._thread.join()
         if self._error is not None:
             raise self._error
         assert self._transport is not None
+        self._opened = False
         return self._transport
 
     def abandon(self) -> None:
+        """Close the master this opened, unless `transport()` handed it on."""
         self._thread.join()
         if self._opened:
             close_masters(self.cluster)

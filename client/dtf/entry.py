@@ -1,0 +1,90 @@
+"""The `dtf` command's entry point (pyproject's [project.scripts], and `python -m dtf`).
+
+What can begin before the CLI has loaded (typer and the modules of the command: 0.1-0.2 s of a
+command's start) begins here; then dtf.cli runs. Today that is one thing: `dtf up` of a Slurm
+inventory opens the SSH master to the login host (dtf.hostops.slurm.HeadStart), whose handshake
+(0.2-0.3 s) then overlaps the CLI's loading; `up` takes it over once it has read its arguments as
+the CLI reads them (HeadStart.take: the same inventory, timeout and ttl), and one `up` did not
+take (it failed before, or asked otherwise) is closed on the way out.
+
+The command line is read here only where it is plainly `dtf up INVENTORY` with the options below:
+anything else (--help, --dry-run, --replace, an option this does not know, a second argument, an
+inventory that does not load) starts nothing early, and the CLI says what it says.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# `dtf up`'s options that take a value, and what the head start needs of them (None: nothing).
+_UP_OPTIONS = ("--ttl", "--connect-timeout", "--network", "--slurm-wait")
+
+
+def up_arguments(argv: list[str]) -> tuple[str, float | None, float | None] | None:
+    """(inventory, --connect-timeout, --ttl in seconds) of a plain `dtf up INVENTORY [OPTIONS]`
+    (None where not given); None for any other command line (see the module's doc)."""
+    if argv[:1] != ["up"]:
+        return None
+    inventory: str | None = None
+    values: dict[str, str] = {}
+    rest = iter(argv[1:])
+    for arg in rest:
+        if arg.startswith("-"):
+            name, eq, value = arg.partition("=")
+            if name not in _UP_OPTIONS:
+                return None
+            if not eq:
+                given = next(rest, None)
+                if given is None:
+                    return None
+                value = given
+            values[name] = value
+        elif inventory is None:
+            inventory = arg
+        else:
+            return None
+    if inventory is None:
+        return None
+    from dtf.cluster.durations import parse_duration
+
+    try:
+        timeout = float(values["--connect-timeout"]) if "--connect-timeout" in values else None
+        ttl = parse_duration(values["--ttl"], "--ttl") if "--ttl" in values else None
+    except Exception:  # (the CLI says what is wrong with them)
+        return None
+    return inventory, timeout, ttl
+
+
+def begin_early(argv: list[str]) -> None:
+    """Start what the command line lets start before the CLI (see the module's doc)."""
+    args = up_arguments(argv)
+    if args is None:
+        return
+    path, timeout, ttl = args
+    from dtf.cluster.inventory import load
+
+    try:
+        inv = load(path)
+    except Exception:  # the CLI loads it again, and says what is wrong with it
+        return
+    if inv.slurm is None:
+        return
+    from dtf.hostops.slurm import HeadStart
+    from dtf.hosts.netutil import CONNECT_TIMEOUT
+
+    HeadStart.begin_early(inv, CONNECT_TIMEOUT if timeout is None else timeout, ttl)
+
+
+def main() -> None:
+    try:
+        begin_early(sys.argv[1:])
+        from dtf import cli
+
+        cli.main()
+    except KeyboardInterrupt:  # before the CLI had loaded (it says so itself after)
+        sys.stderr.write("dtf: error: interrupted\n")
+        sys.exit(130)
+    finally:
+        slurm = sys.modules.get("dtf.hostops.slurm")  # (a command that never loaded it began nothing)
+        if slurm is not None:
+            slurm.HeadStart.abandon_early()
