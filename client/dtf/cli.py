@@ -303,7 +303,8 @@ def status(
     if record.plan.slurm is not None:
         from dtf.hostops.slurm import allocation_state
 
-        job, ended = allocation_state(record.plan.slurm, record.plan.ssh_config, connect_timeout)
+        job, ended = allocation_state(record.plan.slurm, record.plan.ssh_config, connect_timeout,
+                                      cluster=record.cluster, ttl=record.plan.ttl)
         if ended is not None:  # the nodes are not ours (or not there) any more: nothing to ask them
             ui.show_status(record, [], json_out, job, ended)
             raise ClusterDown(f"cluster {record.cluster!r}: {ended}" + (" (`dtf down` forgets it)" if

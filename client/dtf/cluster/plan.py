@@ -272,6 +272,11 @@ class Plan:
     slurm: Allocation | None = None  # the hosts are this Slurm job's nodes, reached through its login host
 
     @property
+    def ttl(self) -> float:
+        """The cluster's lease (every host has the same)."""
+        return self.hosts[0].ttl if self.hosts else DEFAULT_TTL
+
+    @property
     def remote_hosts(self) -> tuple[HostPlan, ...]:
         """The hosts reached over SSH (local hosts are this machine: always reached directly)."""
         return tuple(hp for hp in self.hosts if hp.spec.connection != "local")

@@ -396,7 +396,7 @@ def _job_runs(plan: Plan, connect_timeout: float) -> bool:
     assert plan.slurm is not None
     try:  # over the cluster's master to the login host, which `down` goes on using
         with slurm_ops.login_master(plan.slurm.login, plan.cluster, plan.ssh_config, connect_timeout,
-                                    plan.hosts[0].ttl if plan.hosts else DEFAULT_TTL) as t:
+                                    plan.ttl) as t:
             return not slurm_ops.job_state(t, plan.slurm.job).gone
     except HostError as e:
         raise HostFailure("dtf down (Slurm)", {plan.slurm.login.host: str(e)})

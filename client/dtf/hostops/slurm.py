@@ -285,11 +285,15 @@ def release(allocation: Allocation, ssh_config: str | None, say: Say,
 
 
 def allocation_state(allocation: Allocation, ssh_config: str | None,
-                     connect_timeout: float = CONNECT_TIMEOUT, what: str = "dtf status") -> tuple[JobState, str | None]:
+                     connect_timeout: float = CONNECT_TIMEOUT, what: str = "dtf status",
+                     cluster: str | None = None, ttl: float = DEFAULT_TTL) -> tuple[JobState, str | None]:
     """The job's state as squeue shows it (`status`, `train`), and unless it runs, one line on
-    why: Slurm's state and reason (time limit, preemption, a lost node and the node's own reason)."""
+    why: Slurm's state and reason (time limit, preemption, a lost node and the node's own reason).
+    `cluster`: over its master to the login host (login_master: a round trip, not a handshake; the
+    nodes' own questions go over it too), opened again for `ttl` if it has gone."""
     try:
-        with SSHTransport(allocation.login, ssh_config, connect_timeout) as t:
+        with (login_master(allocation.login, cluster, ssh_config, connect_timeout, ttl) if cluster is not None
+              else SSHTransport(allocation.login, ssh_config, connect_timeout)) as t:
             state = job_state(t, allocation.job)
             if state.state in ("RUNNING", "COMPLETING") and not bad_nodes(t, allocation):
                 return state, None

@@ -202,7 +202,8 @@ def job_ended(record: Record, connect_timeout: float, raise_it: bool = False) ->
         return None
     from dtf.hostops.slurm import allocation_state
 
-    _, ended = allocation_state(record.plan.slurm, record.plan.ssh_config, connect_timeout, what="dtf train")
+    _, ended = allocation_state(record.plan.slurm, record.plan.ssh_config, connect_timeout, what="dtf train",
+                                cluster=record.cluster, ttl=record.plan.ttl)
     if ended is not None and raise_it:
         raise ClusterDown(f"cluster {record.plan.cluster!r}: {ended}")
     return ended
