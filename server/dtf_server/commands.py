@@ -48,6 +48,7 @@ from dtf_server.procs import (
     die_with_parent,
     exit_reason,
     log_line,
+    lookup_host,
     nvidia_gpus,
     ours,
     platform_info,
@@ -483,7 +484,8 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
             if left <= 0:
                 return why or f"no answer within {timeout:g}s"
             try:
-                with socket.create_connection((host.strip("[]"), int(port)), timeout=left):
+                with socket.create_connection((lookup_host(host.strip("[]")), int(port)),  # type: ignore[arg-type]
+                                              timeout=left):
                     return None
             except TimeoutError:  # (after a refusal: the sliver of time left ran out, on a loaded host)
                 return why or f"no answer within {timeout:g}s"

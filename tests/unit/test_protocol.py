@@ -263,8 +263,9 @@ def test_the_mesh_check_tries_many_refusing_targets_at_a_bounded_rate(monkeypatc
 
     tries: list[str] = []
 
-    def refuse(address: tuple[str, int], timeout: float) -> socket.socket:
-        tries.append(f"{address[0]}:{address[1]}")
+    def refuse(address: tuple[str | bytes, int], timeout: float) -> socket.socket:
+        host = address[0].decode() if isinstance(address[0], bytes) else address[0]  # (procs.lookup_host)
+        tries.append(f"{host}:{address[1]}")
         raise ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr(socket, "create_connection", refuse)  # reach imports socket when it runs
@@ -401,3 +402,17 @@ def test_the_hosts_platform_is_what_the_platform_module_says():
 
     libc, version = platform.libc_ver()
     assert platform_info() == (platform.machine(), platform.system(), f"{libc} {version}" if libc and version else "")
+
+
+def test_the_launchers_connections_leave_the_idna_codec_unloaded():
+    """A str host makes getaddrinfo import the idna codec (8 ms of every launcher's start on every
+    host): the launcher hands it ASCII hosts as bytes (procs.lookup_host)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from dtf_server import commands, procs; "
+            "commands.reach(['127.0.0.1:1', 'localhost:1'], 0.1); procs.port_open(1); "
+            "print('encodings.idna' in sys.modules)")
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                       env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "server")})
+    assert r.stdout.strip() == "False", r.stderr
