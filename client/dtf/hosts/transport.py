@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -529,7 +528,7 @@ def what(argv: Sequence[str]) -> str:
 
 def temporary_name(filename: str) -> str:
     """Where an upload is written before its rename (`clean` removes leftovers: `.tmp-`)."""
-    return f".{filename}.tmp-{uuid.uuid4().hex[:8]}"
+    return f".{filename}.tmp-{os.urandom(4).hex()}"  # (uuid's import, platform's with it: 5 ms of each command)
 
 
 def _sftp_makedirs(sftp: Any, path: str) -> None:

@@ -49,7 +49,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -672,6 +671,8 @@ def _parallel(calls: Sequence[Callable[[], object]]) -> list[BaseException | Non
     """Run the calls at once; each one's exception, or None."""
     if not calls:
         return []
+    from concurrent.futures import ThreadPoolExecutor  # (here: 10 ms of an `up`'s first handshake, logging's)
+
     with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="dtf-ssh") as pool:
         futures = [pool.submit(call) for call in calls]
         return [f.exception() for f in futures]
