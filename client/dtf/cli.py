@@ -25,6 +25,8 @@ from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf_server.protocol import Defaults
 
 if TYPE_CHECKING:
+    from dtf.cluster.inventory import Inventory
+    from dtf.cluster.slurm import Allocation
     from dtf.cluster.state import Record
 
 app = typer.Typer(
@@ -157,26 +159,7 @@ def up(
         return
     allocation, fresh = None, False
     if inv.slurm is not None:
-        from dtf.hostops.slurm import HeadStart
-
-        # The login host's handshake goes on while the rest of dtf loads, begun before the CLI's
-        # (dtf.entry) or now (`replace` tears the recorded cluster down first, its masters with it).
-        head = None if replace else (HeadStart.take(inv, connect_timeout, ttl_seconds)
-                                     or HeadStart(inv, connect_timeout, ttl_seconds))
-        try:
-            if inv.ssh_config:  # (meanwhile: the file's mistakes at its line, not as ssh's failure)
-                from dtf.hosts.transport import check_ssh_config
-
-                check_ssh_config(inventory, inv.ssh_config, paramiko_reads=False)
-            from dtf.hostops import lifecycle
-
-            allocation, fresh = lifecycle.slurm_allocation(inv, inventory, wait=slurm_wait, say=ui.say,
-                                                           connect_timeout=connect_timeout, replace=replace,
-                                                           view=ui.host_progress, ttl=ttl_seconds, head=head)
-        except BaseException:
-            if head is not None:
-                head.abandon()
-            raise
+        allocation, fresh = _slurm_allocation(inv, inventory, slurm_wait, connect_timeout, replace, ttl_seconds)
     from dtf.hostops import lifecycle
 
     try:
@@ -199,6 +182,30 @@ def up(
             release(allocation, inv.ssh_config, ui.say, connect_timeout, cluster=inv.cluster)
         raise
     ui.show_up_result(result)
+
+
+def _slurm_allocation(inv: Inventory, inventory: Path, wait: float, connect_timeout: float, replace: bool,
+                      ttl: float | None) -> tuple[Allocation, bool]:
+    """`up`'s allocation of a Slurm inventory (lifecycle.slurm_allocation), over the login host's
+    master opened while the rest of dtf loads: begun before the CLI (dtf.entry) or now; not with
+    `replace`, which tears the recorded cluster down first, its masters with it."""
+    from dtf import ui
+    from dtf.hostops.slurm import HeadStart
+
+    head = None if replace else HeadStart.take(inv, connect_timeout, ttl) or HeadStart(inv, connect_timeout, ttl)
+    try:
+        if inv.ssh_config:  # (meanwhile: the file's mistakes at its line, not as ssh's failure)
+            from dtf.hosts.transport import check_ssh_config
+
+            check_ssh_config(inventory, inv.ssh_config, paramiko_reads=False)
+        from dtf.hostops import lifecycle
+
+        return lifecycle.slurm_allocation(inv, inventory, wait=wait, say=ui.say, connect_timeout=connect_timeout,
+                                          replace=replace, view=ui.host_progress, ttl=ttl, head=head)
+    except BaseException:
+        if head is not None:  # (a master it opened, unless the allocation took it: it closes it then)
+            head.abandon()
+        raise
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -413,16 +420,13 @@ def down(
         ui.show_purged(result.outcomes)
 
 
-# The commands that run the user's own code here (`train`: the program, in this process): its
-# objects get the interpreter's whole teardown, their finalizers with it.
-_USER_CODE = ("train",)
-
-
 def main() -> None:
     try:
         app()
     finally:
-        if not any(a in _USER_CODE for a in sys.argv[1:2]):
+        # `train` runs the user's program in this process: its objects get the interpreter's
+        # whole teardown, their finalizers with it.
+        if sys.argv[1:2] != ["train"]:
             # Python's teardown collects every object of the ~300 modules a command imported: 40-100
             # ms of a `dtf up` or `dtf status` (measured: 10 ms after gc.freeze). What dtf made is
             # closed by now (its with blocks ended); freezing only spares the collector that walk.
