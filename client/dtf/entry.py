@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-# `dtf up`'s options that take a value, and what the head start needs of them (None: nothing).
+# `dtf up`'s options that take a value (the head start needs --ttl and --connect-timeout's).
 _UP_OPTIONS = ("--ttl", "--connect-timeout", "--network", "--slurm-wait")
 
 
