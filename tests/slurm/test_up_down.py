@@ -197,10 +197,11 @@ def masters(prefix: str) -> list[str]:
 def test_ctrl_c_while_up_opens_the_login_master_leaves_no_master_nor_job(slurm_lab: SlurmLab,
                                                                           tmp_path: Path) -> None:
     """`up` opens the login host's master while it loads the rest (its head start): a Ctrl-C as
-    soon as that ssh runs, in the handshake or just after it, leaves no master behind, nor a job."""
+    soon as that ssh runs, in the handshake or just after it, leaves no master behind, nor a job.
+    (A partition with no free node: the `up` cannot end before the Ctrl-C, however fast.)"""
     from dtf.hosts.control import cluster_prefix
 
-    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="early2", nodes=1)
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="early2", partition=STUCK, nodes=1)
     home = tmp_path / "home"
     env = {**os.environ, "DTF_HOME": str(home), "COLUMNS": "200", **FAKE}
     prefix = cluster_prefix(home, "early2")
