@@ -310,8 +310,8 @@ def status(
     if record.plan.slurm is not None:
         from dtf.hostops.slurm import allocation_state
 
-        job, ended = allocation_state(record.plan.slurm, record.plan.ssh_config, connect_timeout,
-                                      cluster=record.cluster, ttl=record.plan.ttl)
+        job, ended = allocation_state(record.plan.slurm, record.cluster, record.plan.ssh_config, record.plan.ttl,
+                                      connect_timeout)
         if ended is not None:  # the nodes are not ours (or not there) any more: nothing to ask them
             ui.show_status(record, [], json_out, job, ended)
             raise ClusterDown(f"cluster {record.cluster!r}: {ended}" + (" (`dtf down` forgets it)" if

@@ -137,7 +137,7 @@ def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: 
                          view=view, say=say)
         elif recorded is not None:
             try:
-                with head.transport() if head is not None else slurm_ops.login_transport(inv, connect_timeout) as t:
+                with slurm_ops.login_transport(inv, connect_timeout, ttl, head) as t:
                     job = slurm_ops.job_state(t, recorded.job)
             except HostError as e:
                 raise HostFailure("dtf up (Slurm)", {recorded.login.host: str(e)})

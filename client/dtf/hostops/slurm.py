@@ -32,11 +32,6 @@ DEFAULT_TTL = Defaults.TTL  # dtf.cluster.plan's (its import is 30 ms: `up` begi
 Say = Callable[[str], None]
 
 
-def login_transport(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT) -> SSHTransport:
-    assert inv.slurm is not None
-    return SSHTransport(inv.slurm.login, inv.ssh_config, connect_timeout)
-
-
 def login_master(login: HostSpec, cluster: str, ssh_config: str | None, connect_timeout: float = CONNECT_TIMEOUT,
                  ttl: float = DEFAULT_TTL) -> SSHTransport:
     """The login host over the cluster's OpenSSH master for it (dtf.hosts.control), where there is
@@ -67,10 +62,8 @@ class HeadStart:
     _early: HeadStart | None = None  # begun by dtf.entry, before the CLI; not yet taken by `up`
 
     def __init__(self, inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None) -> None:
-        assert inv.slurm is not None
         self.cluster = inv.cluster
-        self._args = (inv.slurm.login, inv.cluster, inv.ssh_config, connect_timeout,
-                      DEFAULT_TTL if ttl is None else ttl)
+        self._args = login_args(inv, connect_timeout, ttl)
         self._transport: SSHTransport | None = None
         self._error: BaseException | None = None
         self._opened = False  # a master this started (none ran), not handed on yet
@@ -109,9 +102,7 @@ class HeadStart:
         head, cls._early = cls._early, None
         if head is None:
             return None
-        assert inv.slurm is not None
-        if head._args == (inv.slurm.login, inv.cluster, inv.ssh_config, connect_timeout,
-                          DEFAULT_TTL if ttl is None else ttl):
+        if head._args == login_args(inv, connect_timeout, ttl):
             return head
         head.abandon()
         return None
@@ -138,6 +129,21 @@ class HeadStart:
         self._thread.join()
         if self._opened:
             close_masters(self.cluster)
+
+
+def login_args(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT,
+               ttl: float | None = None) -> tuple[HostSpec, str, str | None, float, float]:
+    """login_master's arguments for an inventory's `up` (the master a HeadStart opens is `up`'s
+    when they are the same)."""
+    assert inv.slurm is not None
+    return inv.slurm.login, inv.cluster, inv.ssh_config, connect_timeout, DEFAULT_TTL if ttl is None else ttl
+
+
+def login_transport(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None,
+                    head: HeadStart | None = None) -> SSHTransport:
+    """`up`'s transport to the login host: `head`'s master, once open, else the cluster's master
+    (login_master)."""
+    return head.transport() if head is not None else login_master(*login_args(inv, connect_timeout, ttl))
 
 
 def close_masters(cluster: str) -> None:
@@ -177,9 +183,7 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
     login = spec.login.host
     job = spec.job
     try:
-        with (head.transport() if head is not None else
-              login_master(spec.login, inv.cluster, inv.ssh_config, connect_timeout,
-                           DEFAULT_TTL if ttl is None else ttl)) as t:
+        with login_transport(inv, connect_timeout, ttl, head) as t:
             waited: slurm.Waited | None = None
             # The lease watch of a job dtf submits: started by the look that finds it running.
             watch = slurm.watch_command(inv) if spec.submits else None
@@ -284,16 +288,14 @@ def release(allocation: Allocation, ssh_config: str | None, say: Say,
             close_masters(cluster)
 
 
-def allocation_state(allocation: Allocation, ssh_config: str | None,
-                     connect_timeout: float = CONNECT_TIMEOUT, what: str = "dtf status",
-                     cluster: str | None = None, ttl: float = DEFAULT_TTL) -> tuple[JobState, str | None]:
+def allocation_state(allocation: Allocation, cluster: str, ssh_config: str | None, ttl: float,
+                     connect_timeout: float = CONNECT_TIMEOUT, what: str = "dtf status") -> tuple[JobState, str | None]:
     """The job's state as squeue shows it (`status`, `train`), and unless it runs, one line on
     why: Slurm's state and reason (time limit, preemption, a lost node and the node's own reason).
-    `cluster`: over its master to the login host (login_master: a round trip, not a handshake; the
+    Over the cluster's master to the login host (login_master: a round trip, not a handshake; the
     nodes' own questions go over it too), opened again for `ttl` if it has gone."""
     try:
-        with (login_master(allocation.login, cluster, ssh_config, connect_timeout, ttl) if cluster is not None
-              else SSHTransport(allocation.login, ssh_config, connect_timeout)) as t:
+        with login_master(allocation.login, cluster, ssh_config, connect_timeout, ttl) as t:
             state = job_state(t, allocation.job)
             if state.state in ("RUNNING", "COMPLETING") and not bad_nodes(t, allocation):
                 return state, None

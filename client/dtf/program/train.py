@@ -202,8 +202,8 @@ def job_ended(record: Record, connect_timeout: float, raise_it: bool = False) ->
         return None
     from dtf.hostops.slurm import allocation_state
 
-    _, ended = allocation_state(record.plan.slurm, record.plan.ssh_config, connect_timeout, what="dtf train",
-                                cluster=record.cluster, ttl=record.plan.ttl)
+    _, ended = allocation_state(record.plan.slurm, record.cluster, record.plan.ssh_config, record.plan.ttl,
+                                connect_timeout, what="dtf train")
     if ended is not None and raise_it:
         raise ClusterDown(f"cluster {record.plan.cluster!r}: {ended}")
     return ended
