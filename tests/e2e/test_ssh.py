@@ -65,12 +65,14 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert list((out1 / "checkpoints").glob("ckpt-*.index"))
     assert list((out1 / "logs").rglob("events.out.tfevents.*"))
 
+    # 3 epochs: the mean loss of a second epoch was 0.55 of the first's in one CI run (3 workers
+    # updating the ps at once, the data's order each worker's own), short of half.
     r = dtf("train", "--output", str(tmp_path / "loop"), str(EXAMPLES / "custom_loop.py"),
-            "--epochs", "2", home=home, timeout=600)
+            "--epochs", "3", home=home, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((tmp_path / "loop" / "summary.json").read_text())
     assert s["final_loss"] < 0.5 * s["first_loss"], s
-    assert s["steps"] == 2 * 50
+    assert s["steps"] == 3 * 50
     assert list((tmp_path / "loop" / "checkpoints").glob("ckpt-*.index"))
     on_hosts = [str(p) for h in lab.hosts for p in Path(h.workdir, "lab").rglob("*")
                 if p.name not in (launcher_name(), "log", "pid.json", "ready.json", "supervisor.json",
