@@ -58,8 +58,6 @@ class Login(Transport):
             self.polls += 1
             self.on_squeue(self.polls)
             return Result(0, self.squeue[min(self.polls, len(self.squeue)) - 1], "")
-        if argv[:3] == ["scontrol", "show", "hostnames"]:
-            return Result(0, "n1\nn2\n", "")
         if argv[:2] == ["scontrol", "--oneliner"]:
             return Result(0, "NodeName=n1 Arch=x NodeAddr=10.0.0.1 x=y\nNodeName=n2 NodeAddr=10.0.0.2\n", "")
         return Result(127, "", f"{argv[0]}: not found")
@@ -80,8 +78,7 @@ class Login(Transport):
             then = script.split("THEN=", 1)[1].split("\n", 1)[0]
             if then != "''":
                 self.ran.append(["then", then])
-            out += ["---", self.run(["scontrol", "show", "hostnames"]).stdout.strip(),
-                    "---", self.run(["scontrol", "--oneliner"]).stdout.strip()]
+            out += ["---", self.run(["scontrol", "--oneliner"]).stdout.strip()]
         return Result(0, "\n".join(out) + "\n", "")
 
 

@@ -331,9 +331,11 @@ def fake_slurm(bin_dir: Path, states: list[str], salloc: str = "42") -> None:
                    'echo "$line"'),
         "scancel": f'echo "$@" > "{bin_dir}/scancel.args"',
         "srun": f'echo "$@" > "{bin_dir}/srun.args.tmp"; mv "{bin_dir}/srun.args.tmp" "{bin_dir}/srun.args"',
-        "scontrol": ('if [ "$1 $2" = "show hostnames" ]; then echo n2; echo n1; '
-                     'else echo "NodeName=n1 Arch=x86_64 NodeAddr=10.0.0.1 State=ALLOCATED"; '
-                     'echo "NodeName=n2 NodeAddr=10.0.0.2 State=ALLOCATED"; fi'),
+        # Slurm's order of the job's nodes, as `scontrol show node` walks them (not sorted)
+        "scontrol": ('if [ "$1 $2 $3" = "--oneliner show node" ]; then '
+                     'echo "NodeName=n2 NodeAddr=10.0.0.2 State=ALLOCATED"; '
+                     'echo "NodeName=n1 Arch=x86_64 NodeAddr=10.0.0.1 State=ALLOCATED"; '
+                     'else echo "scontrol: unexpected $*" >&2; exit 1; fi'),
     }
     for name, body in scripts.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")

@@ -209,23 +209,34 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
 # (within ID_SECONDS; its error, if it ends without one), on the answer's first line; a laptop
 # gone before the answer (an interrupted `up`: the answer cannot be written) leaves no job: it is
 # cancelled. Answer: [JOB ID], the squeue line (empty: squeue no longer lists the job), then for a
-# running job `---`, `scontrol show hostnames`, `---`, `scontrol show node`.
+# running job `---` and `scontrol --oneliner show node` of its nodes: one line each, in Slurm's
+# order (scontrol walks the node list as `scontrol show hostnames` does: one command fewer).
 WAIT_SECONDS, WAIT_PAUSE, ID_SECONDS = 1.0, 0.1, 20
 _WAIT = r"""set -e
+NL='
+'
 ms() { t=$(date +%s%N); echo $((t / 1000000)); }
 if [ "$1" = --submit ]; then
   shift 4
   said=$(mktemp)
   ( trap '' HUP; exec "$@" ) >"$said" 2>&1 </dev/null &
   salloc=$!
-  end=$(($(ms) + ID_MS))
+  # Read with the shell's own `read`, the deadline counted in 10 ms sleeps (at least ID_MS, later
+  # on a loaded host): a look costs a sleep, not a sed and a date each.
+  tries=$((ID_MS / 10))
   while :; do
     alive=1
     kill -0 "$salloc" 2>/dev/null || alive=  # (before the read: all it said is in the file then)
-    job=$(sed -n -e 's/^salloc: Granted job allocation \([0-9][0-9]*\).*/\1/p' \
-                 -e 's/^salloc: Pending job allocation \([0-9][0-9]*\).*/\1/p' "$said" | head -n 1)
+    job=
+    while IFS= read -r said_line; do
+      case $said_line in
+        "salloc: Granted job allocation "[0-9]*|"salloc: Pending job allocation "[0-9]*)
+          job=${said_line#salloc: * job allocation }; job=${job%%[!0-9]*}; break ;;
+      esac
+    done <"$said"
     [ -z "$job" ] || break
-    if [ -z "$alive" ] || [ "$(ms)" -ge "$end" ]; then
+    tries=$((tries - 1))
+    if [ -z "$alive" ] || [ "$tries" -le 0 ]; then
       kill "$salloc" 2>/dev/null || true
       echo "$(grep . "$said" | tail -n 1 || echo "salloc said no job id")" >&2
       rm -f "$said"
@@ -255,16 +266,15 @@ done
 out=$(
   echo "$line"
   case $line in RUNNING*)
-    nodes=$(echo "$line" | cut -d'|' -f3)
-    names=$(scontrol show hostnames "$nodes")
-    if [ -n "$THEN" ] && [ -n "$names" ]; then
-      first=$(echo "$names" | head -n 1)
+    nodes=${line#*|*|}; nodes=${nodes%%|*}
+    shown=$(scontrol --oneliner show node "$nodes")
+    first=
+    case $shown in NodeName=*) first=${shown#NodeName=}; first=${first%%[ $NL]*} ;; esac
+    if [ -n "$THEN" ] && [ -n "$first" ]; then
       eval "setsid -f $THEN" >/dev/null 2>&1 </dev/null || { echo "cannot start the lease watch" >&2; exit 4; }
     fi
     echo ---
-    echo "$names"
-    echo ---
-    scontrol --oneliner show node "$nodes" ;;
+    echo "$shown" ;;
   esac
 )
 printf '%s\n' "$out" || { [ -z "${submitted:-}" ] || scancel "$job"; exit 1; }
@@ -302,9 +312,10 @@ def parse_wait(out: str) -> Waited:
         job = parse_job_id(lines.pop(0)[4:])
     parts = "\n".join(lines).split("\n---\n")
     state = parse_squeue(parts[0])
-    if state.state != "RUNNING" or len(parts) < 3:
+    if state.state != "RUNNING" or len(parts) < 2:
         return Waited(job, state)
-    return Waited(job, state, tuple(parts[1].split()), parse_node_addresses(parts[2]))
+    addresses = parse_node_addresses(parts[1])
+    return Waited(job, state, tuple(addresses), addresses)
 
 
 # scancel, then squeue every PAUSE seconds until the queue no longer lists the job (squeue prints
@@ -404,6 +415,8 @@ def show_nodes_argv(nodes: tuple[str, ...] | list[str]) -> list[str]:
 
 
 def parse_node_addresses(out: str) -> dict[str, str]:
+    """NodeName: NodeAddr (the name where it has none) of `scontrol --oneliner show node`'s lines,
+    in their order."""
     found: dict[str, str] = {}
     for line in out.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
