@@ -192,8 +192,8 @@ def _slurm_allocation(inv: Inventory, inventory: Path, wait: float, connect_time
     from dtf import ui
     from dtf.hostops.slurm import HeadStart
 
-    head = None if replace else HeadStart.take(inv, connect_timeout, ttl) or HeadStart(inv, connect_timeout, ttl)
     try:
+        head = None if replace else HeadStart.take(inv, connect_timeout, ttl) or HeadStart(inv, connect_timeout, ttl)
         if inv.ssh_config:  # (meanwhile: the file's mistakes at its line, not as ssh's failure)
             from dtf.hosts.transport import check_ssh_config
 
@@ -203,8 +203,9 @@ def _slurm_allocation(inv: Inventory, inventory: Path, wait: float, connect_time
         return lifecycle.slurm_allocation(inv, inventory, wait=wait, say=ui.say, connect_timeout=connect_timeout,
                                           replace=replace, view=ui.host_progress, ttl=ttl, head=head)
     except BaseException:
-        if head is not None:  # (a master it opened, unless the allocation took it: it closes it then)
-            head.abandon()
+        # The master it opened, unless the allocation took it (it closes it then); also where a
+        # Ctrl-C came while HeadStart began, before `head` was set.
+        HeadStart.abandon_early()
         raise
 
 

@@ -5,7 +5,9 @@ command's start) begins here; then dtf.cli runs. Today that is one thing: `dtf u
 inventory opens the SSH master to the login host (dtf.hostops.slurm.HeadStart), whose handshake
 (0.2-0.3 s) then overlaps the CLI's loading; `up` takes it over once it has read its arguments as
 the CLI reads them (HeadStart.take: the same inventory, timeout and ttl), and one `up` did not
-take (it failed before, or asked otherwise) is closed on the way out.
+take (it failed before, or asked otherwise) is closed on the way out. Where the last `up` of the
+same, unchanged inventory file started that master, its ssh starts first of all, before the
+inventory is read (dtf.hosts.spawn), and the master takes it over when it would run the same.
 
 The command line is read here only where it is plainly `dtf up INVENTORY` with the options below:
 anything else (--help, --dry-run, --replace, an option this does not know, a second argument, an
@@ -56,11 +58,41 @@ def up_arguments(argv: list[str]) -> tuple[str, float | None, float | None] | No
 
 
 def begin_early(argv: list[str]) -> None:
-    """Start what the command line lets start before the CLI (see the module's doc)."""
+    """Start what the command line lets start before the CLI (see the module's doc). A Ctrl-C
+    meanwhile is raised once it is done (see _begin_early)."""
     args = up_arguments(argv)
     if args is None:
         return
-    path, timeout, ttl = args
+    import signal
+
+    interrupted: list[int] = []
+    try:  # (not in the main thread, or SIGINT ignored by whoever started dtf: as it was)
+        deferring = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        if deferring:
+            signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    except ValueError:
+        deferring = False
+    try:
+        _begin_early(*args)
+    finally:
+        if deferring:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if interrupted:
+        raise KeyboardInterrupt
+
+
+def _begin_early(path: str, timeout: float | None, ttl: float | None) -> None:
+    """begin_early's work, with a Ctrl-C held until it is done: a KeyboardInterrupt raised inside
+    an import, while the head start's thread imports too, can leave the module's import lock
+    held by this thread (importlib's own release is interrupted): that thread then waits for it
+    forever, and the command's end, which waits for that thread, with it. Held here, it comes
+    0.1-0.2 s later, with the head start begun and known, so that it is abandoned."""
+    from dtf.hosts import spawn
+
+    # The master the last `up` of this unchanged file started, before even the inventory is read
+    # (its parser and the modules that build the ssh command line: 0.08-0.15 s): HeadStart's
+    # master takes it over where it would run the same ssh.
+    spawn.begin(path, timeout, ttl)
     from dtf.cluster.inventory import load
 
     try:
@@ -72,7 +104,10 @@ def begin_early(argv: list[str]) -> None:
     from dtf.hostops.slurm import HeadStart
     from dtf.hosts.netutil import CONNECT_TIMEOUT
 
-    HeadStart.begin_early(inv, CONNECT_TIMEOUT if timeout is None else timeout, ttl)
+    def remember(ssh: list[str], control: str) -> None:
+        spawn.remember(path, timeout, ttl, ssh, control)
+
+    HeadStart.begin_early(inv, CONNECT_TIMEOUT if timeout is None else timeout, ttl, remember)
 
 
 def main() -> None:
@@ -88,3 +123,6 @@ def main() -> None:
         slurm = sys.modules.get("dtf.hostops.slurm")  # (a command that never loaded it began nothing)
         if slurm is not None:
             slurm.HeadStart.abandon_early()
+        spawn = sys.modules.get("dtf.hosts.spawn")
+        if spawn is not None:
+            spawn.abandon()

@@ -15,7 +15,7 @@ import pytest
 from dtf.cluster.inventory import loads
 from dtf.errors import ExitCode, HostFailure
 from dtf.hostops import slurm as slurm_ops
-from dtf.hosts import tunnel
+from dtf.hosts import spawn
 from dtf.hosts.control import ControlTransport
 from dtf.hosts.transport import COMMAND_TIMEOUT, HostError, Result, Transport
 
@@ -152,7 +152,7 @@ class ControlLogin(Login, ControlTransport):
 
     def __init__(self, squeue: list[str], fail: str | None = None) -> None:
         Login.__init__(self, squeue)
-        self.master = SimpleNamespace(path="/nonexistent/dtf-ctl-test")  # type: ignore[assignment]
+        self.master = SimpleNamespace(path="/nonexistent/dtf-ctl-test", argv=None)  # type: ignore[assignment]
         self.fail, self.opened_in = fail, []
 
     def open(self) -> None:
@@ -182,7 +182,7 @@ def head_login(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[ControlLo
 
         monkeypatch.setattr(slurm_ops, "login_master", login_master)
         monkeypatch.setattr(slurm_ops, "close_masters", closed.append)
-        monkeypatch.setattr(tunnel, "listening", lambda path: running)
+        monkeypatch.setattr(spawn, "listening", lambda path: running)
         return t, closed
 
     return make
@@ -296,3 +296,33 @@ def test_a_master_begun_before_the_cli_for_an_up_that_never_takes_it_is_closed(
     assert run_entry(["up", str(inv), "--network", "carrier-pigeon"], monkeypatch) == int(ExitCode.USAGE)
     assert "--network: expected one of" in capsys.readouterr().err
     assert t.opened_in == ["dtf-login-master"] and t.ran == [] and closed == ["c"]
+
+
+def test_a_ctrl_c_while_the_entry_begins_its_work_comes_once_that_is_done(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not inside an import (a KeyboardInterrupt there can leave an import lock held by the main
+    thread, which the head start's thread then waits for forever): begin_early's work ends, then
+    the interrupt is raised; the command says so and exits 130; SIGINT's handler is Python's again."""
+    import os
+    import signal
+
+    from dtf import entry
+
+    done = []
+
+    def work(path: str, timeout: float | None, ttl: float | None) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # (the handler runs between these: it only records)
+        done.append(path)
+
+    monkeypatch.setattr(entry, "_begin_early", work)
+    assert run_entry(["up", "inv.yaml"], monkeypatch) == 130
+    assert done == ["inv.yaml"] and capsys.readouterr().err == "dtf: error: interrupted\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # where whoever started dtf ignores SIGINT, it stays ignored
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        entry.begin_early(["up", "inv.yaml"])
+        assert done == ["inv.yaml", "inv.yaml"] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

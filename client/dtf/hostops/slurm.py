@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import ClassVar
 
 from dtf.cluster import slurm
 from dtf.cluster.inventory import HostSpec, Inventory
@@ -60,15 +61,19 @@ class HeadStart:
     is no master to open: `transport()` gives the paramiko transport."""
 
     _early: HeadStart | None = None  # begun by dtf.entry, before the CLI; not yet taken by `up`
+    _live: ClassVar[list[HeadStart]] = []  # begun, not yet handed on nor abandoned (abandon_early ends them)
 
-    def __init__(self, inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None) -> None:
+    def __init__(self, inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None,
+                 remember: Callable[[list[str], str], None] | None = None) -> None:
         self.cluster = inv.cluster
         self._args = login_args(inv, connect_timeout, ttl)
+        self._remember = remember  # called with the ssh and control path of a master this started
         self._transport: SSHTransport | None = None
         self._error: BaseException | None = None
         self._opened = False  # a master this started (none ran), not handed on yet
         self._loaded = threading.Event()
         self._thread = threading.Thread(target=self._open, name="dtf-login-master", daemon=True)
+        HeadStart._live.append(self)  # (before the wait below: a Ctrl-C there still finds it)
         self._thread.start()
         # What the thread imports before it starts ssh (~20 ms) would share the interpreter with
         # the caller's own imports, and start the handshake that much later: let it go first.
@@ -76,14 +81,17 @@ class HeadStart:
 
     def _open(self) -> None:
         try:
+            from dtf.hosts import spawn
             from dtf.hosts.control import ControlTransport
-            from dtf.hosts.tunnel import listening
 
             t = login_master(*self._args)
             self._loaded.set()
             if isinstance(t, ControlTransport):
-                self._opened = not listening(t.master.path)
+                path = t.master.path
+                self._opened = spawn.begun(path) or not spawn.listening(path)
                 t.open()
+                if self._opened and self._remember is not None and t.master.argv is not None:
+                    self._remember(t.master.argv, path)
             self._transport = t
         except BaseException as e:  # raised by transport(), in `up`'s own thread
             self._error = e
@@ -91,9 +99,10 @@ class HeadStart:
             self._loaded.set()
 
     @classmethod
-    def begin_early(cls, inv: Inventory, connect_timeout: float, ttl: float | None) -> None:
+    def begin_early(cls, inv: Inventory, connect_timeout: float, ttl: float | None,
+                    remember: Callable[[list[str], str], None] | None = None) -> None:
         """Begin before the CLI has loaded (dtf.entry), for `up` to take."""
-        cls._early = cls(inv, connect_timeout, ttl)
+        cls._early = cls(inv, connect_timeout, ttl, remember)
 
     @classmethod
     def take(cls, inv: Inventory, connect_timeout: float, ttl: float | None) -> HeadStart | None:
@@ -109,15 +118,17 @@ class HeadStart:
 
     @classmethod
     def abandon_early(cls) -> None:
-        """The command is over: abandon a head start begun early that no `up` took."""
-        head, cls._early = cls._early, None
-        if head is not None:
-            head.abandon()
+        """The command is over: abandon a head start begun early that no `up` took, and any other
+        whose master was never handed on (an `up` interrupted while it waited for it)."""
+        cls._early = None
+        while cls._live:
+            cls._live[-1].abandon()
 
     def transport(self) -> SSHTransport:
         """The login host's transport, once open: its user's from now on (`allocate` closes the
         master when it fails)."""
         self._thread.join()
+        self._done()
         if self._error is not None:
             raise self._error
         assert self._transport is not None
@@ -125,10 +136,16 @@ class HeadStart:
         return self._transport
 
     def abandon(self) -> None:
-        """Close the master this opened, unless `transport()` handed it on."""
-        self._thread.join()
+        """Close the master this opened, unless `transport()` handed it on. Its handshake is
+        waited for (as long as the master's own start waits for ssh, at most)."""
+        self._thread.join(self._args[3] + 30)
+        self._done()
         if self._opened:
             close_masters(self.cluster)
+
+    def _done(self) -> None:
+        if self in HeadStart._live:
+            HeadStart._live.remove(self)
 
 
 def login_args(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT,

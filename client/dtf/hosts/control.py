@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from dtf.cluster.inventory import HostSpec
+from dtf.hosts import spawn
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.shell import quote_arg, render
+from dtf.hosts.spawn import listening
 from dtf.hosts.transport import (
     COMMAND_TIMEOUT,
     HostError,
@@ -42,7 +44,7 @@ from dtf.hosts.transport import (
     process_lines,
     temporary_name,
 )
-from dtf.hosts.tunnel import STOP_WAIT, Master, MasterFailed, _parallel, _wait_exited, listening
+from dtf.hosts.tunnel import STOP_WAIT, Master, MasterFailed, _parallel, _wait_exited
 
 NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
 ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands) in ~15 s
@@ -137,10 +139,11 @@ class ControlTransport(SSHTransport):
         return target
 
     def open(self) -> None:
-        if listening(self.master.path):
+        path = self.master.path
+        if listening(path) and not spawn.pending(path):
             return
         with self.master.lock:
-            if listening(self.master.path):
+            if listening(path) and not spawn.pending(path):
                 return
             try:
                 self.master.start()

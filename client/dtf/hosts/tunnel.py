@@ -54,8 +54,10 @@ from pathlib import Path
 from typing import Any
 
 from dtf.cluster.inventory import HostSpec
+from dtf.hosts import spawn
 from dtf.hosts.netutil import CONNECT_TIMEOUT, listen_port
 from dtf.hosts.openssh import ALIVE_INTERVAL, ssh_argv, ssh_binary
+from dtf.hosts.spawn import listening
 from dtf.hosts.transport import HostError, SSHTransport
 
 PERSIST = 60  # ControlPersist: seconds an unused master stays (a killed `dtf train` leaves none behind)
@@ -110,19 +112,6 @@ def _wait_exited(pid: int, timeout: float) -> bool:
     return False
 
 
-def listening(path: str) -> bool:
-    """Whether a master answers on the socket (a connect, no process started)."""
-    if not os.path.exists(path):
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(2.0)
-        try:
-            s.connect(path)
-            return True
-        except OSError:
-            return False
-
-
 class MasterFailed(HostError):
     """A master (to the host, or to one of its jump hosts: `spec`) did not start: ssh's `log`."""
 
@@ -162,6 +151,7 @@ class Master:
         self.session = session  # run the empty session at start (a caller whose first use is one: no)
         self.lock = _lock_for(path)
         self.alive_interval = alive  # ServerAliveInterval: a lost host ends the master after 3 of them
+        self.argv: list[str] | None = None  # the ssh `start` ran (None: none, or one behind jump hosts)
 
     def _control(self, command: str, timeout: float = 10.0) -> subprocess.CompletedProcess[str] | None:
         try:
@@ -208,9 +198,6 @@ class Master:
         return out
 
     def start(self) -> None:
-        Path(self.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # a dead master's socket: ssh would not replace it, and run unshared
         hops = self.hops()
         for hop in hops:
             hop.ensure()
@@ -222,14 +209,16 @@ class Master:
         argv = ssh_argv(self.ssh, self.spec, self.ssh_config, self.connect_timeout, *via,
                         "-o", "ControlMaster=yes", "-o", f"ControlPath={self.path}",
                         "-o", f"ControlPersist={self.persist}", *back, "-N", "-f", alive=self.alive_interval)
-        # stderr to a file, not a pipe: the master that `-f` leaves behind keeps it open.
-        with open(log, "w") as err:
-            try:
-                r = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                   timeout=self.connect_timeout + 20, start_new_session=True)
-                code = r.returncode
-            except subprocess.TimeoutExpired:
-                code = None
+        # The same ssh begun before dtf had loaded (dtf.hosts.spawn: the last `up` of an unchanged
+        # inventory ran it), else our own.
+        proc = spawn.take(self.path, argv) or spawn.start(argv, self.path)
+        try:
+            code: int | None = proc.wait(timeout=self.connect_timeout + 20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = None
+        self.argv = None if hops else argv
         if code != 0:
             lines = [s for s in log.read_text(errors="replace").splitlines() if s.strip()]
             why = lines[-1] if lines else ("no answer" if code is None else f"ssh exited {code}")
@@ -250,10 +239,10 @@ class Master:
         """Start the master unless it runs (again, after it was lost). A socket that accepts a
         connection is a running master: 100 hosts behind one jump host ask at once, and an
         `ssh -O check` each, one after another under the lock, took seconds."""
-        if listening(self.path):
+        if listening(self.path) and not spawn.pending(self.path):
             return
         with self.lock:
-            if not self.alive():
+            if spawn.pending(self.path) or not self.alive():
                 self.start()
 
     def stop(self) -> None:

@@ -1,0 +1,191 @@
+"""An OpenSSH master's process: started (`start`, for dtf.hosts.tunnel.Master), and the one begun
+before dtf has loaded, from what the last `dtf up` of the same inventory ran (`begin`).
+
+`dtf up` of a Slurm inventory waits first on the SSH handshake to the login host (0.2-0.3 s).
+dtf.entry begins it as soon as it has read the inventory, but reading it (yaml, the inventory's
+parser) and the modules that build the master's command line take 0.08-0.15 s. So each master a
+`dtf up` starts for the login host is remembered (`remember`: its command line and control path,
+under the inventory file's size, mtime and inode, and the --connect-timeout and --ttl given), in
+DTF_HOME/login-masters.json; the next plain `dtf up` of the unchanged file starts that command line
+at once (`begin`, with no module of dtf loaded but this one), and the master that `up` then asks
+for at that control path takes it over (`take`) when it would run the same command line. One that
+would run another (ssh_config now names a ProxyJump, dtf changed its options) ends the early one,
+and the master it made, first: what starts early never outlives a command that did not take it
+(`abandon`, on the way out of dtf.entry), and never becomes a cluster's master unless `up` would
+have started exactly it.
+
+Standard library only (os, json; subprocess and socket only when used): this runs before the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+TYPE_CHECKING = False  # (typing's, without its import)
+if TYPE_CHECKING:
+    import subprocess
+
+CACHE = "login-masters.json"
+END_WAIT = 5.0  # seconds an early master that no one took has to go after `-O exit`
+
+_pending: dict[str, tuple[list[str], subprocess.Popen[bytes]]] = {}  # control path -> begun, not taken
+_begun: set[str] = set()  # control paths whose master this process began early (taken or not)
+
+
+def cache_path() -> str:
+    """DTF_HOME/login-masters.json (dtf.cluster.state.home(), without that module's imports)."""
+    return os.path.join(os.path.expanduser(os.environ.get("DTF_HOME") or "~/.dtf"), CACHE)
+
+
+def listening(path: str) -> bool:
+    """Whether a master answers on the socket (a connect, no process started)."""
+    if not os.path.exists(path):
+        return False
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2.0)
+        try:
+            s.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+def start(argv: list[str], path: str) -> subprocess.Popen[bytes]:
+    """Start a master's ssh (`-N -f` in `argv`: it exits once the master runs, or failed) with its
+    control socket at `path` and its stderr in `path`.log: a file, not a pipe, for the master that
+    `-f` leaves behind keeps it open. A dead master's socket at `path` is removed first: ssh would
+    not replace it, and would run unshared."""
+    import subprocess
+
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    with open(path + ".log", "w") as err:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
+
+
+def _stat(inventory: str) -> list[int] | None:
+    try:
+        st = os.stat(inventory)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+
+
+def _load() -> dict[str, dict[str, object]]:
+    try:
+        with open(cache_path()) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def begin(inventory: str, connect_timeout: float | None, ttl: float | None) -> None:
+    """Start the master the last `up` of this inventory file started (see the module's doc), if the
+    file is unchanged, `up` is given the same --connect-timeout and --ttl, and no master answers at
+    its control path already (a cluster that is up keeps its own)."""
+    entry = _load().get(os.path.realpath(inventory))
+    if not isinstance(entry, dict) or entry.get("stat") != _stat(inventory):
+        return
+    if entry.get("connect_timeout") != connect_timeout or entry.get("ttl") != ttl:
+        return
+    argv, path = entry.get("argv"), entry.get("path")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv) and isinstance(path, str)):
+        return
+    if path in _pending or listening(path):
+        return
+    try:
+        proc = start(argv, path)
+    except OSError:  # (no ssh there any more: `up` says so itself)
+        return
+    _pending[path] = (argv, proc)
+    _begun.add(path)
+
+
+def pending(path: str) -> bool:
+    """Whether a master begun early at `path` waits to be taken (`take`): it answers there once its
+    handshake is over, but is not the cluster's until a Master that would run the same took it."""
+    return path in _pending
+
+
+def begun(path: str) -> bool:
+    """Whether this process began the master at `path` early (it is this process's to close)."""
+    return path in _begun
+
+
+def take(path: str, argv: list[str] | None) -> subprocess.Popen[bytes] | None:
+    """The ssh begun early at `path`, if it runs `argv` (None: what is to run there is not known
+    yet: it is ended), for the caller to wait on as its own; one that runs another command line is
+    ended, the master it made closed, and None returned: the caller starts its own."""
+    begun_early = _pending.pop(path, None)
+    if begun_early is None:
+        return None
+    if begun_early[0] == argv:
+        return begun_early[1]
+    _end(path, *begun_early)
+    return None
+
+
+def _end(path: str, argv: list[str], proc: subprocess.Popen[bytes]) -> None:
+    """End an early master: its ssh (still in its handshake, or gone once the master runs), then
+    the master it left, if any (`-O exit`), waited for until its socket no longer answers."""
+    import subprocess
+
+    try:
+        proc.wait(timeout=0.2)
+    except subprocess.TimeoutExpired:  # still in its handshake: no master yet
+        proc.kill()
+        proc.wait()
+    if listening(path):
+        try:
+            subprocess.run([argv[0], "-S", path, "-O", "exit", "dtf-host"], stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        deadline = time.monotonic() + END_WAIT
+        while listening(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    for leftover in (path + ".log",):
+        try:
+            os.unlink(leftover)
+        except OSError:
+            pass
+
+
+def abandon() -> None:
+    """End every master begun early that no `up` took (the command is over)."""
+    while _pending:
+        path, begun_early = _pending.popitem()
+        _end(path, *begun_early)
+
+
+def remember(inventory: str, connect_timeout: float | None, ttl: float | None, argv: list[str],
+             path: str) -> None:
+    """Keep the command line of a master `up` started for this inventory's login host, for the next
+    `up` of the same file to `begin` (written whole, then renamed: a reader never sees half)."""
+    stat = _stat(inventory)
+    if stat is None:
+        return
+    data = _load()
+    data[os.path.realpath(inventory)] = {"stat": stat, "connect_timeout": connect_timeout, "ttl": ttl,
+                                         "argv": argv, "path": path}
+    cache = cache_path()
+    tmp = f"{cache}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, cache)
+    except OSError:  # a cache: `up` goes on without it
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
