@@ -203,7 +203,8 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
 # login host's clock: a loaded slurmctld makes each squeue slower, not the look longer than
 # that and one squeue), until the job leaves the pending states; once it runs, its nodes in
 # Slurm's order and their records (NodeAddr), in the same answer, and THEN (sh: the lease watch's
-# step, watch_command) started detached, its $first the job's first node (exit 4 if it cannot).
+# step, watch_command) started detached, WATCH_DELAY seconds later, its $first the job's first
+# node (exit 4 if it cannot).
 # `--submit`: salloc first (its argv after `--`), left in the background (it waits there while
 # the job pends, and exits once it is granted or cancelled), its job id read from its first words
 # (within ID_SECONDS; its error, if it ends without one), on the answer's first line; a laptop
@@ -212,6 +213,12 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
 # running job `---` and `scontrol --oneliner show node` of its nodes: one line each, in Slurm's
 # order (scontrol walks the node list as `scontrol show hostnames` does: one command fewer).
 WAIT_SECONDS, WAIT_PAUSE, ID_SECONDS = 1.0, 0.1, 20
+# THEN (the lease watch) starts this long after the job runs: its srun, slurmstepd and python (0.1 s
+# of CPU on the lab) would share the login host's and the first node's cores with the nodes' own
+# start, which `up` waits for. The watch acts on a lease that ends minutes or hours later; it takes
+# as its own a lease written from 1 s before it began (_HOLD), which `up`'s last write, once the
+# servers serve, is.
+WATCH_DELAY = 0.5
 _WAIT = r"""set -e
 NL='
 '
@@ -271,7 +278,8 @@ out=$(
     first=
     case $shown in NodeName=*) first=${shown#NodeName=}; first=${first%%[ $NL]*} ;; esac
     if [ -n "$THEN" ] && [ -n "$first" ]; then
-      eval "setsid -f $THEN" >/dev/null 2>&1 </dev/null || { echo "cannot start the lease watch" >&2; exit 4; }
+      eval "setsid -f sh -c 'sleep \$0; exec \"\$@\"' $WATCH_DELAY $THEN" >/dev/null 2>&1 </dev/null ||
+        { echo "cannot start the lease watch" >&2; exit 4; }
     fi
     echo ---
     echo "$shown" ;;
@@ -287,7 +295,7 @@ def wait_argv(job: str | None = None, submit: list[str] | None = None, seconds: 
     or submit it first (`submit`: the salloc argv) and look at it: one command (see _WAIT). `then`:
     sh to start, detached, once the job runs (watch_command)."""
     script = (f"MS={round(max(0.0, seconds) * 1000)}; PAUSE={pause:g}; ID_MS={ID_SECONDS * 1000}; "
-              f"THEN={shlex.quote(then or '')}\n{_WAIT}")
+              f"WATCH_DELAY={WATCH_DELAY:g}; THEN={shlex.quote(then or '')}\n{_WAIT}")
     if submit is not None:
         return ["sh", "-c", script, "sh", "--submit", "-", "-", "--", *submit]
     assert job is not None
