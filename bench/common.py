@@ -3,8 +3,11 @@ figures are printed. The scripts reuse the tests' own code rather than a copy of
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -13,3 +16,30 @@ sys.path.insert(0, str(REPO / "tests"))  # tests/lab.py and tests/helpers.py
 
 def fmt(xs: list[float]) -> str:
     return f"median {statistics.median(xs):6.2f}s  (min {min(xs):.2f}, max {max(xs):.2f}, n={len(xs)})"
+
+
+def as_installed() -> None:
+    """Run this script again under the python of a user's install, where it runs under this
+    checkout's development environment: that holds dtf as an editable install, whose import hook
+    (setuptools' finder, for the two source roots client/ and server/) is 28 ms of every python's
+    start (50 ms against 21 for `python -c pass` here), the CLI's and, on the labs, whose hosts
+    run this python, each launcher's and server's: no user's laptop or host pays it. The python
+    used: a virtual environment of the same interpreter whose one .pth puts the checkout's sources
+    and the development environment's packages on sys.path (as a wheel's install does: no hook,
+    no other .pth run), kept beside it as .venv/installed. Both sides of a comparison run on it:
+    dtf, its hosts, and the floor."""
+    if os.environ.get("DTF_BENCH_AS_INSTALLED") or sys.prefix == sys.base_prefix:
+        return
+    site = sysconfig.get_paths()["purelib"]
+    if not any(name.startswith("__editable__.dtf") for name in os.listdir(site)):
+        return
+    env = Path(sys.prefix) / "installed"
+    python = env / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    target = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                            check=True, capture_output=True, text=True).stdout.strip()
+    Path(target, "dtf-checkout.pth").write_text(f"{REPO / 'client'}\n{REPO / 'server'}\n{site}\n")
+    print(f"(running under {python}: dtf as installed, without the editable install's import hook)",
+          flush=True)
+    os.execve(str(python), [str(python), *sys.argv], {**os.environ, "DTF_BENCH_AS_INSTALLED": "1"})

@@ -5,9 +5,10 @@
 One lab of as many hosts as the largest count; for each count N, a cluster of one task per host
 (h0 the ps, the others workers) on the first N hosts, and in one run:
 - the floor: one `ssh HOST PYTHON -c pass` per host, all at once (a handshake and a python each),
-  straight to the hosts; PYTHON is the hosts' python, the one dtf's launcher and servers run on (the
-  lab's: this checkout's virtual environment, whose start is 40 ms of CPU against 10 ms for the
-  system's python3: it holds dtf as an editable install, which real hosts never have);
+  straight to the hosts; PYTHON is the hosts' python, the one dtf's launcher and servers run on:
+  this script's own, which is dtf as a user installs it (common.as_installed: run from the
+  checkout's development environment, the script runs again under a python without that
+  environment's editable-install hook, 28 ms of every python's start);
 - `dtf up`, `dtf status`, `dtf down` with DTF_SERVER=fake (no TensorFlow), each against the floor.
 With `--bastion`, every host is reached through one ProxyJump host whose sshd keeps OpenSSH's
 defaults (MaxStartups 10:30:100); the floor through it (ssh's own ProxyJump: one connection to
@@ -28,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO  # (puts tests/ on the path)
+from common import REPO, as_installed  # (puts tests/ on the path)
 from helpers import dtf
 from lab import Lab
 
@@ -165,4 +166,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    as_installed()
     main()
