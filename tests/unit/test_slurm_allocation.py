@@ -316,12 +316,14 @@ def test_a_ctrl_c_while_the_entry_begins_its_work_comes_once_that_is_done(
         done.append(path)
 
     monkeypatch.setattr(entry, "_begin_early", work)
-    assert run_entry(["up", "inv.yaml"], monkeypatch) == 130
-    assert done == ["inv.yaml"] and capsys.readouterr().err == "dtf: error: interrupted\n"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    # where whoever started dtf ignores SIGINT, it stays ignored
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGINT's handler as in a `dtf` process (a pytest-xdist worker has its own)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        assert run_entry(["up", "inv.yaml"], monkeypatch) == 130
+        assert done == ["inv.yaml"] and capsys.readouterr().err == "dtf: error: interrupted\n"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        # where whoever started dtf ignores SIGINT, it stays ignored
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         entry.begin_early(["up", "inv.yaml"])
         assert done == ["inv.yaml", "inv.yaml"] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
