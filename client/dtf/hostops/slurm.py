@@ -138,7 +138,8 @@ class HeadStart:
     def abandon(self) -> None:
         """Close the master this opened, unless `transport()` handed it on. Its handshake is
         waited for (as long as the master's own start waits for ssh, at most)."""
-        self._thread.join(self._args[3] + 30)
+        _, _, _, connect_timeout, _ = self._args
+        self._thread.join(connect_timeout + 30)
         self._done()
         if self._opened:
             close_masters(self.cluster)

@@ -153,11 +153,10 @@ def _end(path: str, argv: list[str], proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + END_WAIT
         while listening(path) and time.monotonic() < deadline:
             time.sleep(0.02)
-    for leftover in (path + ".log",):
-        try:
-            os.unlink(leftover)
-        except OSError:
-            pass
+    try:
+        os.unlink(path + ".log")
+    except OSError:
+        pass
 
 
 def abandon() -> None:
