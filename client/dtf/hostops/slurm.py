@@ -72,6 +72,11 @@ class HeadStart:
         self._error: BaseException | None = None
         self._opened = False  # a master this started (none ran), not handed on yet
         self._loaded = threading.Event()
+        # Set once _open is over. Waited on rather than the thread's join: a join that a Ctrl-C
+        # interrupts can mark the thread stopped while it still runs (CPython's Thread.join, as
+        # seen here: the abandon's join then returned at once, before the master was up, and the
+        # master it went on to start stayed).
+        self._finished = threading.Event()
         self._thread = threading.Thread(target=self._open, name="dtf-login-master", daemon=True)
         HeadStart._live.append(self)  # (before the wait below: a Ctrl-C there still finds it)
         self._thread.start()
@@ -97,6 +102,7 @@ class HeadStart:
             self._error = e
         finally:
             self._loaded.set()
+            self._finished.set()
 
     @classmethod
     def begin_early(cls, inv: Inventory, connect_timeout: float, ttl: float | None,
@@ -127,7 +133,7 @@ class HeadStart:
     def transport(self) -> SSHTransport:
         """The login host's transport, once open: its user's from now on (`allocate` closes the
         master when it fails)."""
-        self._thread.join()
+        self._finished.wait()
         self._done()
         if self._error is not None:
             raise self._error
@@ -139,7 +145,7 @@ class HeadStart:
         """Close the master this opened, unless `transport()` handed it on. Its handshake is
         waited for (as long as the master's own start waits for ssh, at most)."""
         _, _, _, connect_timeout, _ = self._args
-        self._thread.join(connect_timeout + 30)
+        self._finished.wait(connect_timeout + 30)
         self._done()
         if self._opened:
             close_masters(self.cluster)
