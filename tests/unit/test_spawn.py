@@ -15,7 +15,8 @@ import pytest
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts import spawn
-from dtf.hosts.tunnel import Master, _wait_exited
+from dtf.hosts.spawn import _wait_exited
+from dtf.hosts.tunnel import Master
 
 FAKE_SSH = r'''
 import os, socket, sys, time

@@ -44,7 +44,7 @@ from dtf.hosts.transport import (
     process_lines,
     temporary_name,
 )
-from dtf.hosts.tunnel import STOP_WAIT, Master, MasterFailed, _parallel, _wait_exited
+from dtf.hosts.tunnel import Master, MasterFailed, _parallel
 
 NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
 ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands) in ~15 s
@@ -139,11 +139,10 @@ class ControlTransport(SSHTransport):
         return target
 
     def open(self) -> None:
-        path = self.master.path
-        if listening(path) and not spawn.pending(path):
+        if spawn.answering(self.master.path):
             return
         with self.master.lock:
-            if listening(path) and not spawn.pending(path):
+            if spawn.answering(self.master.path):
                 return
             try:
                 self.master.start()
@@ -282,25 +281,6 @@ class ControlTransport(SSHTransport):
         return super().open_tcp(target, timeout)
 
 
-def _stop(ssh: str, path: str) -> None:
-    """Close one master and wait until it has exited (a hop's carries the hosts' until they have)."""
-    def control(command: str) -> str | None:
-        try:
-            # The host argument is required and ignored: the socket names the master.
-            r = subprocess.run([ssh, "-S", path, "-O", command, "dtf-host"], capture_output=True, text=True,
-                               timeout=10, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return r.stderr + r.stdout if r.returncode == 0 else None
-
-    checked = control("check") if listening(path) else None
-    m = re.search(r"pid=(\d+)", checked or "")
-    if m and control("exit") is not None:
-        _wait_exited(int(m.group(1)), STOP_WAIT)
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-
-
 def close_control(home: Path, cluster: str) -> int:
     """Close every master of the cluster (the hosts' first, then their jump hosts'); how many ran."""
     from dtf.hosts.openssh import ssh_binary
@@ -313,7 +293,7 @@ def close_control(home: Path, cluster: str) -> int:
     hosts = [p for p in paths if not os.path.basename(p).split("-", 1)[1].startswith("j")]
     hops = [p for p in paths if p not in hosts]
     for group in (hosts, hops):
-        _parallel([functools.partial(_stop, ssh, p) for p in group])
+        _parallel([functools.partial(spawn.stop, ssh, p) for p in group])
     for p in found:  # the logs too, a failed start's included
         with contextlib.suppress(OSError):
             os.unlink(p if p.endswith(".log") else p + ".log")

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import subprocess
 
 CACHE = "login-masters.json"
-END_WAIT = 5.0  # seconds an early master that no one took has to go after `-O exit`
+STOP_WAIT = 5.0  # seconds a master has to exit after `-O exit`
 
 _pending: dict[str, tuple[list[str], subprocess.Popen[bytes]]] = {}  # control path -> begun, not taken
 _begun: set[str] = set()  # control paths whose master this process began early (taken or not)
@@ -52,6 +52,57 @@ def listening(path: str) -> bool:
             return True
         except OSError:
             return False
+
+
+def answering(path: str) -> bool:
+    """Whether the master at `path` answers and is the cluster's: not one begun early that no
+    Master took yet (it answers once its handshake is over: `pending`)."""
+    return listening(path) and not pending(path)
+
+
+def _wait_exited(pid: int, timeout: float) -> bool:
+    """Until process `pid` has ended (or is a zombie, where /proc says so); False at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.02)
+    return False
+
+
+def stop(ssh: str, path: str) -> None:
+    """Close the master at `path` and wait until it has exited (a hop's carries the hosts' until
+    they have); its socket is removed."""
+    import re
+    import subprocess
+
+    def control(command: str) -> str | None:
+        try:
+            # The host argument is required and ignored: the socket names the master.
+            r = subprocess.run([ssh, "-S", path, "-O", command, "dtf-host"], capture_output=True, text=True,
+                               timeout=10, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stderr + r.stdout if r.returncode == 0 else None
+
+    checked = control("check") if listening(path) else None
+    m = re.search(r"pid=(\d+)", checked or "")
+    if m and control("exit") is not None:
+        _wait_exited(int(m.group(1)), STOP_WAIT)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def start(argv: list[str], path: str) -> subprocess.Popen[bytes]:
@@ -136,7 +187,7 @@ def take(path: str, argv: list[str] | None) -> subprocess.Popen[bytes] | None:
 
 def _end(path: str, argv: list[str], proc: subprocess.Popen[bytes]) -> None:
     """End an early master: its ssh (still in its handshake, or gone once the master runs), then
-    the master it left, if any (`-O exit`), waited for until its socket no longer answers."""
+    the master it left, if any (`stop`), and its log."""
     import subprocess
 
     try:
@@ -144,15 +195,7 @@ def _end(path: str, argv: list[str], proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:  # still in its handshake: no master yet
         proc.kill()
         proc.wait()
-    if listening(path):
-        try:
-            subprocess.run([argv[0], "-S", path, "-O", "exit", "dtf-host"], stdin=subprocess.DEVNULL,
-                           capture_output=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        deadline = time.monotonic() + END_WAIT
-        while listening(path) and time.monotonic() < deadline:
-            time.sleep(0.02)
+    stop(argv[0], path)
     try:
         os.unlink(path + ".log")
     except OSError:

@@ -57,7 +57,7 @@ from dtf.cluster.inventory import HostSpec
 from dtf.hosts import spawn
 from dtf.hosts.netutil import CONNECT_TIMEOUT, listen_port
 from dtf.hosts.openssh import ALIVE_INTERVAL, ssh_argv, ssh_binary
-from dtf.hosts.spawn import listening
+from dtf.hosts.spawn import STOP_WAIT, _wait_exited
 from dtf.hosts.transport import HostError, SSHTransport
 
 PERSIST = 60  # ControlPersist: seconds an unused master stays (a killed `dtf train` leaves none behind)
@@ -76,7 +76,6 @@ def control_path(home: Path, cluster: str, host: str) -> str:
 
 
 MAX_HOPS = 8  # jump hosts followed (ssh_config can loop)
-STOP_WAIT = 5.0  # seconds a master has to exit after `-O exit`
 
 
 def parse_jump(text: str, spec: HostSpec) -> HostSpec:
@@ -91,25 +90,6 @@ def parse_jump(text: str, spec: HostSpec) -> HostSpec:
     elif host.count(":") == 1 and host.split(":")[1].isdigit():
         host, port = host.split(":")[0], int(host.split(":")[1])
     return replace(spec, host=host, user=user or None, port=port, identity_file=None)
-
-
-def _wait_exited(pid: int, timeout: float) -> bool:
-    """Until process `pid` has ended (or is a zombie, where /proc says so); False at the deadline."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
-                return True
-        except (OSError, IndexError):
-            pass
-        time.sleep(0.02)
-    return False
 
 
 class MasterFailed(HostError):
@@ -239,7 +219,7 @@ class Master:
         """Start the master unless it runs (again, after it was lost). A socket that accepts a
         connection is a running master: 100 hosts behind one jump host ask at once, and an
         `ssh -O check` each, one after another under the lock, took seconds."""
-        if listening(self.path) and not spawn.pending(self.path):
+        if spawn.answering(self.path):
             return
         with self.lock:
             if spawn.pending(self.path) or not self.alive():
