@@ -205,7 +205,7 @@ def _slurm_allocation(inv: Inventory, inventory: Path, wait: float, connect_time
     except BaseException:
         # The master it opened, unless the allocation took it (it closes it then); also where a
         # Ctrl-C came while HeadStart began, before `head` was set.
-        HeadStart.abandon_early()
+        HeadStart.abandon_all()
         raise
 
 

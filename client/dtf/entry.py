@@ -122,7 +122,7 @@ def main() -> None:
     finally:
         slurm = sys.modules.get("dtf.hostops.slurm")  # (a command that never loaded it began nothing)
         if slurm is not None:
-            slurm.HeadStart.abandon_early()
+            slurm.HeadStart.abandon_all()
         spawn = sys.modules.get("dtf.hosts.spawn")
         if spawn is not None:
             spawn.abandon()

@@ -61,7 +61,7 @@ class HeadStart:
     is no master to open: `transport()` gives the paramiko transport."""
 
     _early: HeadStart | None = None  # begun by dtf.entry, before the CLI; not yet taken by `up`
-    _live: ClassVar[list[HeadStart]] = []  # begun, not yet handed on nor abandoned (abandon_early ends them)
+    _live: ClassVar[list[HeadStart]] = []  # begun, not yet handed on nor abandoned (abandon_all ends them)
 
     def __init__(self, inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None,
                  remember: Callable[[list[str], str], None] | None = None) -> None:
@@ -123,7 +123,7 @@ class HeadStart:
         return None
 
     @classmethod
-    def abandon_early(cls) -> None:
+    def abandon_all(cls) -> None:
         """The command is over: abandon a head start begun early that no `up` took, and any other
         whose master was never handed on (an `up` interrupted while it waited for it)."""
         cls._early = None
