@@ -490,6 +490,10 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
                         connect_timeout=connect_timeout, taken_down=taken_down, verbose=verbose)
     for note in check_plan(record.plan):
         say(note)
+    if record.plan.ssh_config:  # the copies' followers and output copies read it with paramiko
+        from dtf.hosts.transport import check_ssh_config
+
+        check_ssh_config(Path(record.inventory), record.plan.ssh_config, paramiko_reads=True)
     with contextlib.ExitStack() as stack:
         stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
                                         connect_timeout=connect_timeout))

@@ -130,12 +130,15 @@ class ControlTransport(SSHTransport):
         self._paramiko_lock = threading.Lock()
 
     def _target(self) -> str:
-        """user@address:port as ssh_config resolves them (read, no network), for messages."""
-        conn = self.connection()
-        target = f"{conn.user}@{conn.host}:{conn.port}"
-        if conn.gateway is not None:
-            hop = conn.gateway if isinstance(conn.gateway, str) else conn.gateway.original_host
-            target += f" (via {hop})"
+        """user@address:port as OpenSSH resolves them (`ssh -G`: read, no network), for messages."""
+        from dtf.hosts.openssh import settings
+
+        found = settings(self.ssh, self.spec, self.ssh_config_path)
+        target = (f"{found.get('user') or self.spec.user or '?'}@{found.get('hostname') or self.spec.host}:"
+                  f"{found.get('port') or self.spec.port or 22}")
+        hop = found.get("proxyjump", "")
+        if hop and hop.lower() != "none":
+            target += f" (via {hop.split(',')[0]})"
         return target
 
     def open(self) -> None:

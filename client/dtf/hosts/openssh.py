@@ -1,4 +1,5 @@
-"""The OpenSSH client's command line for a host, as the inventory and ssh_config say.
+"""The OpenSSH client's command line for a host, as the inventory and ssh_config say, and what
+OpenSSH resolves for it (`settings`: `ssh -G`, the HostName it connects to and its ProxyJump).
 
 Below both `transport` (which streams `dtf sync`'s bytes through `ssh` when there is one) and
 `tunnel` (which runs SSH masters): neither imports the other for it.
@@ -39,3 +40,66 @@ def ssh_argv(ssh: str, spec: HostSpec, ssh_config: str | None, connect_timeout: 
     if spec.identity_file:
         argv += ["-i", os.path.expanduser(spec.identity_file)]
     return [*argv, *options, spec.host]
+
+
+# OpenSSH's settings for a host, as `ssh -G` prints them: (argv) -> (when read, {key: first value}).
+_settings: dict[tuple[str, ...], tuple[float, dict[str, str]]] = {}
+SETTINGS_FOR = 60.0  # seconds a host's settings are reused (an `up`'s plan and its masters ask the same)
+SETTINGS_TIMEOUT = 10.0  # seconds `ssh -G` gets (it reads files; a `Match exec` may run a command)
+
+
+def _settings_argv(ssh: str, spec: HostSpec, ssh_config: str | None) -> tuple[str, ...]:
+    """`ssh -G`'s command line for the host, and (the cache's key) the config file's mtime."""
+    config = os.path.expanduser(ssh_config or "~/.ssh/config")
+    try:
+        changed = str(os.stat(config).st_mtime_ns)
+    except OSError:
+        changed = "-"
+    return (*ssh_argv(ssh, spec, ssh_config, 10, "-G"), changed)
+
+
+def prefetch(ssh: str, specs: list[HostSpec], ssh_config: str | None) -> None:
+    """Read the settings of every host at once (one `ssh -G` each, side by side), for `settings`."""
+    import subprocess
+    import time
+
+    now = time.monotonic()
+    wanted = {argv for argv in (_settings_argv(ssh, spec, ssh_config) for spec in specs)
+              if argv not in _settings or now - _settings[argv][0] > SETTINGS_FOR}
+    procs = {}
+    for argv in wanted:
+        try:
+            procs[argv] = subprocess.Popen(argv[:-1], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                           stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            continue
+    deadline = time.monotonic() + SETTINGS_TIMEOUT
+    for argv, proc in procs.items():
+        try:
+            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            continue
+        if proc.returncode == 0:
+            _settings[argv] = (now, _parse(out))
+
+
+def _parse(out: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        found.setdefault(key.lower(), value.strip())
+    return found
+
+
+def settings(ssh: str, spec: HostSpec, ssh_config: str | None) -> dict[str, str]:
+    """OpenSSH's settings for the host (`ssh -G`: ssh_config resolved, no network; the first value
+    of each key, keys in lower case): what OpenSSH will connect to (hostname, user, port,
+    proxyjump). {} where ssh cannot say. Reused for SETTINGS_FOR seconds."""
+    argv = _settings_argv(ssh, spec, ssh_config)
+    import time
+
+    if argv not in _settings or time.monotonic() - _settings[argv][0] > SETTINGS_FOR:
+        prefetch(ssh, [spec], ssh_config)
+    return _settings[argv][1] if argv in _settings else {}

@@ -562,9 +562,16 @@ def transport_for(spec: HostSpec, ssh_config: str | None = None,
     return SSHTransport(spec, ssh_config, connect_timeout)
 
 
-def resolver(ssh_config: str | None) -> Callable[[HostSpec], str]:
-    """A function giving each host's TF address: `address` key, else ssh_config HostName."""
+def resolver(ssh_config: str | None, specs: Sequence[HostSpec] = ()) -> Callable[[HostSpec], str]:
+    """A function giving each host's TF address: `address` key, else ssh_config's HostName. Read
+    by OpenSSH where there is an `ssh` (the one that connects: `ssh -G`, every host of `specs` at
+    once, and the same settings its master reads for its jump hosts), else by paramiko: importing
+    it was 0.15-0.25 s of every `up`'s start, before any host was reached."""
+    from dtf.hosts.openssh import prefetch, settings, ssh_binary
 
+    ssh = ssh_binary()
+    if ssh is not None:
+        prefetch(ssh, [spec for spec in specs if spec.connection == "ssh" and not spec.address], ssh_config)
     parsed: list[Any] = []  # the inventory's ssh_config, read once for every host
 
     def resolve(spec: HostSpec) -> str:
@@ -572,6 +579,8 @@ def resolver(ssh_config: str | None) -> Callable[[HostSpec], str]:
             return spec.address
         if spec.connection == "local":
             return "127.0.0.1"
+        if ssh is not None and spec.connection == "ssh":
+            return settings(ssh, spec, ssh_config).get("hostname") or spec.host
         if ssh_config:  # a Fabric Connection per host reads its config anew: 100 hosts took seconds
             import paramiko
 
@@ -583,12 +592,12 @@ def resolver(ssh_config: str | None) -> Callable[[HostSpec], str]:
     return resolve
 
 
-def check_ssh_config(inventory_path: Path, ssh_config: str, paramiko_reads: bool = True) -> None:
+def check_ssh_config(inventory_path: Path, ssh_config: str, paramiko_reads: bool = False) -> None:
     """The inventory's ssh_config must be a file its readers can parse: say so at the inventory's
     `ssh_config:` line, not with a traceback later. Its readers: OpenSSH, where there is an `ssh`
-    (every connection is its: `ssh -F FILE -G` reads the whole file, 8 ms), and paramiko where
-    `paramiko_reads` (the hosts' TF addresses: resolver) or there is no `ssh`. A Slurm inventory's
-    nodes have their addresses from Slurm: its `up` does not import paramiko (0.1 s) for this."""
+    (every connection and the hosts' TF addresses are its: `ssh -F FILE -G` reads the whole file,
+    8 ms), and paramiko where there is no `ssh`, or where `paramiko_reads` (collective mode's
+    followers and file copies are paramiko's): not at `up`, whose paramiko import was 0.15-0.25 s."""
     from dtf.errors import InventoryError, Problem
     from dtf.hosts.openssh import ssh_binary
 
@@ -618,6 +627,9 @@ def check_ssh_config(inventory_path: Path, ssh_config: str, paramiko_reads: bool
             reason = f"cannot parse it: {e}"
     if reason is None:
         return
-    text = inventory_path.read_text(errors="replace")
+    try:
+        text = inventory_path.read_text(errors="replace")
+    except OSError:  # (moved since `up`: the line is not known)
+        text = ""
     line = next((i for i, s in enumerate(text.splitlines(), 1) if s.startswith("ssh_config")), 1)
     raise InventoryError([Problem(str(inventory_path), line, 1, "ssh_config", f"{ssh_config}: {reason}")])

@@ -56,7 +56,7 @@ from typing import Any
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts import spawn
 from dtf.hosts.netutil import CONNECT_TIMEOUT, listen_port
-from dtf.hosts.openssh import ALIVE_INTERVAL, ssh_argv, ssh_binary
+from dtf.hosts.openssh import ALIVE_INTERVAL, settings, ssh_argv, ssh_binary
 from dtf.hosts.spawn import STOP_WAIT, _wait_exited
 from dtf.hosts.transport import HostError, SSHTransport
 
@@ -155,15 +155,9 @@ class Master:
         hop first; none where this master connects through one of dtf's or ssh_config has none."""
         if self.through is not None or self.depth >= MAX_HOPS:
             return []
-        try:
-            r = subprocess.run(ssh_argv(self.ssh, self.spec, self.ssh_config, self.connect_timeout, "-G"),
-                               capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired):
-            return []
-        for line in r.stdout.splitlines():
-            key, _, value = line.partition(" ")
-            if key.lower() == "proxyjump" and value.strip() and value.strip().lower() != "none":
-                return [parse_jump(hop, self.spec) for hop in value.split(",")]
+        value = settings(self.ssh, self.spec, self.ssh_config).get("proxyjump", "")
+        if value and value.lower() != "none":
+            return [parse_jump(hop, self.spec) for hop in value.split(",")]
         return []
 
     def hops(self) -> list[Master]:
