@@ -1,13 +1,18 @@
 """The `dtf` command's entry point (pyproject's [project.scripts], and `python -m dtf`).
 
 What can begin before the CLI has loaded (typer and the modules of the command: 0.1-0.2 s of a
-command's start) begins here; then dtf.cli runs. Today that is one thing: `dtf up` of a Slurm
-inventory opens the SSH master to the login host (dtf.hostops.slurm.HeadStart), whose handshake
-(0.2-0.3 s) then overlaps the CLI's loading; `up` takes it over once it has read its arguments as
-the CLI reads them (HeadStart.take: the same inventory, timeout and ttl), and one `up` did not
-take (it failed before, or asked otherwise) is closed on the way out. Where the last `up` of the
-same, unchanged inventory file started that master, its ssh starts first of all, before the
-inventory is read (dtf.hosts.spawn), and the master takes it over when it would run the same.
+command's start) begins here; then dtf.cli runs. That is `dtf up`'s SSH handshakes (0.2-0.3 s
+each), which then overlap the CLI's loading:
+- Where the last `up` of the same, unchanged inventory file started masters (to its hosts, or to
+  a Slurm inventory's login host), their ssh start first of all, before the inventory is read
+  (dtf.hosts.spawn); each master `up` then asks for takes its ssh over when it would run the same,
+  and one no `up` took is closed on the way out. What this `up` started is remembered then, for
+  the next.
+- `dtf up` of a Slurm inventory also opens the login host's master in a thread as soon as the
+  inventory is read (dtf.hostops.slurm.HeadStart), for the first `up` of the file; `up` takes it
+  over once it has read its arguments as the CLI reads them (HeadStart.take: the same inventory,
+  timeout and ttl), and one `up` did not take (it failed before, or asked otherwise) is closed on
+  the way out.
 
 The command line is read here only where it is plainly `dtf up INVENTORY` with the options below:
 anything else (--help, --dry-run, --replace, an option this does not know, a second argument, an
@@ -104,10 +109,7 @@ def _begin_early(path: str, timeout: float | None, ttl: float | None) -> None:
     from dtf.hostops.slurm import HeadStart
     from dtf.hosts.netutil import CONNECT_TIMEOUT
 
-    def remember(ssh: list[str], control: str) -> None:
-        spawn.remember(path, timeout, ttl, ssh, control)
-
-    HeadStart.begin_early(inv, CONNECT_TIMEOUT if timeout is None else timeout, ttl, remember)
+    HeadStart.begin_early(inv, CONNECT_TIMEOUT if timeout is None else timeout, ttl)
 
 
 def main() -> None:
@@ -125,4 +127,5 @@ def main() -> None:
             slurm.HeadStart.abandon_all()
         spawn = sys.modules.get("dtf.hosts.spawn")
         if spawn is not None:
+            spawn.keep()
             spawn.abandon()

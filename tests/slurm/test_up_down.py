@@ -84,6 +84,17 @@ def job_of(output: str) -> str:
     return line.split()[1]
 
 
+def dtf_steps(lab: SlurmLab, job: str, prefix: str, count: int) -> list[str]:
+    """The job's steps whose name starts with `prefix` (squeue's lines, sorted), once there are
+    `count` of them (or 30 s on): the lease watch's starts WATCH_DELAY after the job runs, and
+    an `up` can be done before it is."""
+    deadline = time.monotonic() + 30
+    while len(found := sorted(line for line in steps(lab, job) if prefix in line)) < count \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
 def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     inv = inventory(slurm_lab, tmp_path / "inv.yaml")
     home = tmp_path / "home"
@@ -94,7 +105,7 @@ def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     job = job_of(r.stdout)
     assert ours(slurm_lab, job) == [f"{job} RUNNING"]
     # one job step per node, named for its tasks, and the lease watch on the first node
-    names = sorted(line.split()[1:] for line in steps(slurm_lab, job) if "dtf-sl-" in line)
+    names = sorted(line.split()[1:] for line in dtf_steps(slurm_lab, job, "dtf-sl-", 3))
     assert names == [["dtf-sl-lease", "h1"], ["dtf-sl-ps:0+worker:0", "h1"], ["dtf-sl-ps:1+worker:1", "h2"]], \
         steps(slurm_lab, job)
     # the tasks serve on the compute nodes, at their own addresses
@@ -303,8 +314,14 @@ def test_the_tasks_end_with_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None
     assert r.returncode == 0, r.stdout + r.stderr
     job = job_of(r.stdout)
     # each node's launcher stays in its step (a slurmstepd's child), its supervisors and servers
-    # below it: Slurm accounts for every one of them
-    found = [(pid, c) for pid, c in slurm_lab.processes(workdir(slurm_lab)) if c.startswith(f"{sys.executable} ")]
+    # below it: Slurm accounts for every one of them. The lease watch starts WATCH_DELAY after the
+    # job runs: an `up` can be done before it is (waited for, not raced).
+    def ours_there() -> list[tuple[int, str]]:
+        return [(pid, c) for pid, c in slurm_lab.processes(workdir(slurm_lab)) if c.startswith(f"{sys.executable} ")]
+
+    deadline = time.monotonic() + 30
+    while len(found := ours_there()) < 11 and time.monotonic() < deadline:
+        time.sleep(0.1)
     names = sorted(comm(pid) for pid, _ in found)
     assert names == ["dtf ps:0", "dtf ps:1", "dtf step", "dtf step", "dtf worker:0", "dtf worker:1",
                      "python", "python", "python", "python", "python"], found  # 4 servers, the lease watch
@@ -380,7 +397,7 @@ def test_firewall_members_lets_the_login_host_in(slurm_lab: SlurmLab, tmp_path: 
     r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     job = job_of(r.stdout)
-    names = sorted(line.split()[1] for line in steps(slurm_lab, job) if "dtf-fw-" in line)
+    names = sorted(line.split()[1] for line in dtf_steps(slurm_lab, job, "dtf-fw-", 3))
     assert names == ["dtf-fw-lease", "dtf-fw-ps:0+worker:0", "dtf-fw-ps:1+worker:1"], steps(slurm_lab, job)
     r = dtf("status", home=home, env=FAKE, timeout=60)
     assert r.returncode == 0 and r.stdout.count(" alive ") == 4, r.stdout + r.stderr

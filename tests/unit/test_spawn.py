@@ -1,4 +1,4 @@
-"""The login master begun before dtf has loaded (dtf.hosts.spawn), against a stand-in `ssh` that
+"""The masters begun before dtf has loaded (dtf.hosts.spawn), against a stand-in `ssh` that
 behaves as OpenSSH's for what dtf asks of it: `-G` (no jump host), a master (`-N -f`: the handshake,
 then the control socket, then the parent exits) and `-O check` / `-O exit` at its socket. Each run
 is counted in a log, so that what started which ssh is seen."""
@@ -76,6 +76,8 @@ def ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("DTF_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(spawn, "_pending", {})
     monkeypatch.setattr(spawn, "_begun", set())
+    monkeypatch.setattr(spawn, "_started", {})
+    monkeypatch.setattr(spawn, "_for", None)
     yield exe
     for sock in (tmp_path / "ctl").glob("m*"):
         if not sock.name.endswith(".log"):
@@ -88,18 +90,21 @@ def runs(tmp_path: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if "-N -f" in line] if log.exists() else []
 
 
-def master(ssh: Path, tmp_path: Path, timeout: float = 10) -> Master:
-    return Master(str(ssh), SPEC, None, str(tmp_path / "ctl" / "m1"), connect_timeout=timeout, session=False)
+def master(ssh: Path, tmp_path: Path, timeout: float = 10, name: str = "m1") -> Master:
+    return Master(str(ssh), SPEC, None, str(tmp_path / "ctl" / name), connect_timeout=timeout, session=False)
 
 
 def remembered(ssh: Path, tmp_path: Path, inv: Path, **given: float | None) -> Master:
-    """An `up`'s master, started and remembered for `inv` (as HeadStart does), then closed (`down`)."""
+    """An `up`'s master, started and remembered for `inv` (as dtf.entry has it done at the end of an
+    `up`), then closed (`down`)."""
+    spawn.begin(str(inv), given.get("timeout"), given.get("ttl"))  # (nothing remembered yet: begins none)
     m = master(ssh, tmp_path)
     m.start()
     assert m.argv is not None
-    spawn.remember(str(inv), given.get("timeout"), given.get("ttl"), m.argv, m.path)
+    spawn.keep()
     m.stop()
     assert not spawn.listening(m.path)
+    spawn._started.clear()
     return m
 
 
@@ -117,7 +122,65 @@ def test_the_next_up_of_an_unchanged_inventory_begins_the_same_master_and_its_ma
     spawn.abandon()  # the command's end: the master was taken, it stays
     assert spawn.listening(m.path)
     cache = json.loads((tmp_path / "home" / spawn.CACHE).read_text())
-    assert cache[os.path.realpath(inv)]["argv"] == again.argv
+    assert cache[os.path.realpath(inv)]["masters"] == [[again.argv, again.path]]
+
+
+def test_every_host_master_an_up_started_is_begun_by_the_next_in_order_at_most_turns_of_them(
+        ssh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An `up` of SSH hosts starts one master per host: the next `up` begins them all (the first
+    DTF_TURNS: the hosts it starts at once), and each host's master takes its own."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("cluster: c\n")
+    spawn.begin(str(inv), None, None)
+    first = [master(ssh, tmp_path, name=f"m{i}") for i in range(3)]
+    for m in first:
+        m.start()
+    spawn.keep()
+    for m in first:
+        m.stop()
+    spawn._started.clear()
+    cache = json.loads((tmp_path / "home" / spawn.CACHE).read_text())
+    assert [path for _, path in cache[os.path.realpath(inv)]["masters"]] == [m.path for m in first]
+
+    monkeypatch.setenv("DTF_TURNS", "2")
+    spawn.begin(str(inv), None, None)
+    assert [spawn.pending(m.path) for m in first] == [True, True, False]
+    again = [master(ssh, tmp_path, name=f"m{i}") for i in range(3)]
+    for m in again:
+        m.start()
+    assert len(runs(tmp_path)) == 6 and not spawn._pending  # 3 by the first `up`, 2 early, 1 of its own
+    assert all(spawn.listening(m.path) for m in again)
+
+
+def test_a_master_through_a_jump_hosts_master_is_not_begun_early(ssh: Path, tmp_path: Path) -> None:
+    """It would find the jump host's master not there yet: only the jump host's own is."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("cluster: c\n")
+    spawn.begin(str(inv), None, None)
+    hop = master(ssh, tmp_path, name="m-hop")
+    behind = Master(str(ssh), SPEC, None, str(tmp_path / "ctl" / "m-behind"), session=False, through=hop)
+    hop.start()
+    behind.start()
+    assert behind.argv is not None and spawn._started == {hop.path: hop.argv}
+
+
+def test_the_cache_of_an_older_dtf_is_removed_and_an_entry_of_its_shape_begins_nothing(
+        ssh: Path, tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("cluster: c\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    st = os.stat(inv)
+    old = {os.path.realpath(inv): {"stat": [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev],
+                                   "connect_timeout": None, "ttl": None, "argv": [str(ssh)], "path": "x"}}
+    (home / spawn.OLD_CACHE).write_text(json.dumps(old))
+    (home / spawn.CACHE).write_text(json.dumps(old))
+    spawn.begin(str(inv), None, None)
+    assert not spawn._pending
+    master(ssh, tmp_path).start()
+    spawn.keep()
+    assert not (home / spawn.OLD_CACHE).exists()
+    assert "masters" in json.loads((home / spawn.CACHE).read_text())[os.path.realpath(inv)]
 
 
 @pytest.mark.parametrize("change", ["inventory", "timeout", "ttl", "running"])
@@ -201,3 +264,21 @@ def test_the_cache_is_under_dtf_home(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert Path(spawn.cache_path()) == state.home() / spawn.CACHE
     monkeypatch.delenv("DTF_HOME")
     assert Path(spawn.cache_path()) == state.home() / spawn.CACHE
+
+
+def test_a_repair_that_starts_one_master_keeps_the_others_remembered(ssh: Path, tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("cluster: c\n")
+    spawn.begin(str(inv), None, None)
+    first = [master(ssh, tmp_path, name=f"m{i}") for i in range(3)]
+    for m in first:
+        m.start()
+    spawn.keep()
+    spawn._started.clear()
+    first[1].stop()  # its master went; the others still run (the cluster is up)
+    spawn.begin(str(inv), None, None)
+    assert list(spawn._pending) == [first[1].path]
+    master(ssh, tmp_path, name="m1").start()
+    spawn.keep()
+    cache = json.loads((tmp_path / "home" / spawn.CACHE).read_text())
+    assert [path for _, path in cache[os.path.realpath(inv)]["masters"]] == [m.path for m in first]

@@ -23,9 +23,6 @@ from dtf.errors import HostFailure
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError, Transport, transport_for
 
-# Hosts at once in the steps where a host waits for nothing but itself (up's check-start and mesh
-# check, status, the lease's renewal, stop and down: HostOps.each_host's turns); DTF_TURNS changes it.
-TURNS = 32
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
 # (hosts, title) -> a context manager yielding the per-host progress callback (the CLI's live table).
 ProgressView = Callable[[list[str], str], AbstractContextManager[Progress]]
@@ -121,11 +118,12 @@ class HostOps:
 
     @staticmethod
     def turns() -> int:
-        """How many hosts at once the steps that wait for nothing but their host take (TURNS, or DTF_TURNS)."""
-        import os
+        """How many hosts at once the steps that wait for nothing but their host take (up's
+        check-start and mesh check, status, the lease's renewal, stop and down): spawn.TURNS, or
+        DTF_TURNS. As many masters at most begin early, before the CLI has loaded (dtf.hosts.spawn)."""
+        from dtf.hosts.spawn import at_once
 
-        value = os.environ.get("DTF_TURNS", "")
-        return int(value) if value.isdigit() and int(value) > 0 else TURNS
+        return at_once()
 
     def close_control(self) -> None:
         """Close the masters of the plan's cluster (`dtf down`, a failed `up`)."""

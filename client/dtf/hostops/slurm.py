@@ -63,11 +63,9 @@ class HeadStart:
     _early: HeadStart | None = None  # begun by dtf.entry, before the CLI; not yet taken by `up`
     _live: ClassVar[list[HeadStart]] = []  # begun, not yet handed on nor abandoned (abandon_all ends them)
 
-    def __init__(self, inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None,
-                 remember: Callable[[list[str], str], None] | None = None) -> None:
+    def __init__(self, inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None) -> None:
         self.cluster = inv.cluster
         self._args = login_args(inv, connect_timeout, ttl)
-        self._remember = remember  # called with the ssh and control path of a master this started
         self._transport: SSHTransport | None = None
         self._error: BaseException | None = None
         self._opened = False  # a master this started (none ran), not handed on yet
@@ -95,8 +93,6 @@ class HeadStart:
                 path = t.master.path
                 self._opened = spawn.begun(path) or not spawn.listening(path)
                 t.open()
-                if self._opened and self._remember is not None and t.master.argv is not None:
-                    self._remember(t.master.argv, path)
             self._transport = t
         except BaseException as e:  # raised by transport(), in `up`'s own thread
             self._error = e
@@ -105,10 +101,9 @@ class HeadStart:
             self._finished.set()
 
     @classmethod
-    def begin_early(cls, inv: Inventory, connect_timeout: float, ttl: float | None,
-                    remember: Callable[[list[str], str], None] | None = None) -> None:
+    def begin_early(cls, inv: Inventory, connect_timeout: float, ttl: float | None) -> None:
         """Begin before the CLI has loaded (dtf.entry), for `up` to take."""
-        cls._early = cls(inv, connect_timeout, ttl, remember)
+        cls._early = cls(inv, connect_timeout, ttl)
 
     @classmethod
     def take(cls, inv: Inventory, connect_timeout: float, ttl: float | None) -> HeadStart | None:

@@ -1,18 +1,19 @@
-"""An OpenSSH master's process: started (`start`, for dtf.hosts.tunnel.Master), and the one begun
+"""An OpenSSH master's process: started (`start`, for dtf.hosts.tunnel.Master), and the ones begun
 before dtf has loaded, from what the last `dtf up` of the same inventory ran (`begin`).
 
-`dtf up` of a Slurm inventory waits first on the SSH handshake to the login host (0.2-0.3 s).
-dtf.entry begins it as soon as it has read the inventory, but reading it (yaml, the inventory's
-parser) and the modules that build the master's command line take 0.08-0.15 s. So each master a
-`dtf up` starts for the login host is remembered (`remember`: its command line and control path,
-under the inventory file's size, mtime and inode, and the --connect-timeout and --ttl given), in
-DTF_HOME/login-masters.json; the next plain `dtf up` of the unchanged file starts that command line
-at once (`begin`, with no module of dtf loaded but this one), and the master that `up` then asks
-for at that control path takes it over (`take`) when it would run the same command line. One that
-would run another (ssh_config now names a ProxyJump, dtf changed its options) ends the early one,
-and the master it made, first: what starts early never outlives a command that did not take it
-(`abandon`, on the way out of dtf.entry), and never becomes a cluster's master unless `up` would
-have started exactly it.
+`dtf up` waits first on SSH handshakes (0.2-0.3 s each on the lab): to each host, or to a Slurm
+inventory's login host. Begun by `up` itself, they start once the CLI has loaded, read the
+inventory and planned (0.15-0.3 s after the command started). So every master an `up` starts
+(or takes over) is recorded (`record`, by tunnel.Master), and at the command's end remembered
+(`keep`): its command line and control path, under the inventory file's size, mtime and inode,
+and the --connect-timeout and --ttl given, in DTF_HOME/masters.json. The next plain `dtf up` of
+the unchanged file starts those command lines at once (`begin`, with no module of dtf loaded but
+this one; at most `at_once()` of them, the hosts `up` starts at once), and the master that `up`
+then asks for at each control path takes its ssh over (`take`) when it would run the same command
+line. One that would run another (ssh_config now names a ProxyJump, dtf changed its options) ends
+the early one, and the master it made, first: what starts early never outlives a command that
+did not take it (`abandon`, on the way out of dtf.entry), and never becomes a cluster's master
+unless `up` would have started exactly it.
 
 Standard library only (os, json; subprocess and socket only when used): this runs before the rest.
 """
@@ -27,16 +28,28 @@ TYPE_CHECKING = False  # (typing's, without its import)
 if TYPE_CHECKING:
     import subprocess
 
-CACHE = "login-masters.json"
+CACHE = "masters.json"
+OLD_CACHE = "login-masters.json"  # (dtf's own, before it remembered every host's master: removed)
 STOP_WAIT = 5.0  # seconds a master has to exit after `-O exit`
+# Hosts at once in the steps of many hosts where a host waits for nothing but itself (`up`'s start,
+# status, stop...: dtf.hostops.parallel); DTF_TURNS changes it. Also the most masters begun early.
+TURNS = 32
 
 _pending: dict[str, tuple[list[str], subprocess.Popen[bytes]]] = {}  # control path -> begun, not taken
 _begun: set[str] = set()  # control paths whose master this process began early (taken or not)
+_started: dict[str, list[str]] = {}  # control path -> the command line of a master started (or taken) here
+_for: tuple[str, float | None, float | None] | None = None  # the `up` begun: (inventory, timeout, ttl)
 
 
-def cache_path() -> str:
-    """DTF_HOME/login-masters.json (dtf.cluster.state.home(), without that module's imports)."""
-    return os.path.join(os.path.expanduser(os.environ.get("DTF_HOME") or "~/.dtf"), CACHE)
+def at_once() -> int:
+    """How many hosts at once (TURNS, or DTF_TURNS)."""
+    value = os.environ.get("DTF_TURNS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else TURNS
+
+
+def cache_path(name: str = CACHE) -> str:
+    """DTF_HOME/masters.json (dtf.cluster.state.home(), without that module's imports)."""
+    return os.path.join(os.path.expanduser(os.environ.get("DTF_HOME") or "~/.dtf"), name)
 
 
 def listening(path: str) -> bool:
@@ -139,26 +152,40 @@ def _load() -> dict[str, dict[str, object]]:
     return data if isinstance(data, dict) else {}
 
 
-def begin(inventory: str, connect_timeout: float | None, ttl: float | None) -> None:
-    """Start the master the last `up` of this inventory file started (see the module's doc), if the
-    file is unchanged, `up` is given the same --connect-timeout and --ttl, and no master answers at
-    its control path already (a cluster that is up keeps its own)."""
+def _remembered(inventory: str, connect_timeout: float | None, ttl: float | None) -> list[tuple[list[str], str]]:
+    """The masters remembered for this inventory file, if it is unchanged and `up` is given the
+    same --connect-timeout and --ttl (else none): (command line, control path), in order."""
     entry = _load().get(os.path.realpath(inventory))
     if not isinstance(entry, dict) or entry.get("stat") != _stat(inventory):
-        return
+        return []
     if entry.get("connect_timeout") != connect_timeout or entry.get("ttl") != ttl:
-        return
-    argv, path = entry.get("argv"), entry.get("path")
-    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv) and isinstance(path, str)):
-        return
-    if path in _pending or listening(path):
-        return
-    try:
-        proc = start(argv, path)
-    except OSError:  # (no ssh there any more: `up` says so itself)
-        return
-    _pending[path] = (argv, proc)
-    _begun.add(path)
+        return []
+    masters = entry.get("masters")
+    found: list[tuple[list[str], str]] = []
+    for item in masters if isinstance(masters, list) else []:
+        argv, path = item if isinstance(item, list) and len(item) == 2 else (None, None)
+        if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv) and isinstance(path, str)):
+            return []
+        found.append((argv, path))
+    return found
+
+
+def begin(inventory: str, connect_timeout: float | None, ttl: float | None) -> None:
+    """Start the masters the last `up` of this inventory file started (see the module's doc), if
+    the file is unchanged and `up` is given the same --connect-timeout and --ttl: the first
+    `at_once()` of them, each unless a master answers at its control path already (a cluster that
+    is up keeps its own). What this `up` starts is remembered for the next (`keep`)."""
+    global _for
+    _for = (inventory, connect_timeout, ttl)
+    for argv, path in _remembered(inventory, connect_timeout, ttl)[:at_once()]:
+        if path in _pending or listening(path):
+            continue
+        try:
+            proc = start(argv, path)
+        except OSError:  # (no ssh there any more: `up` says so itself)
+            return
+        _pending[path] = (argv, proc)
+        _begun.add(path)
 
 
 def pending(path: str) -> bool:
@@ -209,16 +236,35 @@ def abandon() -> None:
         _end(path, *begun_early)
 
 
-def remember(inventory: str, connect_timeout: float | None, ttl: float | None, argv: list[str],
-             path: str) -> None:
-    """Keep the command line of a master `up` started for this inventory's login host, for the next
-    `up` of the same file to `begin` (written whole, then renamed: a reader never sees half)."""
+def record(path: str, argv: list[str]) -> None:
+    """A master this command starts at `path` with `argv` (its own ssh, or one begun early that it
+    takes over), for `keep` to remember."""
+    _started[path] = argv
+
+
+def keep() -> None:
+    """The command is over: remember the masters it started for the `up` begun (if any did), for
+    the next `up` of the same inventory to begin; with those remembered before for the same
+    file and options, where they stay in their place (a repair starts only the masters that had
+    gone)."""
+    if _for is None or not _started:
+        return
+    masters = {path: argv for argv, path in _remembered(*_for)}
+    masters.update(_started)
+    remember(*_for, [(argv, path) for path, argv in masters.items()])
+
+
+def remember(inventory: str, connect_timeout: float | None, ttl: float | None,
+             masters: list[tuple[list[str], str]]) -> None:
+    """Keep the command lines and control paths of the masters an `up` of this inventory started,
+    in the order it started them, for the next `up` of the same file to `begin` (written whole,
+    then renamed: a reader never sees half)."""
     stat = _stat(inventory)
     if stat is None:
         return
     data = _load()
     data[os.path.realpath(inventory)] = {"stat": stat, "connect_timeout": connect_timeout, "ttl": ttl,
-                                         "argv": argv, "path": path}
+                                         "masters": [[argv, path] for argv, path in masters]}
     cache = cache_path()
     tmp = f"{cache}.{os.getpid()}.tmp"
     try:
@@ -231,3 +277,7 @@ def remember(inventory: str, connect_timeout: float | None, ttl: float | None, a
             os.unlink(tmp)
         except OSError:
             pass
+    try:
+        os.unlink(cache_path(OLD_CACHE))
+    except OSError:
+        pass

@@ -184,7 +184,11 @@ class Master:
                         "-o", "ControlMaster=yes", "-o", f"ControlPath={self.path}",
                         "-o", f"ControlPersist={self.persist}", *back, "-N", "-f", alive=self.alive_interval)
         # The same ssh begun before dtf had loaded (dtf.hosts.spawn: the last `up` of an unchanged
-        # inventory ran it), else our own.
+        # inventory ran it), else our own. Recorded for the next `up` to begin, unless it goes
+        # through another master (a jump host's, which is recorded itself where it goes direct):
+        # begun early, it would find that master not there yet.
+        if through is None:
+            spawn.record(self.path, argv)
         proc = spawn.take(self.path, argv) or spawn.start(argv, self.path)
         try:
             code: int | None = proc.wait(timeout=self.connect_timeout + 20)
