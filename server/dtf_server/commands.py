@@ -679,8 +679,9 @@ def cmd_clean(args: argparse.Namespace) -> CleanReply:
                 removed.append(target)
             if not os.listdir(path):
                 os.rmdir(path)
-        elif layout.is_launcher(name) or name in (layout.LEASE, layout.EXPIRE_LOCK) or ".tmp-" in name:
-            os.unlink(path)  # every launcher version, and uploads that never completed
+        elif (layout.is_launcher(name) or layout.is_helpers(name) or name in (layout.LEASE, layout.EXPIRE_LOCK)
+              or ".tmp-" in name):
+            os.unlink(path)  # every launcher version (and dtf's package), and uploads that never completed
             removed.append(path)
     shutil.rmtree(os.path.join(args.dir, "__pycache__"), ignore_errors=True)
     if not os.listdir(args.dir):

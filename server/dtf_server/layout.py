@@ -33,6 +33,8 @@ import posixpath
 LAUNCHER_PREFIX = "launcher-"
 LAUNCHER_SUFFIX = ".pyz"
 OLD_LAUNCHER = "launcher.py"  # what dtf before the protocol version uploaded
+HELPERS_PREFIX, HELPERS_SUFFIX = "dtf-", ".zip"
+HELPERS_ENV = "DTF_HELPERS"  # the zip's path, in a collective `run`'s environment (its copies' PYTHONPATH)
 LEASE = "lease.json"
 EXPIRE_LOCK = ".expire-lock"
 FENCE = "fence.json"
@@ -62,6 +64,15 @@ def synced_from_task(digest: str, subpath: str = "") -> str:
 
 def launcher_name(digest: str) -> str:
     return f"{LAUNCHER_PREFIX}{digest}{LAUNCHER_SUFFIX}"
+
+
+def helpers_name(digest: str) -> str:
+    """dtf's own package, zipped (collective mode's copies import it), beside the launcher."""
+    return f"{HELPERS_PREFIX}{digest}{HELPERS_SUFFIX}"
+
+
+def is_helpers(filename: str) -> bool:
+    return filename.startswith(HELPERS_PREFIX) and filename.endswith(HELPERS_SUFFIX)
 
 
 def is_launcher(filename: str) -> bool:

@@ -72,8 +72,10 @@ class ProgramSupervisor(Supervisor):
                 os.unlink(path)
         os.makedirs(self.out, exist_ok=True)
         env = dict(os.environ)
-        # The launcher zipapp holds dtf's helper package too: `import dtf`, `python -m dtf.program.runner`.
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.launcher, env.get("PYTHONPATH")]))
+        # dtf's own package, zipped beside the launcher (the `run` gives its path in HELPERS_ENV),
+        # and the launcher, which it imports: `import dtf`, `python -m dtf.program.runner`.
+        helpers = env.pop(layout.HELPERS_ENV, None)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [helpers, self.launcher, env.get("PYTHONPATH")]))
         env["DTF_OUTPUT_DIR"] = os.path.abspath(self.out)
         env["DTF_JOINED"] = os.path.abspath(os.path.join(self.dir, JOINED))
         env[EXIT_STATUS_ENV] = os.path.abspath(os.path.join(self.dir, ENDED))

@@ -20,7 +20,7 @@ from dtf.cluster.inventory import HostSpec
 from dtf.files import shipping
 from dtf.hosts.netutil import free_ports, listen_ports
 from dtf.hosts.transport import LocalTransport
-from dtf_server import protocol
+from dtf_server import layout, protocol
 from dtf_server.protocol import (
     PROTOCOL,
     CheckReply,
@@ -106,11 +106,12 @@ def own_launcher_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
     from dtf.files.environment import CACHE_ENV
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    shipping.launcher_bytes.cache_clear()
-    shipping.launcher_name.cache_clear()
+    cached = (shipping.launcher_bytes, shipping.launcher_name, shipping.helpers_bytes, shipping.helpers_name)
+    for function in cached:
+        function.cache_clear()
     yield tmp_path / "cache"
-    shipping.launcher_bytes.cache_clear()
-    shipping.launcher_name.cache_clear()
+    for function in cached:
+        function.cache_clear()
 
 
 def test_the_first_launcher_build_in_the_cache_is_every_processs(own_launcher_cache: Path,
@@ -125,9 +126,9 @@ def test_the_first_launcher_build_in_the_cache_is_every_processs(own_launcher_ca
     cached.write_bytes(theirs)
     cached.rename(cached.with_name("keep"))
 
-    def another_first(server: list[tuple[str, bytes]], client: list[tuple[str, bytes]]) -> bytes:
+    def another_first(server: list[tuple[str, bytes]]) -> bytes:
         cached.with_name("keep").rename(cached)  # lands while this process builds
-        return build(server, client)
+        return build(server)
 
     shipping.launcher_bytes.cache_clear()
     monkeypatch.setattr(shipping, "_build", another_first)
@@ -145,6 +146,7 @@ def test_the_launcher_is_one_deterministic_zipapp_named_by_its_content(own_launc
     data = shipping.launcher_bytes()
     names = zipfile.ZipFile(BytesIO(data)).namelist()
     assert names[-1] == "__main__.py" and "dtf_server/protocol.py" in names and "dtf_server/commands.py" in names
+    assert not [n for n in names if n.startswith("dtf/")]  # dtf's own package is a zip of its own
     assert all(i.date_time == (1980, 1, 1, 0, 0, 0) for i in zipfile.ZipFile(BytesIO(data)).infolist())
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache-b"))
     shipping.launcher_bytes.cache_clear()
@@ -416,3 +418,25 @@ def test_the_launchers_connections_leave_the_idna_codec_unloaded():
     r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
                        env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "server")})
     assert r.stdout.strip() == "False", r.stderr
+
+
+def test_dtfs_own_package_ships_as_a_zip_beside_the_launcher_for_collective_copies(
+        own_launcher_cache: Path, tmp_path: Path):
+    """What a collective copy imports on a host (`python -m dtf.program.runner`, `import dtf`):
+    a zip named by its content, built once into the cache; with it and the launcher on
+    PYTHONPATH, as a copy's supervisor puts them, a bare python (no dtf installed) imports the
+    runner."""
+    data = shipping.helpers_bytes()
+    names = zipfile.ZipFile(BytesIO(data)).namelist()
+    assert "dtf/program/runner.py" in names and "dtf/__init__.py" in names
+    assert not [n for n in names if n.startswith("dtf_server/")]
+    assert [p.suffix for p in (own_launcher_cache / "launchers").iterdir()] == [".zip"]
+    name = shipping.helpers_name()
+    assert name.startswith("dtf-") and name.endswith(".zip") and layout.is_helpers(name)
+    path, launcher = tmp_path / name, tmp_path / shipping.launcher_name()
+    path.write_bytes(data)
+    launcher.write_bytes(shipping.launcher_bytes())
+    r = subprocess.run(["/usr/bin/env", "-i", f"PYTHONPATH={path}:{launcher}", sys.executable, "-S", "-c",
+                        "import dtf.program.runner, dtf; print(dtf.__file__)"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip().startswith(str(path)), r.stderr

@@ -142,6 +142,11 @@ class HostPlan:
         version is never used (and never computed from an old record)."""
         return launcher_path(self.root)
 
+    @property
+    def helpers(self) -> str:
+        """dtf's own package, zipped, beside the launcher (collective mode's copies import it)."""
+        return posixpath.join(self.root, shipping.helpers_name())
+
     def launcher_argv(self, *args: str) -> list[str]:
         return [self.python, self.launcher, *args]
 

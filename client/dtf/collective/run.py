@@ -47,7 +47,7 @@ from dtf.cluster.plan import HostPlan, Plan, TaskPlan
 from dtf.cluster.state import Record
 from dtf.collective import follow, remote_files
 from dtf.errors import DtfError, HostFailure, UsageError
-from dtf.files import sync
+from dtf.files import shipping, sync
 from dtf.hostops import launcher, status, stop, syncing
 from dtf.hostops.lease import LeaseKeeper
 from dtf.hostops.lifecycle import ctrl_c_sets
@@ -57,6 +57,7 @@ from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError
 from dtf.program import noise
 from dtf.program.train import NoFigures, RunFigures
+from dtf_server import layout
 from dtf_server import program as host_program
 from dtf_server.protocol import ReachReply, StartReply, TaskSpec
 
@@ -128,10 +129,15 @@ def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt
     return [*gpus.env_prefix(env), hp.python, "-m", "dtf.program.runner", program, *args]
 
 
+def env_args(hp: HostPlan) -> list[str]:
+    """`--env` arguments of a `run`: the host's variables, and where dtf's package is (ship)."""
+    return [a for k, v in (*hp.env, (layout.HELPERS_ENV, hp.helpers)) for a in ("--env", f"{k}={v}")]
+
+
 def run_argv(hp: HostPlan, specs: list[TaskSpec], fresh: bool, spawned: str = "") -> list[str]:
     """The launcher's `run` on a host: start its copies; `spawned` (Slurm): one job step started
     them (`run_step_argv`), wait for them."""
-    return hp.launcher_argv("run", "--dir", hp.root, *[a for k, v in hp.env for a in ("--env", f"{k}={v}")],
+    return hp.launcher_argv("run", "--dir", hp.root, *env_args(hp),
                             *(["--clear-output"] if fresh else []), *(["--spawned", spawned] if spawned else []),
                             *[a for s in specs for a in ("--task", s.to_arg())])
 
@@ -140,7 +146,7 @@ def run_step_argv(hp: HostPlan, specs: list[tuple[str, TaskSpec]], fresh: bool, 
     """Slurm: what every task of the one job step of copies runs (the launcher's `run-step`): every
     copy's (host, spec) in worker order; the step's task SLURM_PROCID runs the copy of that worker.
     The nodes share their settings (python, workdir, environment), so one argv serves them all."""
-    return hp.launcher_argv("run-step", "--dir", hp.root, *[a for k, v in hp.env for a in ("--env", f"{k}={v}")],
+    return hp.launcher_argv("run-step", "--dir", hp.root, *env_args(hp),
                             *(["--clear-output"] if fresh else []), "--token", token,
                             *[a for _, s in specs for a in ("--task", s.to_arg())],
                             *[a for host, _ in specs for a in ("--host", host)])
@@ -241,6 +247,14 @@ class CollectiveRun:
         failed = {h: o.reason for h, o in outcomes.items() if not o.ok}
         if failed:
             raise HostFailure("sending the program", failed)
+
+        def helpers(hp: HostPlan) -> None:  # dtf's own package, which the copies import
+            with self.ops.transport(hp) as t:
+                t.put_bytes(shipping.helpers_bytes(), hp.root, shipping.helpers_name())
+
+        failed = {h: o.reason for h, o in self.ops.each_host(helpers, self.hosts).items() if not o.ok}
+        if failed:
+            raise HostFailure("sending dtf's package", failed)
         self.remote_program = {hp.name: posixpath.join(p.synced.host_path(hp), self.program.name)
                                for hp in self.hosts}
 

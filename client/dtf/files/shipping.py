@@ -1,4 +1,5 @@
-"""The launcher as dtf ships it: the `dtf_server` package in one zipapp, named by its content.
+"""The launcher as dtf ships it: the `dtf_server` package in one zipapp, named by its content;
+and beside it, for collective mode's copies only, dtf's own package as a zip (`helpers_bytes`).
 
 Built in memory from the installed package (once per process), deterministically (sorted names,
 fixed timestamps), so the same dtf always ships the same bytes under the same name
@@ -18,6 +19,7 @@ import io
 import marshal
 import os
 import zipfile
+from collections.abc import Callable
 from importlib import resources
 from typing import TYPE_CHECKING
 
@@ -59,27 +61,41 @@ def _compiled(name: str, source: bytes) -> tuple[str, bytes]:
 
 @functools.cache
 def launcher_bytes() -> bytes:
-    """The zipapp; kept in the laptop's cache (`launchers/`, named by a hash of its sources and
-    of this python's bytecode version): every dtf command names the launcher, and building it
-    (compiling it) took a quarter of a second of each command's start.
+    """The zipapp: `dtf_server`, compiled; kept in the laptop's cache (`launchers/`, named by a
+    hash of its sources and of this python's bytecode version): every dtf command names the
+    launcher, and building it (compiling it) took a quarter of a second of each command's start.
 
     The first build to reach the cache is every process's: two processes that build it at the same
     moment make different bytes (marshal's refs and the order of frozenset constants are a
     process's own), and a process names the launcher by its bytes (launcher_name). A build that
     finds the file already there takes that file's bytes, never replaces it: otherwise a `dtf up`
     and a test (or two dtf commands) started at once on a new dtf each named another launcher."""
-    # The `dtf` package rides along, never imported by the launcher: collective mode runs the
-    # user's program on the hosts, with this zipapp on its PYTHONPATH (`import dtf`, dtf.program.runner).
-    server, client = _sources(PACKAGE), _sources(CLIENT_PACKAGE)
+    server = _sources(PACKAGE)
+    return _cached(server, ".pyz", lambda: _build(server))
+
+
+@functools.cache
+def helpers_bytes() -> bytes:
+    """dtf's own package as a zip for PYTHONPATH (`import dtf`, `python -m dtf.program.runner`):
+    what collective mode's copies of the user's program import on the hosts (helpers_name). Not
+    in the launcher, which every `up` sends to every host and which never imports it: it was
+    more than half the launcher's bytes (it was 365 KB; 162 KB without it)."""
+    client = _sources(CLIENT_PACKAGE)
+    return _cached(client, ".zip", lambda: _zip(client))
+
+
+def _cached(sources: list[tuple[str, bytes]], suffix: str, build: Callable[[], bytes]) -> bytes:
+    """What `build` makes of `sources`, from the laptop's cache when a build of the same sources
+    (and bytecode version) is there (see launcher_bytes), else built and put there."""
     key = hashlib.sha256(importlib.util.MAGIC_NUMBER)
-    for name, data in sorted(server + client):
+    for name, data in sorted(sources):
         key.update(f"{name}\0{len(data)}\0".encode() + data)
     from dtf.files.environment import cache_root
 
-    cached = cache_root() / "launchers" / f"{key.hexdigest()[:24]}.pyz"
+    cached = cache_root() / "launchers" / f"{key.hexdigest()[:24]}{suffix}"
     with contextlib.suppress(OSError):
         return cached.read_bytes()
-    data = _build(server, client)
+    data = build()
     with contextlib.suppress(OSError):
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
@@ -96,23 +112,34 @@ def launcher_bytes() -> bytes:
     return data
 
 
-def _build(server: list[tuple[str, bytes]], client: list[tuple[str, bytes]]) -> bytes:
-    files = sorted(server + [_compiled(n, data) for n, data in server] + client)
+def _zip(files: list[tuple[str, bytes]], main: str | None = None) -> bytes:
+    """A deterministic zip of `files` (sorted, fixed dates); `main`: its top-level __main__.py."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in files:
+        for name, data in sorted(files):
             info = zipfile.ZipInfo(name, date_time=_EPOCH)
             info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, data)
-        # python runs a zip's top-level __main__.py; sys.argv[0] stays the zipapp's path, which
-        # `start` passes on to the supervisors it starts.
-        main = zipfile.ZipInfo("__main__.py", date_time=_EPOCH)
-        main.external_attr = 0o644 << 16
-        zf.writestr(main, "import sys\nfrom dtf_server.commands import main\nsys.exit(main())\n")
+        if main is not None:
+            info = zipfile.ZipInfo("__main__.py", date_time=_EPOCH)
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, main)
     return buffer.getvalue()
+
+
+def _build(server: list[tuple[str, bytes]]) -> bytes:
+    # python runs a zip's top-level __main__.py; sys.argv[0] stays the zipapp's path, which
+    # `start` passes on to the supervisors it starts.
+    return _zip(server + [_compiled(n, data) for n, data in server],
+                main="import sys\nfrom dtf_server.commands import main\nsys.exit(main())\n")
 
 
 @functools.cache
 def launcher_name() -> str:
     return layout.launcher_name(hashlib.sha256(launcher_bytes()).hexdigest()[:12])
+
+
+@functools.cache
+def helpers_name() -> str:
+    return layout.helpers_name(hashlib.sha256(helpers_bytes()).hexdigest()[:12])
