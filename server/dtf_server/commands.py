@@ -103,6 +103,7 @@ READY_FIRST_POLL, READY_FIRST = 0.01, 1.0
 # every READY_POLL. At 30 hosts, 29 targets each tried every 50 ms made 580 refused connects a
 # second per host while the others started: most of `up`'s CPU on the lab's shared cores.
 REACH_RATE = 100.0
+REACH_AT_ONCE = 256  # targets a mesh check tries at once (a thread each)
 
 
 def launcher() -> str:
@@ -476,7 +477,7 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
     the time is up (`up`'s mesh check from a host whose servers serve while the other hosts may
     still be starting theirs; the laptop asks again what is missed once every host serves)."""
     import socket
-    from concurrent.futures import ThreadPoolExecutor
+    import threading
 
     deadline = time.monotonic() + timeout
     pause = max(READY_POLL, len(targets) / REACH_RATE)
@@ -500,9 +501,21 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
                 return why
             time.sleep(pause)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(256, len(targets)))) as pool:
-        results = list(pool.map(why_not, targets))
-    return {t: r for t, r in zip(targets, results) if r is not None}
+    # A thread per target, up to REACH_AT_ONCE at a time: not concurrent.futures, whose import
+    # (logging's with it) was 12 ms of each mesh check's 90 ms of CPU on a host.
+    results: dict[str, str | None] = {}
+
+    def one(target: str) -> None:
+        results[target] = why_not(target)
+
+    for first in range(0, len(targets), REACH_AT_ONCE):
+        threads = [threading.Thread(target=one, args=(t,), daemon=True)
+                   for t in targets[first:first + REACH_AT_ONCE]]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return {t: why for t in targets if (why := results.get(t)) is not None}
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
