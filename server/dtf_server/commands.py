@@ -463,11 +463,39 @@ def cmd_start(args: argparse.Namespace) -> StartReply:
                                     log_tail=tail(os.path.join(tdir, layout.LOG)))
     unreachable = None
     if args.reach and all(r.ok for r in results.values()):
-        unreachable = reach(args.reach, args.reach_timeout, again=True)
+        if args.reach_when_told:
+            # `up` starts its hosts in turns, and says "go" on this command's stdin once every
+            # host serves (or anything else: no check). This reply first: the host's turn ends
+            # with it, the check comes on the last line (the same reply, with its finding).
+            print(encode(StartReply(tasks=results)), flush=True)
+            if _told(args.reach_when_told):
+                unreachable = reach(args.reach, args.reach_timeout, again=True)
+        else:
+            unreachable = reach(args.reach, args.reach_timeout, again=True)
     if os.path.isdir(args.dir):
         # The lease counts from when the servers serve, not from before they imported TensorFlow.
         write_lease(args.dir, args.ttl)
     return StartReply(tasks=results, unreachable=unreachable)
+
+
+def _told(seconds: float) -> bool:
+    """Whether the line that comes on stdin within `seconds` is "go" (read from the file
+    descriptor itself: the upload before it was read so, to the byte; see dtf.hosts.control)."""
+    import select
+
+    deadline = time.monotonic() + seconds
+    said = b""
+    while not said.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if not select.select([0], [], [], left)[0]:
+            continue
+        chunk = os.read(0, 64)
+        if not chunk:
+            return False
+        said += chunk
+    return said.strip() == b"go"
 
 
 def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, str]:
@@ -806,6 +834,8 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
         # `up`'s mesh check in the same call: once these servers serve, the other hosts' tasks.
         c.add_argument("--reach", action="append", default=[])
         c.add_argument("--reach-timeout", type=float, default=5.0)
+        # The mesh check once told: see cmd_start.
+        c.add_argument("--reach-when-told", type=float, default=0.0)
         # A Slurm node's job step: after the reply, stay until the supervisors forked here end.
         c.add_argument("--keep", action="store_true")
     for name in ("serve", "fake"):

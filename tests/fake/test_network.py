@@ -6,6 +6,7 @@ Real TensorFlow trains through SSH in tests/e2e/test_through_ssh.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ import pytest
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts import control
 from dtf.hosts.tunnel import Master, PythonRoute, control_path, ssh_binary
-from helpers import Interruptible, ssh_processes, status_json, wait_until
+from helpers import Interruptible, assert_one_line_error, ssh_processes, status_json, wait_until
 from lab import Lab
 from sites import CLUSTER, LabSite
 
@@ -330,3 +331,32 @@ def test_the_next_up_of_an_inventory_begins_its_hosts_masters_first_and_ctrl_c_t
     assert all(spawn.listening(p) for p in paths)
     assert site.dtf("down").returncode == 0
     assert site.processes() == [] and cluster_masters(site.home) == []
+
+
+def commands_run(lab: Lab) -> dict[str, int]:
+    """Commands each sshd of the lab ran so far (sessions over the masters; LogLevel VERBOSE)."""
+    return {h.name: (lab.root / h.name / "sshd.log").read_text(errors="replace").count("Starting session: command")
+            for h in lab.hosts}
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_hosts_taken_in_turns_check_the_mesh_in_their_one_launcher_call_once_told(site: LabSite, busy: bool):
+    """One host at a time (DTF_TURNS=1): each host's start ends its turn once its servers serve,
+    and checks that it reaches the other hosts' tasks once `up` tells it every host's serve: one
+    command per host, no separate round of mesh checks. A host that fails its start (a busy
+    port) has the others told to skip the check: its line, the rest rolled back, nothing left."""
+    lab = site.lab
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    before = commands_run(lab)
+    with site.hold_port("b", site.ports_of("b")[0]) if busy else contextlib.nullcontext():
+        r = site.dtf("up", str(inv), env={"DTF_TURNS": "1"})
+    if busy:
+        assert_one_line_error(r, 4, "dtf up failed on 1 host(s)", f"h1: port busy: {site.ports_of('b')[0]}")
+        assert site.processes() == [] and site.files() == [] and not site.record().exists()
+        return
+    assert r.returncode == 0, r.stderr
+    after = commands_run(lab)
+    assert {h: after[h] - before[h] for h in ("h0", "h1")} == {"h0": 1, "h1": 1}
+    assert [t["state"] for t in status_json(site.home)["tasks"]] == ["alive"] * 3
+    assert site.dtf("down").returncode == 0
+    assert site.processes() == [] and site.files() == []

@@ -179,9 +179,11 @@ class HostPlan:
         return self.bare_launcher_argv("start", *self._start_args(only, reach, reach_timeout, keep))
 
     def _start_args(self, only: Collection[str] | None, reach: Collection[str] = (), reach_timeout: float = 0,
-                    keep: bool = False) -> list[str]:
+                    keep: bool = False, told: float = 0) -> list[str]:
         env_args = [a for k, v in self.env for a in ("--env", f"{k}={v}")]
         reach_args = [a for target in reach for a in ("--reach", target)]
+        if reach and told:
+            reach_args += ["--reach-when-told", f"{told:g}"]
         return ["--dir", self.root, "--timeout", f"{self.start_timeout:g}",
                 "--ttl", f"{self.ttl:g}", "--restart-limit", str(self.spec.restart_limit),
                 "--restart-backoff", f"{self.spec.restart_backoff:g}",
@@ -190,15 +192,17 @@ class HostPlan:
                 *self.task_args(with_argv=True, only=only)]
 
     def check_start_argv(self, only: Collection[str] | None, tensorflow: str | None,
-                         reach: Collection[str] = (), reach_timeout: float = 0, keep: bool = False) -> list[str]:
+                         reach: Collection[str] = (), reach_timeout: float = 0, keep: bool = False,
+                         told: float = 0) -> list[str]:
         """`check_argv` and `start_argv_for` in one launcher call (a host with its own python):
         the host starts its servers when it passes the check (`tensorflow`: the laptop's version,
-        the host's must be the same; a fresh start, `only` None, refuses a cluster running there)."""
+        the host's must be the same; a fresh start, `only` None, refuses a cluster running there).
+        `told`: it checks it reaches `reach` once told on its stdin, waiting that long for it."""
         ports = [a for t in self.tasks_in(only) for a in ("--port", str(t.port))]
         return self.launcher_argv("check-start", *ports, "--tensorflow", tensorflow or "",
                                   *(["--fresh"] if only is None else []),
                                   *(["--gpus", str(self.gpus_needed)] if self.gpus_needed else []),
-                                  *self._start_args(only, reach, reach_timeout, keep))
+                                  *self._start_args(only, reach, reach_timeout, keep, told))
 
     def check_argv(self, only: Collection[str] | None = None) -> list[str]:
         ports = [a for t in self.tasks_in(only) for a in ("--port", str(t.port))]

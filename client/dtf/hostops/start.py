@@ -4,6 +4,7 @@ the TF ports to non-members when asked, start the servers, and check this machin
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from dtf.hostops.parallel import HostOps, Outcome
 from dtf.hostops.reach import MESH_TIMEOUT, others, probe_all
 from dtf.hosts.control import ControlTransport
 from dtf.hosts.netutil import port_open, wait_port
-from dtf.hosts.transport import HostError, Result, Transport
+from dtf.hosts.transport import Conversation, HostError, Result, Transport
 from dtf_server.procs import tf_version
 from dtf_server.protocol import CheckReply, FenceReply, StartReply
 
@@ -47,12 +48,14 @@ class Starter:
     def __init__(self, ops: HostOps, mesh: bool = False) -> None:
         self.ops = ops
         # `mesh`: each host's start also checks it reaches the other hosts' tasks (the mesh
-        # check, reach.check_mesh, in the same launcher call): only where every host starts at
-        # once, since a host waits there for the others' servers.
+        # check, reach.check_mesh, in the same launcher call): where every host starts at once
+        # (a host waits there for the others' servers), or where each is told when they all serve
+        # (`_gate`: hosts taken in turns).
         self.mesh = mesh
         self.env = Environments(ops)
         self.touched: set[str] = set()  # hosts `up` uploaded the launcher to
         self.started: set[str] = set()  # hosts `up` started tasks on
+        self._gate: _Gate | None = None
 
     def up(self, only: dict[str, set[str]] | None = None) -> dict[str, Outcome[HostStarted]]:
         """Start every task, or only the tasks named per host in `only`."""
@@ -60,15 +63,32 @@ class Starter:
         # Turns where no host waits for another (managed hosts copy their wheels from each other).
         turns = None if any(hp.managed for hp in self.ops.plan.hosts) else self.ops.turns()
         hosts = self.ops.hosts_in(only) if only is not None else self.ops.plan.hosts
+        if self.mesh and turns is not None and self._can_tell(hosts):
+            # Each host's start ends its turn once its servers serve, and checks the mesh once
+            # told that every host's do: one launcher call per host, whatever their number.
+            rounds = -(-len(hosts) // turns)
+            longest = max(CHECK_TIMEOUT + hp.start_timeout + 30 + self.ops.connect_timeout for hp in hosts)
+            self._gate = _Gate(len(hosts), turns, rounds * longest + 60, self.ops.cancel)
+            turns = None
         self.mesh = self.mesh and (turns is None or len(hosts) <= turns)
         if only is None:
             return self.ops.each_host(lambda hp: self.start_host(hp, version), turns=turns)
         return self.ops.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), hosts, turns=turns)
 
+    def _can_tell(self, hosts: Sequence[HostPlan]) -> bool:
+        """Whether every host's start can be told when to check the mesh: one launcher call each
+        (`_in_one_call`), over an OpenSSH master (a command whose stdin stays open)."""
+        from dtf.hosts.openssh import ssh_binary
+
+        return (len(hosts) > 1 and ssh_binary() is not None
+                and all(hp.spec.connection == "ssh" and self._in_one_call(hp) for hp in hosts))
+
     def start_host(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None = None
                    ) -> HostStarted:
         """Start the host's tasks (or those named in `only`: the others keep running): connect,
         prepare the host, start its servers, and verify this machine reaches them."""
+        if self._gate is not None:
+            return self._told_start(hp, tf_version, only, self._gate)
         self.ops.step(hp, "connecting")
         with self.ops.transport(hp) as t:
             env = None
@@ -85,6 +105,64 @@ class Starter:
         return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
                            client_address=check.client_address, direct=direct, env=env,
                            reached=started.unreachable == {})
+
+    def _told_start(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None,
+                    gate: _Gate) -> HostStarted:
+        """start_host where hosts start in turns and each is told when to check the mesh: the
+        host's turn is its check-start up to its servers' reply; then (its turn over) this
+        machine's reach, and once every host has got that far, "go" on the launcher's stdin and
+        the mesh check's finding. A host that failed, or Ctrl-C, tells the others "stop"."""
+        conv: Conversation | None = None
+        arrived = False
+        tasks = hp.tasks_in(only)
+        targets, reach_timeout = self._reach(hp)
+        try:
+            with gate.turn:
+                self.ops.step(hp, "connecting")
+                t = self.ops.transport(hp)
+                assert isinstance(t, ControlTransport)
+                self.ops.step(hp, f"uploading launcher, checking python and TensorFlow, "
+                                  f"starting {len(tasks)} server(s)")
+                argv = hp.check_start_argv(only, tf_version, targets, reach_timeout, told=gate.wait + 30)
+                self.touched.add(hp.name)
+                conv = t.put_and_converse(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv)
+                deadline = time.monotonic() + CHECK_TIMEOUT + hp.start_timeout + 30
+                check = self._checked(self._said(conv, deadline, "the check"), hp, tf_version, only)
+                self.started.add(hp.name)  # it passed the check: it starts them
+                started = self._started(self._said(conv, deadline, "starting servers"))
+            gate.arrive(True)
+            arrived = True
+            self.ops.step(hp, "checking the servers are reachable from here")
+            direct = self._reachable(t, hp, tasks)
+            unreachable = None
+            if targets:
+                self.ops.step(hp, "waiting for the other hosts' servers")
+                go = gate.all_serve()
+                conv.send("go" if go else "stop")
+                if go:
+                    self.ops.step(hp, "checking it reaches the other hosts' tasks")
+                    unreachable = self._started(self._said(conv, time.monotonic() + reach_timeout + 30,
+                                                           "checking the other hosts' TF ports")).unreachable
+            conv.finish(5)
+        finally:
+            if not arrived:
+                gate.arrive(False)
+            if conv is not None:
+                conv.kill()
+        return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
+                           client_address=check.client_address, direct=direct, reached=unreachable == {})
+
+    @staticmethod
+    def _said(conv: Conversation, deadline: float, what: str) -> Result:
+        """The launcher's next line, as a Result (its exit status and stderr where it ended
+        without one). HostError past `deadline`."""
+        line = conv.readline(max(0.0, deadline - time.monotonic()))
+        if line is not None:
+            return Result(0, line, "")
+        r = conv.finish(5)
+        if r.exit_code < 0 and time.monotonic() >= deadline:
+            raise HostError(f"{what} timed out")
+        return r
 
     def _in_one_call(self, hp: HostPlan) -> bool:
         """Whether the host's check and start are one launcher call: nothing happens between them
@@ -243,3 +321,34 @@ class Starter:
                                 f"through SSH from this machine (does its sshd allow TCP forwarding?)"
                                 + ("" if network == "ssh" else ", nor directly"))
             time.sleep(0.2)
+
+
+class _Gate:
+    """Where hosts start in turns and are told when to check the mesh (Starter._told_start): at most
+    `turns` hosts at once until their servers serve (`turn`); then each waits until every host has
+    got that far or failed (`all_serve`: True when every one serves), for at most `wait` seconds
+    (every turn's deadlines; each host's own are shorter)."""
+
+    def __init__(self, hosts: int, turns: int, wait: float, cancel: threading.Event) -> None:
+        self.turn = threading.BoundedSemaphore(turns)
+        self.wait = wait
+        self._cancel = cancel
+        self._left = hosts
+        self._all_ok = True
+        self._changed = threading.Condition()
+
+    def arrive(self, ok: bool) -> None:
+        with self._changed:
+            self._left -= 1
+            self._all_ok = self._all_ok and ok
+            self._changed.notify_all()
+
+    def all_serve(self) -> bool:
+        deadline = time.monotonic() + self.wait
+        with self._changed:
+            while self._left > 0 and self._all_ok and not self._cancel.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(min(left, 0.1))
+            return self._all_ok and not self._cancel.is_set()

@@ -35,6 +35,7 @@ from dtf.hosts.shell import quote_arg, render
 from dtf.hosts.spawn import listening
 from dtf.hosts.transport import (
     COMMAND_TIMEOUT,
+    Conversation,
     HostError,
     LineStream,
     Readable,
@@ -46,6 +47,30 @@ from dtf.hosts.transport import (
 )
 from dtf.hosts.tunnel import Master, MasterFailed, _parallel
 
+# put_and_converse's python on the host: read the upload from stdin to its last byte (the rest of
+# stdin is the command's), write it under a temporary name and rename it, then run it as a script.
+_BOOT = """import os, sys
+size, path, tmp = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+data = bytearray()
+while len(data) < size:
+    chunk = os.read(0, min(1 << 20, size - len(data)))
+    if not chunk:
+        sys.exit("the upload ended early")
+    data += chunk
+try:
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+except OSError as e:
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+    sys.exit(f"upload to {os.path.dirname(path)} failed: {e.strerror or e}")
+sys.argv = [path, *sys.argv[4:]]
+import runpy
+runpy.run_path(path, run_name="__main__")
+"""
 NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
 ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands) in ~15 s
 SSH_FAILED = 255  # ssh's own exit status: the connection, not the command, failed
@@ -213,6 +238,20 @@ class ControlTransport(SSHTransport):
         """Upload a file and run a command, in one round trip (the launcher, then its `check`)."""
         script = f"{self._put_script(remote_dir, filename)} && exec {render(argv)}"
         return self.run(["sh", "-c", script], timeout=timeout, stdin=data, named=argv)
+
+    def put_and_converse(self, data: bytes, remote_dir: str, filename: str, argv: Sequence[str]) -> Conversation:
+        """put_and_run's upload and command in one round trip, the command's stdin kept open
+        (Conversation). The host's python reads the upload itself, to the byte (`cat` would read
+        to the end of stdin), writes it atomically, then runs it as `python FILE ARGS` would: argv
+        is [python, remote_dir/filename, ARGS]."""
+        self.open()
+        path, tmp = f"{remote_dir}/{filename}", f"{remote_dir}/{temporary_name(filename)}"
+        boot = render([argv[0], "-c", _BOOT, str(len(data)), path, tmp, *argv[2:]])
+        script = f"mkdir -p {quote_arg(remote_dir)} && exec {boot}"
+        try:
+            return Conversation(self.command() + [render(["sh", "-c", script])], data)
+        except OSError as e:
+            raise HostError(f"cannot run {self.ssh}: {e.strerror or e}")
 
     def put_file(self, local: Path, remote_dir: str, filename: str) -> None:
         with open(local, "rb") as f:

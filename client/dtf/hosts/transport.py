@@ -98,6 +98,76 @@ class LineStream:
         return self
 
 
+class Conversation:
+    """A command (a process of this machine: ssh over a master) that is given `data` on its stdin,
+    then keeps its stdin open: its stdout is read a line at a time, each with a deadline, and a
+    line can be sent to it later (`send`). `finish` closes its stdin and collects the rest.
+    The data is written from a thread of its own, stderr drained by another: neither pipe fills."""
+
+    def __init__(self, argv: Sequence[str], data: bytes) -> None:
+        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        stdin, stdout, stderr = self.proc.stdin, self.proc.stdout, self.proc.stderr
+        assert stdin is not None and stdout is not None and stderr is not None
+        self._stdin, self._stdout = stdin, stdout
+        self._err: list[bytes] = []
+        self._written = threading.Event()
+
+        def write() -> None:
+            with contextlib.suppress(OSError):  # (it ended early: its exit status and stderr say why)
+                stdin.write(data)
+                stdin.flush()
+            self._written.set()
+
+        self._threads = [threading.Thread(target=write, daemon=True, name="dtf-conversation-in"),
+                         threading.Thread(target=lambda: self._err.append(stderr.read()), daemon=True,
+                                          name="dtf-conversation-err")]
+        for thread in self._threads:
+            thread.start()
+        self.lines = LineStream(stdout.fileno, lambda: os.read(stdout.fileno(), 65536), self.kill)
+
+    def readline(self, timeout: float) -> str | None:
+        """The next line of its stdout; None if none came within `timeout`, or once it has ended."""
+        try:
+            return self.lines.readline(timeout)
+        except HostError:
+            return None
+
+    def send(self, line: str) -> None:
+        """One line on its stdin, once `data` is all written (a command that has ended: nothing)."""
+        self._written.wait(COMMAND_TIMEOUT)
+        with contextlib.suppress(OSError, ValueError):
+            self._stdin.write(line.encode() + b"\n")
+            self._stdin.flush()
+
+    def finish(self, timeout: float) -> Result:
+        """Its stdin closed: what it writes until it exits (within `timeout`, else it is killed), its
+        stdout's lines not read yet, and its exit status."""
+        with contextlib.suppress(OSError, ValueError):
+            self._stdin.close()
+        rest: list[str] = []
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0 and (line := self.readline(left)) is not None:
+            rest.append(line)
+        self.kill()
+        for thread in self._threads:
+            thread.join(5)
+        code = self.proc.returncode if self.proc.returncode is not None else -9
+        return Result(code, "".join(f"{line}\n" for line in rest),
+                      b"".join(self._err).decode(errors="replace"))
+
+    def kill(self) -> None:
+        """End it (if it has not ended) and wait for it."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=0.05)
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        with contextlib.suppress(OSError):
+            self._stdout.close()
+
+
 class Transport:
     """A connection to one host. Use as a context manager."""
 
