@@ -10,6 +10,7 @@ import pytest
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.control import cluster_prefix, hop_path, host_path, persist_for, reason
+from dtf.hosts.transport import Conversation
 from dtf.hosts.tunnel import MasterFailed
 
 SPEC = HostSpec(host="h7", line=3, connection="ssh", user="root", port=None, identity_file="~/.ssh/id_x",
@@ -67,3 +68,48 @@ def test_an_unused_master_stays_for_the_lease():
     assert persist_for(3600) == 3600
     assert persist_for(2) == 10  # never shorter than a command's own wait
     assert persist_for(0) == 3600  # a lease that never lapses: opened again when needed
+
+
+def boot(tmp_path: Path, data: bytes, *args: str, size: int | None = None) -> Conversation:
+    """put_and_converse's command on this machine: what the host's shell runs, ssh left out."""
+    import shlex
+    import sys
+
+    from dtf.hosts.control import _BOOT
+
+    d = tmp_path / "root"
+    argv = [sys.executable, "-c", _BOOT, str(len(data) if size is None else size), f"{d}/app.pyz", f"{d}/.app.tmp", *args]
+    return Conversation(["sh", "-c", f"mkdir -p {shlex.quote(str(d))} && exec {shlex.join(argv)}"], data)
+
+
+def test_the_upload_a_conversation_begins_with_is_read_to_its_last_byte_and_stdin_stays_the_commands(
+        tmp_path: Path):
+    """The host's python reads the upload itself, exactly its size (the rest of stdin is the
+    command's: `up`'s "go"), writes it atomically, and runs it as `python FILE ARGS` would."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("__main__.py", "import os, sys\nprint('argv', sys.argv[0] == os.path.abspath(sys.argv[0]), "
+                                   "sys.argv[1:], flush=True)\nprint('said', os.read(0, 64).decode().strip())\n")
+    data = buffer.getvalue()
+    conv = boot(tmp_path, data, "a", "b c")
+    assert conv.readline(30) == "argv True ['a', 'b c']"
+    conv.send("go")
+    assert conv.readline(30) == "said go"
+    r = conv.finish(30)
+    assert (r.exit_code, r.stdout) == (0, "")
+    assert (tmp_path / "root" / "app.pyz").read_bytes() == data
+    assert sorted(p.name for p in (tmp_path / "root").iterdir()) == ["app.pyz"]
+
+    short = boot(tmp_path, data[:100], size=len(data))  # the laptop went before it had sent it all
+    r = short.finish(30)
+    assert r.exit_code == 1 and "the upload ended early" in r.stderr
+
+
+def test_a_conversation_that_says_nothing_in_time_is_none_and_finish_ends_it(tmp_path: Path):
+    conv = Conversation(["sh", "-c", "cat >/dev/null; sleep 60"], b"x")
+    assert conv.readline(0.2) is None
+    r = conv.finish(0.2)
+    assert r.exit_code < 0 and conv.proc.poll() is not None

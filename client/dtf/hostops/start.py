@@ -123,7 +123,7 @@ class Starter:
                 assert isinstance(t, ControlTransport)
                 self.ops.step(hp, f"uploading launcher, checking python and TensorFlow, "
                                   f"starting {len(tasks)} server(s)")
-                argv = hp.check_start_argv(only, tf_version, targets, reach_timeout, told=gate.wait + 30)
+                argv = hp.check_start_argv(only, tf_version, targets, reach_timeout, told=2 * gate.wait + 30)
                 self.touched.add(hp.name)
                 conv = t.put_and_converse(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv)
                 deadline = time.monotonic() + CHECK_TIMEOUT + hp.start_timeout + 30
@@ -138,11 +138,14 @@ class Starter:
             if targets:
                 self.ops.step(hp, "waiting for the other hosts' servers")
                 go = gate.all_serve()
-                conv.send("go" if go else "stop")
-                if go:
-                    self.ops.step(hp, "checking it reaches the other hosts' tasks")
-                    unreachable = self._started(self._said(conv, time.monotonic() + reach_timeout + 30,
-                                                           "checking the other hosts' TF ports")).unreachable
+                if not go:
+                    conv.send("stop")
+                else:  # in turns again: 100 hosts checking 99 targets each at once starved the lab
+                    with gate.turn:
+                        self.ops.step(hp, "checking it reaches the other hosts' tasks")
+                        conv.send("go")
+                        unreachable = self._started(self._said(conv, time.monotonic() + reach_timeout + 30,
+                                                               "checking the other hosts' TF ports")).unreachable
             conv.finish(5)
         finally:
             if not arrived:
