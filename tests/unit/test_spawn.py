@@ -108,6 +108,19 @@ def remembered(ssh: Path, tmp_path: Path, inv: Path, **given: float | None) -> M
     return m
 
 
+def hosts_up(ssh: Path, tmp_path: Path, inv: Path) -> list[Master]:
+    """An `up` of three hosts of a new inventory `inv`: their masters started and remembered (as
+    dtf.entry has it done at the command's end), and still running."""
+    inv.write_text("cluster: c\n")
+    spawn.begin(str(inv), None, None)
+    masters = [master(ssh, tmp_path, name=f"m{i}") for i in range(3)]
+    for m in masters:
+        m.start()
+    spawn.keep()
+    spawn._started.clear()
+    return masters
+
+
 def test_the_next_up_of_an_unchanged_inventory_begins_the_same_master_and_its_master_takes_it(
         ssh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     inv = tmp_path / "inv.yaml"
@@ -130,15 +143,9 @@ def test_every_host_master_an_up_started_is_begun_by_the_next_in_order_at_most_t
     """An `up` of SSH hosts starts one master per host: the next `up` begins them all (the first
     DTF_TURNS: the hosts it starts at once), and each host's master takes its own."""
     inv = tmp_path / "inv.yaml"
-    inv.write_text("cluster: c\n")
-    spawn.begin(str(inv), None, None)
-    first = [master(ssh, tmp_path, name=f"m{i}") for i in range(3)]
-    for m in first:
-        m.start()
-    spawn.keep()
+    first = hosts_up(ssh, tmp_path, inv)
     for m in first:
         m.stop()
-    spawn._started.clear()
     cache = json.loads((tmp_path / "home" / spawn.CACHE).read_text())
     assert [path for _, path in cache[os.path.realpath(inv)]["masters"]] == [m.path for m in first]
 
@@ -268,13 +275,7 @@ def test_the_cache_is_under_dtf_home(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 def test_a_repair_that_starts_one_master_keeps_the_others_remembered(ssh: Path, tmp_path: Path) -> None:
     inv = tmp_path / "inv.yaml"
-    inv.write_text("cluster: c\n")
-    spawn.begin(str(inv), None, None)
-    first = [master(ssh, tmp_path, name=f"m{i}") for i in range(3)]
-    for m in first:
-        m.start()
-    spawn.keep()
-    spawn._started.clear()
+    first = hosts_up(ssh, tmp_path, inv)
     first[1].stop()  # its master went; the others still run (the cluster is up)
     spawn.begin(str(inv), None, None)
     assert list(spawn._pending) == [first[1].path]
