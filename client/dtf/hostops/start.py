@@ -130,9 +130,9 @@ class Starter:
                 self.touched.add(hp.name)
                 conv = t.put_and_converse(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv)
                 deadline = time.monotonic() + CHECK_TIMEOUT + hp.start_timeout + 30
-                check = self._checked(self._said(conv, deadline, "the check"), hp, tf_version, only)
+                check = self._checked(self._said(t, conv, deadline, "the check"), hp, tf_version, only)
                 self.started.add(hp.name)  # it passed the check: it starts them
-                started = self._started(self._said(conv, deadline, "starting servers"))
+                started = self._started(self._said(t, conv, deadline, "starting servers"))
             gate.arrive(True)
             arrived = True
             self.ops.step(hp, "checking the servers are reachable from here")
@@ -147,8 +147,8 @@ class Starter:
                     with gate.turn:
                         self.ops.step(hp, "checking it reaches the other hosts' tasks")
                         conv.send("go")
-                        unreachable = self._started(self._said(conv, time.monotonic() + reach_timeout + 30,
-                                                               "checking the other hosts' TF ports")).unreachable
+                        unreachable = self._started(self._said(t, conv, time.monotonic() + reach_timeout + 30,
+                                                                  "checking the other hosts' TF ports")).unreachable
             conv.finish(5)
         finally:
             if not arrived:
@@ -159,16 +159,17 @@ class Starter:
                            client_address=check.client_address, direct=direct, reached=unreachable == {})
 
     @staticmethod
-    def _said(conv: Conversation, deadline: float, what: str) -> Result:
-        """The launcher's next line, as a Result (its exit status and stderr where it ended
-        without one). HostError past `deadline`."""
-        line = conv.readline(max(0.0, deadline - time.monotonic()))
-        if line is not None:
-            return Result(0, line, "")
+    def _said(t: ControlTransport, conv: Conversation, deadline: float, what: str) -> Result:
+        """The launcher's next line that is not blank (a login script's empty line: as `t.run`'s
+        output is read), as a Result; where it ended without one, its exit status and stderr
+        (the master lost: HostError, as `t.run` says it). HostError past `deadline`."""
+        while (line := conv.readline(max(0.0, deadline - time.monotonic()))) is not None:
+            if line.strip():
+                return Result(0, line, "")
         r = conv.finish(5)
         if r.exit_code < 0 and time.monotonic() >= deadline:
             raise HostError(f"{what} timed out")
-        return r
+        return t.result(r)
 
     def _in_one_call(self, hp: HostPlan) -> bool:
         """Whether the host's check and start are one launcher call: nothing happens between them

@@ -200,7 +200,8 @@ class ControlTransport(SSHTransport):
         return [self.ssh, "-S", self.master.path, "-o", "ControlMaster=no", "-o", "BatchMode=yes",
                 "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}", *options, self.spec.host]
 
-    def _result(self, proc_result: Result) -> Result:
+    def result(self, proc_result: Result) -> Result:
+        """A command's Result; HostError where ssh failed because the master is gone."""
         if proc_result.exit_code == SSH_FAILED and not listening(self.master.path):
             err = (proc_result.stderr.strip().splitlines() or ["the master connection closed"])[-1]
             raise HostError(f"unreachable: the SSH connection to {self._target()} was lost: {err}")
@@ -219,7 +220,7 @@ class ControlTransport(SSHTransport):
             raise HostError(f"command timed out after {timeout:g}s: {argv[0]} {' '.join(argv[2:3])}")
         except OSError as e:
             raise HostError(f"cannot run {self.ssh}: {e.strerror or e}")
-        return self._result(Result(p.returncode, p.stdout.decode(errors="replace"),
+        return self.result(Result(p.returncode, p.stdout.decode(errors="replace"),
                                          p.stderr.decode(errors="replace")))
 
     @staticmethod
@@ -263,7 +264,7 @@ class ControlTransport(SSHTransport):
     def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:
         self.open()
-        return self._result(feed_process(self.command("-T") + [render(argv)], source, stall, sent))
+        return self.result(feed_process(self.command("-T") + [render(argv)], source, stall, sent))
 
     def stream(self, argv: Sequence[str]) -> int:
         """The command's output here as it comes, until it ends or Ctrl-C (130): a pty, so that
