@@ -124,8 +124,7 @@ class Starter:
                 self.ops.step(hp, "connecting")
                 t = self.ops.transport(hp)
                 assert isinstance(t, ControlTransport)
-                self.ops.step(hp, f"uploading launcher, checking python and TensorFlow, "
-                                  f"starting {len(tasks)} server(s)")
+                self._check_start_step(hp, tasks)
                 argv = hp.check_start_argv(only, tf_version, targets, reach_timeout, told=2 * gate.wait + 30)
                 self.touched.add(hp.name)
                 conv = t.put_and_converse(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv)
@@ -157,6 +156,10 @@ class Starter:
                 conv.kill()
         return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
                            client_address=check.client_address, direct=direct, reached=unreachable == {})
+
+    def _check_start_step(self, hp: HostPlan, tasks: Sequence[TaskPlan]) -> None:
+        """The host's step while its check-start runs (told or not)."""
+        self.ops.step(hp, f"uploading launcher, checking python and TensorFlow, starting {len(tasks)} server(s)")
 
     @staticmethod
     def _said(t: ControlTransport, conv: Conversation, deadline: float, what: str) -> Result:
@@ -202,7 +205,7 @@ class Starter:
         one round trip fewer per host): the host starts its servers only when it passes the check,
         which it answers first; the reasons it did not are the same as `_check`'s."""
         tasks = hp.tasks_in(only)
-        self.ops.step(hp, f"uploading launcher, checking python and TensorFlow, starting {len(tasks)} server(s)")
+        self._check_start_step(hp, tasks)
         slurm = hp.spec.connection == "slurm"
         try:
             r = self._ship_and_run(t, hp, hp.check_start_argv(only, tf_version, *self._reach(hp), keep=slurm),
