@@ -100,9 +100,13 @@ READY_POLL = 0.05
 READY_FIRST_POLL, READY_FIRST = 0.01, 1.0
 # Connection attempts per second a host's mesh check makes at most while other hosts' tasks refuse
 # (`reach(again=True)`): each target is tried every len(targets) / REACH_RATE seconds, at least
-# every READY_POLL. At 30 hosts, 29 targets each tried every 50 ms made 580 refused connects a
-# second per host while the others started: most of `up`'s CPU on the lab's shared cores.
+# every REACH_PAUSE. At 30 hosts, 29 targets each tried every 50 ms made 580 refused connects a
+# second per host while the others started: most of `up`'s CPU on the lab's shared cores. A few
+# targets are tried as often as a start looks at its own servers: a Slurm node's two targets
+# were tried 50 ms apart, and the other node's server, serving 20 ms after a refusal, was seen 30
+# ms late (the whole `up` waits for the last node's check).
 REACH_RATE = 100.0
+REACH_PAUSE = READY_FIRST_POLL
 REACH_AT_ONCE = 256  # targets a mesh check tries at once (a thread each)
 
 
@@ -508,7 +512,7 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
     import threading
 
     deadline = time.monotonic() + timeout
-    pause = max(READY_POLL, len(targets) / REACH_RATE)
+    pause = max(REACH_PAUSE, len(targets) / REACH_RATE)
 
     def why_not(target: str) -> str | None:
         host, _, port = target.rpartition(":")

@@ -258,7 +258,7 @@ def test_a_refused_target_is_named_so_when_a_loaded_host_oversleeps_its_time(mon
 
 def test_the_mesh_check_tries_many_refusing_targets_at_a_bounded_rate(monkeypatch: pytest.MonkeyPatch):
     """While the other hosts start, each refusing target is tried every len(targets) / REACH_RATE
-    seconds (at least every READY_POLL): 29 targets each tried every 50 ms were 580 refused
+    seconds (at least every REACH_PAUSE): 29 targets each tried every 50 ms were 580 refused
     connects a second per host, most of a 30-host `up`'s CPU on shared cores. An upper bound
     only: a slow machine tries less often, never more."""
     from dtf_server import commands
@@ -275,7 +275,7 @@ def test_the_mesh_check_tries_many_refusing_targets_at_a_bounded_rate(monkeypatc
     seconds = 1.0
     missed = commands.reach(targets, seconds, again=True)
     assert missed == dict.fromkeys(targets, "Connection refused")
-    pause = max(commands.READY_POLL, len(targets) / commands.REACH_RATE)  # 0.4 s
+    pause = max(commands.REACH_PAUSE, len(targets) / commands.REACH_RATE)  # 0.4 s
     assert len(tries) <= len(targets) * (seconds / pause + 1), len(tries)  # 3 each: 120 (every 50 ms: 800)
     assert min(tries.count(t) for t in targets) >= 1
 
