@@ -159,7 +159,8 @@ def up(
         return
     allocation, fresh = None, False
     if inv.slurm is not None:
-        allocation, fresh = _slurm_allocation(inv, inventory, slurm_wait, connect_timeout, replace, ttl_seconds)
+        allocation, fresh = _slurm_allocation(inv, inventory, slurm_wait, connect_timeout, replace, ttl_seconds,
+                                              network)
     from dtf.hostops import lifecycle
 
     try:
@@ -185,7 +186,7 @@ def up(
 
 
 def _slurm_allocation(inv: Inventory, inventory: Path, wait: float, connect_timeout: float, replace: bool,
-                      ttl: float | None) -> tuple[Allocation, bool]:
+                      ttl: float | None, network: str | None) -> tuple[Allocation, bool]:
     """`up`'s allocation of a Slurm inventory (lifecycle.slurm_allocation), over the login host's
     master opened while the rest of dtf loads: begun before the CLI (dtf.entry) or now; not with
     `replace`, which tears the recorded cluster down first, its masters with it."""
@@ -201,7 +202,9 @@ def _slurm_allocation(inv: Inventory, inventory: Path, wait: float, connect_time
         from dtf.hostops import lifecycle
 
         return lifecycle.slurm_allocation(inv, inventory, wait=wait, say=ui.say, connect_timeout=connect_timeout,
-                                          replace=replace, view=ui.host_progress, ttl=ttl, head=head)
+                                          replace=replace, view=ui.host_progress, ttl=ttl, head=head,
+                                          server=os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
+                                          network=network)
     except BaseException:
         # The master it opened, unless the allocation took it (it closes it then); also where a
         # Ctrl-C came while HeadStart began, before `head` was set.

@@ -95,14 +95,24 @@ def dtf_steps(lab: SlurmLab, job: str, prefix: str, count: int) -> list[str]:
     return found
 
 
+def login_commands(lab: SlurmLab) -> int:
+    """Commands the login host's sshd ran so far (sessions over the masters; LogLevel VERBOSE)."""
+    return (lab.root / lab.login.name / "sshd.log").read_text(errors="replace").count("Starting session: command")
+
+
 def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     inv = inventory(slurm_lab, tmp_path / "inv.yaml")
     home = tmp_path / "home"
+    before = login_commands(slurm_lab)
     t0 = time.monotonic()
     r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
     up_s = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr
     job = job_of(r.stdout)
+    # ONE command on the login host: salloc, the wait, the lease watch and both nodes' starts (begun
+    # once Slurm named the nodes: dtf.hosts.slurmstep.EarlySteps); this machine then only checks
+    # it reaches the tasks through the login host's master (forwarded connections, no command).
+    assert login_commands(slurm_lab) == before + 1
     assert ours(slurm_lab, job) == [f"{job} RUNNING"]
     # one job step per node, named for its tasks, and the lease watch on the first node
     names = sorted(line.split()[1:] for line in dtf_steps(slurm_lab, job, "dtf-sl-", 3))
@@ -198,6 +208,43 @@ def test_ctrl_c_before_the_job_id_came_back_leaves_no_job(slurm_lab: SlurmLab, t
     while ours(slurm_lab, job) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ours(slurm_lab, job) == [], out
+
+
+def test_ctrl_c_while_the_nodes_start_with_the_allocation_leaves_no_job_and_nothing_on_them(
+        slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """Ctrl-C while the command that got the allocation waits for the nodes' starts (servers that
+    serve only once the test lets them: whatever this machine's speed, the Ctrl-C comes first):
+    `up` exits 130 at once, its session closed; the command, unable to write on it, cancels the
+    job, which ends the steps: nothing is left in the queue or on a node."""
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="held")
+    release = tmp_path / "release"
+    env = {**os.environ, "DTF_HOME": str(tmp_path / "home"), "COLUMNS": "200",
+           "DTF_SERVER": f"fake:ready_file={release}"}
+    before = {line.split()[0] for line in slurm_lab.queue()}
+    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "up", str(inv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, preexec_fn=as_in_a_terminal)
+    try:
+        deadline = time.monotonic() + 90
+        while (len([c for c in node_processes(slurm_lab) if " fake " in c]) < 4 and proc.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        new = {line.split()[0] for line in slurm_lab.queue()} - before
+        assert len(new) == 1, slurm_lab.queue()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, (out, err)
+        assert "Traceback" not in err, err
+        assert time.monotonic() - t0 < 30, (out, err)
+    finally:
+        release.write_text("")
+    job = new.pop()
+    deadline = time.monotonic() + 30
+    while ours(slurm_lab, job) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ours(slurm_lab, job) == [], out
+    assert left_behind(slurm_lab, timeout=30) == []
 
 
 def masters(prefix: str) -> list[str]:

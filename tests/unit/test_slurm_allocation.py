@@ -37,7 +37,8 @@ class Login(Transport):
     def close(self) -> None:
         pass
 
-    def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Result:
+    def run(self, argv: Sequence[str], timeout: float = COMMAND_TIMEOUT, stdin: bytes | None = None,
+            named: Sequence[str] | None = None) -> Result:
         argv = list(argv)
         if argv[:2] == ["sh", "-c"] and argv[2].startswith("scancel"):  # slurm.cancel_argv
             self.run(["scancel", argv[4]])
@@ -75,7 +76,7 @@ class Login(Transport):
         state = self.run(["squeue", f"--jobs={job}"]).stdout
         out.append(state.strip())
         if state.startswith("RUNNING"):
-            then = script.split("THEN=", 1)[1].split("\n", 1)[0]
+            then = script.split("THEN=", 1)[1].split("; START=", 1)[0]
             if then != "''":
                 self.ran.append(["then", then])
             out += ["---", self.run(["scontrol", "--oneliner"]).stdout.strip()]

@@ -212,6 +212,12 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
 # cancelled. Answer: [JOB ID], the squeue line (empty: squeue no longer lists the job), then for a
 # running job `---` and `scontrol --oneliner show node` of its nodes: one line each, in Slurm's
 # order (scontrol walks the node list as `scontrol show hostnames` does: one command fewer).
+# START (with --submit; sh, dtf.hosts.slurmstep.EarlySteps): once the job runs on START_NODES
+# nodes, each node's start begun at once, its job id in $job, node I's name and address (as
+# parse_node_addresses reads them) in $NI and $AI, the upload (this command's stdin, read first)
+# in "$d/up"; the answer goes on with `=== dtf-start`, a blank line every HEARTBEAT seconds while
+# the steps start (the laptop gone, the write fails: the job is cancelled), then each node's
+# (EarlySteps.take).
 WAIT_SECONDS, WAIT_PAUSE, ID_SECONDS = 1.0, 0.1, 20
 # THEN (the lease watch) starts this long after the job runs: its srun, slurmstepd and python (0.1 s
 # of CPU on the lab) would share the login host's and the first node's cores with the nodes' own
@@ -225,6 +231,14 @@ NL='
 ms() { t=$(date +%s%N); echo $((t / 1000000)); }
 if [ "$1" = --submit ]; then
   shift 4
+  if [ -n "$START" ]; then
+    d=$(mktemp -d)
+    trap 'rm -rf "$d"' EXIT
+    exec 3<&0  # (an asynchronous list's stdin is /dev/null but for its own redirection)
+    cat <&3 >"$d/up" &  # while salloc asks
+    upload=$!
+    exec 3<&-
+  fi
   said=$(mktemp)
   ( trap '' HUP; exec "$@" ) >"$said" 2>&1 </dev/null &
   salloc=$!
@@ -286,16 +300,50 @@ out=$(
   esac
 )
 printf '%s\n' "$out" || { [ -z "${submitted:-}" ] || scancel "$job"; exit 1; }
+[ -n "$START" ] || exit 0
+case $line in RUNNING*) ;; *) exit 0 ;; esac
+i=0
+while IFS= read -r l; do
+  case $l in NodeName=*) ;; *) continue ;; esac
+  n=${l#NodeName=}; n=${n%%[ 	]*}; a=
+  case $l in *[' 	']NodeAddr=*) a=${l#*[' 	']NodeAddr=}; a=${a%%[ 	]*} ;; esac
+  eval "N$i=\$n; A$i=\${a:-\$n}"
+  i=$((i + 1))
+done <<EOF
+$out
+EOF
+[ "$i" -eq "$START_NODES" ] || exit 0
+echo "=== dtf-start" || { scancel "$job"; exit 1; }
+wait "$upload"
+eval "$START"
+( while sleep "$HEARTBEAT" >/dev/null 2>&1; do echo || { scancel "$job"; exit 0; }; done ) &
+beat=$!
+wait $begun || true
+kill "$beat" 2>/dev/null || true
+i=0
+while [ "$i" -lt "$START_NODES" ]; do
+  rc=1
+  read -r rc <"$d/r$i" || true
+  echo "=== node $i $rc" || { scancel "$job"; exit 1; }
+  while IFS= read -r l || [ -n "$l" ]; do printf 'o %s\n' "$l"; done <"$d/o$i"
+  while IFS= read -r l || [ -n "$l" ]; do printf 'e %s\n' "$l"; done <"$d/e$i"
+  i=$((i + 1))
+done || { scancel "$job"; exit 1; }
 """
+HEARTBEAT = 0.2
+BEGUN_MARK = "=== dtf-start\n"  # (_WAIT's line before the steps' answers)
 
 
 def wait_argv(job: str | None = None, submit: list[str] | None = None, seconds: float = WAIT_SECONDS,
-              pause: float = WAIT_PAUSE, then: str | None = None) -> list[str]:
+              pause: float = WAIT_PAUSE, then: str | None = None, start: str = "", nodes: int = 0) -> list[str]:
     """Look at `job` until it leaves the pending states (squeue `pause` apart, for up to `seconds`),
     or submit it first (`submit`: the salloc argv) and look at it: one command (see _WAIT). `then`:
-    sh to start, detached, once the job runs (watch_command)."""
+    sh to start, detached, once the job runs (watch_command). `start` (with `submit`): sh that
+    begins the steps of the job's `nodes` nodes once it runs (_WAIT's START: EarlySteps.script)."""
+    assert not start or submit is not None
     script = (f"MS={round(max(0.0, seconds) * 1000)}; PAUSE={pause:g}; ID_MS={ID_SECONDS * 1000}; "
-              f"WATCH_DELAY={WATCH_DELAY:g}; THEN={shlex.quote(then or '')}\n{_WAIT}")
+              f"WATCH_DELAY={WATCH_DELAY:g}; THEN={shlex.quote(then or '')}; START={shlex.quote(start)}; "
+              f"START_NODES={nodes:d}; HEARTBEAT={HEARTBEAT:g}\n{_WAIT}")
     if submit is not None:
         return ["sh", "-c", script, "sh", "--submit", "-", "-", "--", *submit]
     assert job is not None

@@ -32,6 +32,10 @@ DEFAULT_TTL = Defaults.TTL  # dtf.cluster.plan's (its import is 30 ms: `up` begi
 
 Say = Callable[[str], None]
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from dtf.hosts.slurmstep import EarlySteps
+
 
 def login_master(login: HostSpec, cluster: str, ssh_config: str | None, connect_timeout: float = CONNECT_TIMEOUT,
                  ttl: float = DEFAULT_TTL) -> SSHTransport:
@@ -191,12 +195,14 @@ def job_state(t: Transport, job: str) -> JobState:
 
 
 def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = CONNECT_TIMEOUT,
-             ttl: float | None = None, head: HeadStart | None = None) -> Allocation:
+             ttl: float | None = None, head: HeadStart | None = None, early: EarlySteps | None = None
+             ) -> Allocation:
     """The running allocation of a Slurm inventory: submitted now, or the inventory's `job`.
     HostFailure (the login host, with the reason) if it cannot be had within `wait` seconds;
     what was submitted is cancelled then, and on Ctrl-C. Over the cluster's master to the login
     host (`login_master`, or `head`'s: the same, opened sooner), which `up` goes on using; closed
-    here if it fails."""
+    here if it fails. `early`: the nodes' starts, begun by the command that submits the job where
+    Slurm grants it at once (the nodes' start_kept take their answers)."""
     spec = inv.slurm
     assert spec is not None
     login = spec.login.host
@@ -207,10 +213,21 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
             # The lease watch of a job dtf submits: started by the look that finds it running.
             watch = slurm.watch_command(inv) if spec.submits else None
             if spec.submits:
-                r = t.run(slurm.wait_argv(submit=slurm.salloc_argv(inv), seconds=min(slurm.WAIT_SECONDS, wait),
-                                          then=watch), timeout=QUERY_TIMEOUT + slurm.ID_SECONDS)
+                from dtf.hosts.control import ControlTransport
+
+                # (a command whose stdin carries the launcher: over an OpenSSH master)
+                begin = early if early is not None and isinstance(t, ControlTransport) else None
+                submit = slurm.wait_argv(submit=slurm.salloc_argv(inv), seconds=min(slurm.WAIT_SECONDS, wait),
+                                         then=watch, start=begin.script() if begin else "",
+                                         nodes=len(begin.nodes) if begin else 0)
+                if begin is not None:
+                    assert isinstance(t, ControlTransport)
+                    r = t.run(submit, timeout=QUERY_TIMEOUT + slurm.ID_SECONDS + begin.timeout, stdin=begin.upload)
+                else:
+                    r = t.run(submit, timeout=QUERY_TIMEOUT + slurm.ID_SECONDS)
+                answer, begun, said = r.stdout.partition(slurm.BEGUN_MARK)
                 try:  # its id, even if the look after salloc failed: it must be cancelled then
-                    waited = slurm.parse_wait(r.stdout)
+                    waited = slurm.parse_wait(answer)
                     job = waited.job
                 except ValueError as e:
                     raise HostError(str(e))
@@ -219,6 +236,8 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
                 say(f"job {job} submitted: {slurm.job_name(inv.cluster)}, {spec.nodes} node(s)")
                 if not r.ok:  # salloc worked, the look after it did not: look again
                     waited = None
+                elif begin is not None and begun and waited.addresses:
+                    begin.take(job, waited.nodes, tuple(waited.addresses.get(n, n) for n in waited.nodes), said)
             assert job is not None
             try:
                 if waited is None:

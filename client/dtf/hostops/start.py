@@ -21,6 +21,10 @@ from dtf.hosts.transport import Conversation, HostError, Result, Transport
 from dtf_server.procs import tf_version
 from dtf_server.protocol import CheckReply, FenceReply, StartReply
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from dtf.hosts.slurmstep import KeptStart
+
 CHECK_TIMEOUT = 30.0  # seconds for the launcher's upload and its check (a python start and a look around)
 REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to accept a connection
 # How often a host waiting for the others looks at Ctrl-C (an arrival wakes it at once): 100 hosts
@@ -63,9 +67,17 @@ class Starter:
     def up(self, only: dict[str, set[str]] | None = None) -> dict[str, Outcome[HostStarted]]:
         """Start every task, or only the tasks named per host in `only`."""
         version = local_tf_version()
+        hosts = self.ops.hosts_in(only) if only is not None else self.ops.plan.hosts
+        turns = self._decide(hosts)
+        if only is None:
+            return self.ops.each_host(lambda hp: self.start_host(hp, version), turns=turns)
+        return self.ops.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), hosts, turns=turns)
+
+    def _decide(self, hosts: Sequence[HostPlan]) -> int | None:
+        """How `hosts` start: the hosts taken at once (None: all), whether each start checks the
+        mesh (`mesh`), and whether they are told when to (`_gate`)."""
         # Turns where no host waits for another (managed hosts copy their wheels from each other).
         turns = None if any(hp.managed for hp in self.ops.plan.hosts) else self.ops.turns()
-        hosts = self.ops.hosts_in(only) if only is not None else self.ops.plan.hosts
         if self.mesh and turns is not None and self._can_tell(hosts):
             # Each host's start ends its turn once its servers serve, and checks the mesh once
             # told that every host's do: one launcher call per host, whatever their number.
@@ -74,9 +86,7 @@ class Starter:
             self._gate = _Gate(len(hosts), turns, rounds * longest + 60, self.ops.cancel)
             turns = None
         self.mesh = self.mesh and (turns is None or len(hosts) <= turns)
-        if only is None:
-            return self.ops.each_host(lambda hp: self.start_host(hp, version), turns=turns)
-        return self.ops.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), hosts, turns=turns)
+        return turns
 
     def _can_tell(self, hosts: Sequence[HostPlan]) -> bool:
         """Whether every host's start can be told when to check the mesh: one launcher call each
@@ -179,13 +189,9 @@ class Starter:
         (no environment to build, no firewall to set)."""
         return not hp.managed and self.ops.plan.firewall != "members"
 
-    def _ship_and_run(self, t: Transport, hp: HostPlan, argv: list[str], timeout: float,
-                      kept: tuple[Collection[str] | None, int] | None = None) -> Result:
-        """Upload the launcher and run one of its commands, in one round trip where the transport can.
-        `kept` (only, lines): a Slurm node's start of those tasks, a job step that stays (`_kept_step`)."""
+    def _ship_and_run(self, t: Transport, hp: HostPlan, argv: list[str], timeout: float) -> Result:
+        """Upload the launcher and run one of its commands, in one round trip where the transport can."""
         self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
-        if kept is not None:
-            return self._kept_step(t, hp, argv, *kept, timeout, upload=True)
         if isinstance(t, ControlTransport):
             return t.put_and_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv, timeout=timeout)
         return t.put_then_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv, timeout=timeout)
@@ -206,11 +212,13 @@ class Starter:
         which it answers first; the reasons it did not are the same as `_check`'s."""
         tasks = hp.tasks_in(only)
         self._check_start_step(hp, tasks)
-        slurm = hp.spec.connection == "slurm"
         try:
-            r = self._ship_and_run(t, hp, hp.check_start_argv(only, tf_version, *self._reach(hp), keep=slurm),
-                                   CHECK_TIMEOUT + hp.start_timeout + 30 + MESH_TIMEOUT,
-                                   kept=(only, 2) if slurm else None)
+            if hp.spec.connection == "slurm":
+                self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
+                r = self._start_kept(t, self._kept_check_start(hp, tf_version, only))
+            else:
+                r = self._ship_and_run(t, hp, hp.check_start_argv(only, tf_version, *self._reach(hp)),
+                                       CHECK_TIMEOUT + hp.start_timeout + 30 + MESH_TIMEOUT)
         except HostError:
             self.started.add(hp.name)  # its deadline: it may have started them, the rollback stops them
             raise
@@ -259,7 +267,8 @@ class Starter:
         self.started.add(hp.name)  # from here on, a rollback must stop tasks there
         timeout = hp.start_timeout + 30 + MESH_TIMEOUT
         if hp.spec.connection == "slurm":
-            r = self._kept_step(t, hp, hp.start_argv_for(only, *self._reach(hp), keep=True), only, 1, timeout)
+            r = self._start_kept(t, self._kept(hp, hp.start_argv_for(only, *self._reach(hp), keep=True), only, 1,
+                                               timeout))
         else:
             r = t.run(hp.start_argv_for(only, *self._reach(hp)), timeout=timeout)
         return self._started(r)
@@ -279,19 +288,41 @@ class Starter:
             raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
         return started
 
-    def _kept_step(self, t: Transport, hp: HostPlan, argv: list[str], only: Collection[str] | None, lines: int,
-                   timeout: float, upload: bool = False) -> Result:
+    @staticmethod
+    def _start_kept(t: Transport, start: KeptStart) -> Result:
         """A node of a Slurm allocation: its tasks start in ONE job step that stays (the launcher's
         `--keep`: it waits there for the supervisors it forked), so Slurm accounts for every
         supervisor and server and ends them with the job. One step and one python per node, as
         an SSH host's start has: a step of its own per supervisor cost an `srun` and a python
-        start each before any server started. `upload`: the launcher travels on its stdin."""
+        start each before any server started. The launcher travels on its stdin (`start.upload`)."""
         from dtf.hosts.slurmstep import SlurmStepTransport
 
         assert isinstance(t, SlurmStepTransport)
+        return t.start_kept(start)
+
+    def _kept(self, hp: HostPlan, argv: list[str], only: Collection[str] | None, lines: int, timeout: float,
+              upload: bool = False) -> KeptStart:
+        from dtf.hosts.slurmstep import KeptStart
+
         names = "+".join(task.name for task in hp.tasks_in(only))
-        return t.start_kept(argv, f"dtf-{self.ops.plan.cluster}-{names}"[:120], lines, timeout,
-                            upload=(shipping.launcher_bytes(), hp.root, shipping.launcher_name()) if upload else None)
+        return KeptStart(argv, f"dtf-{self.ops.plan.cluster}-{names}"[:120], lines, timeout,
+                         upload=(shipping.launcher_bytes(), hp.root, shipping.launcher_name()) if upload else None)
+
+    def _kept_check_start(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None) -> KeptStart:
+        """A Slurm node's check and start in one kept step (`_check_and_start`)."""
+        return self._kept(hp, hp.check_start_argv(only, tf_version, *self._reach(hp), keep=True), only, 2,
+                          CHECK_TIMEOUT + hp.start_timeout + 30 + MESH_TIMEOUT, upload=True)
+
+    def node_starts(self) -> list[KeptStart] | None:
+        """The kept step each node of a Slurm plan gets from `up` (`up()` with every node, in the
+        plan's order), where each node's start is one (`_in_one_call`); else None. The allocation's
+        command begins them (dtf.hosts.slurmstep.EarlySteps)."""
+        hosts = self.ops.plan.hosts
+        if not hosts or not all(hp.spec.connection == "slurm" and self._in_one_call(hp) for hp in hosts):
+            return None
+        self._decide(hosts)
+        version = local_tf_version()
+        return [self._kept_check_start(hp, version, None) for hp in hosts]
 
     def _fence(self, t: Transport, hp: HostPlan, client_address: str | None) -> None:
         """`firewall: members`: close the host's TF ports to all but the cluster's hosts (and the
