@@ -263,3 +263,48 @@ def test_render_with_makes_placeholders_the_remote_shells_variables() -> None:
                        capture_output=True, text=True, env={**os.environ, "HOME": "/home/u"})
     assert r.stdout.split("\n")[:6] == ["[srun]", "[--nodelist=node1]", "[10.0.0.1:2222]", "[/home/u/x y/node1]",
                                         "[it's]", "[/home/u/]"]
+
+
+@pytest.mark.parametrize("slurm_keys, extra, begun", [
+    ("", "", True),
+    (", gpus_per_node: 2", "", True),
+    (", python: managed", "", False),  # the environment is built between the check and the start
+    ("", "firewall: members\n", False),  # the ports are closed to non-members in between
+    ("", "sync: [{path: ., as: here}]\n", False),  # the mesh is checked after the packs
+])
+def test_the_steps_made_for_placeholder_nodes_are_the_starts_up_then_asks_of_the_real_ones(
+        slurm_keys: str, extra: str, begun: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allocation's command begins the nodes' starts before Slurm has named the nodes: made
+    from a plan of placeholder nodes, they are, once the placeholders are the allocation's job,
+    nodes and addresses, exactly the starts `up` asks of those nodes (else the node's start_kept
+    refuses: a bug); none where `up` starts the nodes in several steps, or in turns."""
+    from dtf.cluster.inventory import load
+    from dtf.hostops import lifecycle
+    from dtf.hostops.parallel import HostOps
+    from dtf.hostops.start import Starter, local_tf_version
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "inv.yaml"
+    path.write_text(f"cluster: c\nslurm: {{login: l, nodes: 2, ps: 1, workers: 2{slurm_keys}}}\n{extra}")
+    inv = load(path)
+    early = lifecycle.early_steps(inv, path, None, "fake", None)
+    assert (early is not None) == begun
+    if early is None:
+        return
+    nodes, addresses = ("n2", "n1"), ("10.0.0.2", "10.0.0.1")
+    try:
+        assert early.take("7", nodes, addresses, "".join(f"=== node {i} 0\no {i}\n" for i in range(2))) == 2
+        allocation = Allocation(job="7", submitted=True, login=SPEC, nodes=nodes, addresses=addresses,
+                                request=slurm.request(inv))
+        plan = lifecycle.load_plan(path, None, "fake", None, slurm=allocation, inv=inv, config_checked=True)
+        starter = Starter(HostOps(plan), mesh=True)
+        starter._decide(plan.hosts)
+        for hp in plan.hosts:
+            start = starter._kept_check_start(hp, local_tf_version(), None)
+            assert "@dtf-" not in " ".join(start.argv) and "10.0.0" in " ".join(start.argv)  # (the mesh's targets)
+            t = SlurmStepTransport(hp.spec, allocation, login=cast(SSHTransport, NoCommand(hp.spec)))
+            assert t.start_kept(start).stdout == f"{nodes.index(hp.name)}\n"
+    finally:
+        forget_begun()
+    monkeypatch.setenv("DTF_TURNS", "1")  # more nodes than `up` takes at once: in turns, none begun
+    assert lifecycle.early_steps(inv, path, None, "fake", None) is None

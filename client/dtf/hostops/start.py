@@ -4,6 +4,7 @@ the TF ports to non-members when asked, start the servers, and check this machin
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Collection, Sequence
@@ -33,8 +34,10 @@ GATE_POLL = 0.5
 DIRECT_PROBE = 2.0  # seconds a direct connection gets in ssh and auto mode (a dropping firewall: all of them)
 
 
+@functools.cache
 def local_tf_version() -> str | None:
-    """The laptop's TensorFlow version, asked the same way the launcher asks on each host."""
+    """The laptop's TensorFlow version, asked the same way the launcher asks on each host (once:
+    a Slurm `up` asks it for the allocation's command too, Starter.node_starts)."""
     return tf_version()
 
 
@@ -320,7 +323,9 @@ class Starter:
         hosts = self.ops.plan.hosts
         if not hosts or not all(hp.spec.connection == "slurm" and self._in_one_call(hp) for hp in hosts):
             return None
-        self._decide(hosts)
+        turns = self._decide(hosts)
+        if turns is not None and len(hosts) > turns:
+            return None  # (`up` takes them in turns: the login host runs as many sruns at once)
         version = local_tf_version()
         return [self._kept_check_start(hp, version, None) for hp in hosts]
 
