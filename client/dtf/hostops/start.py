@@ -31,6 +31,7 @@ REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to acce
 # How often a host waiting for the others looks at Ctrl-C (an arrival wakes it at once): 100 hosts
 # waiting 30 s, 10 looks a second each, were 0.15 s of the laptop's CPU.
 GATE_POLL = 0.5
+DIRECT_GRACE = 0.25  # seconds a Slurm node's direct probes get once the ones through the login host answered
 DIRECT_PROBE = 2.0  # seconds a direct connection gets in ssh and auto mode (a dropping firewall: all of them)
 
 
@@ -351,10 +352,12 @@ class Starter:
                     raise HostError(f"{task.name} serves on its host but {task.address} is not "
                                     f"reachable from this machine (firewall? wrong address? try network: ssh)")
             return True
+        began = time.monotonic()
         found: list[bool] = []  # whether every task answered directly, once known
         probes = threading.Thread(target=lambda: found.append(all(probe_all(
             lambda task: port_open(task.addr_host, task.port, DIRECT_PROBE), tasks))), name="dtf-direct", daemon=True)
-        if hp.spec.connection == "slurm":
+        beside = hp.spec.connection == "slurm"
+        if beside:
             # A compute node rarely takes this machine's connections: the probes through the
             # login host go out at once, beside the direct ones (a node's were 10 ms after them).
             probes.start()
@@ -368,10 +371,15 @@ class Starter:
             reached = probe_all(lambda task: t.reaches(task.address, timeout=min(5.0, REACH_TIMEOUT)), pending)
             pending = [task for task, ok in zip(pending, reached) if not ok]
             if not pending or (found and found[0] and network == "auto"):
-                probes.join(DIRECT_PROBE + 5)
+                # Direct probes that have not answered by now, as long again as the probes through
+                # the login host took (which cross the same network, and more), are dropped: not
+                # slow. A site's firewall that drops them cost every `up` DIRECT_PROBE seconds.
+                if beside:
+                    probes.join(max(DIRECT_GRACE, time.monotonic() - began))
                 return bool(found and found[0])
             if time.monotonic() > deadline:
-                probes.join(DIRECT_PROBE + 5)
+                if beside:
+                    probes.join(DIRECT_PROBE + 5)
                 if found and found[0] and network == "auto":
                     return True
                 task = pending[0]
