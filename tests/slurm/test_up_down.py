@@ -214,8 +214,9 @@ def test_ctrl_c_while_the_nodes_start_with_the_allocation_leaves_no_job_and_noth
         slurm_lab: SlurmLab, tmp_path: Path) -> None:
     """Ctrl-C while the command that got the allocation waits for the nodes' starts (servers that
     serve only once the test lets them: whatever this machine's speed, the Ctrl-C comes first):
-    `up` exits 130 at once, its session closed; the command, unable to write on it, cancels the
-    job, which ends the steps: nothing is left in the queue or on a node."""
+    `up` has said the job and its nodes meanwhile, and exits 130 at once, its session closed; the
+    command, unable to write on it, cancels the job, which ends the steps: nothing is left in the
+    queue or on a node."""
     inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="held")
     release = tmp_path / "release"
     env = {**os.environ, "DTF_HOME": str(tmp_path / "home"), "COLUMNS": "200",
@@ -231,6 +232,10 @@ def test_ctrl_c_while_the_nodes_start_with_the_allocation_leaves_no_job_and_noth
         assert proc.poll() is None, proc.communicate()
         new = {line.split()[0] for line in slurm_lab.queue()} - before
         assert len(new) == 1, slurm_lab.queue()
+        assert proc.stdout is not None
+        seen = [proc.stdout.readline() for _ in range(2)]  # (said before the steps began)
+        assert seen[0].startswith(f"job {next(iter(new))} submitted: dtf-held, 2 node(s)"), seen
+        assert " runs on h[1-2] (waited 0s)" in seen[1], seen
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)

@@ -22,6 +22,23 @@ from dtf.hosts.transport import COMMAND_TIMEOUT, HostError, Result, Transport
 INV = "cluster: c\nslurm: {login: login1, nodes: 2, partition: p, workers: 1}\n"
 
 
+class Answered:
+    """A Conversation's stand-in: a Result's lines, one at a time, then its end."""
+
+    def __init__(self, r: Result) -> None:
+        self.r, self.lines = r, r.stdout.splitlines()
+
+    def readline(self, timeout: float) -> str | None:
+        return self.lines.pop(0) if self.lines else None
+
+    def finish(self, timeout: float) -> Result:
+        rest, self.lines = "".join(f"{line}\n" for line in self.lines), []
+        return Result(self.r.exit_code, rest, self.r.stderr)
+
+    def kill(self) -> None:
+        pass
+
+
 class Login(Transport):
     """Answers Slurm commands from a script: squeue's answers in turn (the last one repeats)."""
 
@@ -62,6 +79,11 @@ class Login(Transport):
         if argv[:2] == ["scontrol", "--oneliner"]:
             return Result(0, "NodeName=n1 Arch=x NodeAddr=10.0.0.1 x=y\nNodeName=n2 NodeAddr=10.0.0.2\n", "")
         return Result(127, "", f"{argv[0]}: not found")
+
+    def converse(self, argv: Sequence[str], data: bytes) -> Answered:
+        """The command that submits the job and begins its nodes' steps: answered as `run` answers
+        it (this login host begins no step: its answer has no `=== dtf-start`)."""
+        return Answered(self.run(argv))
 
     def look(self, args: list[str], script: str) -> Result:
         """What the wait script answers, from the commands it runs (the ones this fake answers);

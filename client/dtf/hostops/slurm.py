@@ -19,7 +19,7 @@ from dtf.cluster.inventory import HostSpec, Inventory
 from dtf.cluster.slurm import Allocation, JobState
 from dtf.errors import HostFailure
 from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.transport import HostError, SSHTransport, Transport
+from dtf.hosts.transport import HostError, Result, SSHTransport, Transport
 from dtf_server.protocol import Defaults
 
 # While a job pends: squeue often at first, on the login host (a free partition starts a job in a
@@ -34,6 +34,7 @@ Say = Callable[[str], None]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from dtf.hosts.control import ControlTransport
     from dtf.hosts.slurmstep import EarlySteps
 
 
@@ -210,6 +211,7 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
     try:
         with login_transport(inv, connect_timeout, ttl, head) as t:
             waited: slurm.Waited | None = None
+            begun = ""  # the steps' answers follow (EarlySteps): that the job runs was said
             # The lease watch of a job dtf submits: started by the look that finds it running.
             watch = slurm.watch_command(inv) if spec.submits else None
             if spec.submits:
@@ -220,9 +222,10 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
                 submit = slurm.wait_argv(submit=slurm.salloc_argv(inv), seconds=min(slurm.WAIT_SECONDS, wait),
                                          then=watch, start=begin.script() if begin else "",
                                          nodes=len(begin.nodes) if begin else 0)
-                if begin is not None:
+                submitted = f"submitted: {slurm.job_name(inv.cluster)}, {spec.nodes} node(s)"
+                if begin is not None:  # (its lines said as they come)
                     assert isinstance(t, ControlTransport)
-                    r = t.run(submit, timeout=QUERY_TIMEOUT + slurm.ID_SECONDS + begin.timeout, stdin=begin.upload)
+                    r = _submit_and_begin(t, submit, begin, say, submitted)
                 else:
                     r = t.run(submit, timeout=QUERY_TIMEOUT + slurm.ID_SECONDS)
                 answer, begun, said = r.stdout.partition(slurm.BEGUN_MARK)
@@ -233,7 +236,8 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
                     raise HostError(str(e))
                 if job is None:
                     raise HostError(f"salloc failed: {(r.stderr.strip().splitlines() or [f'exit {r.exit_code}'])[-1]}")
-                say(f"job {job} submitted: {slurm.job_name(inv.cluster)}, {spec.nodes} node(s)")
+                if begin is None:
+                    say(f"job {job} {submitted}")
                 if not r.ok:  # salloc worked, the look after it did not: look again
                     waited = None
                 elif begin is not None and begun and waited.addresses:
@@ -242,7 +246,7 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
             try:
                 if waited is None:
                     waited = _look(t, job, 0, watch)
-                waited = _wait_running(t, job, waited, wait, say, watch)
+                waited = _wait_running(t, job, waited, wait, say, watch, shown=bool(begun))
             except BaseException:
                 if spec.submits:
                     _cancel(t, job, say)
@@ -258,32 +262,66 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
                       addresses=tuple(addresses.get(n, n) for n in waited.nodes), request=slurm.request(inv))
 
 
+def _submit_and_begin(t: ControlTransport, argv: list[str], begin: EarlySteps, say: Say, submitted: str
+                      ) -> Result:
+    """The command that submits the job and begins its nodes' steps (slurm.wait_argv's `start`),
+    its answer read as it comes: the job's id said as soon as salloc gave it (`submitted`: what
+    follows it), and once the job runs its nodes, while their steps start (a node's TensorFlow
+    server takes seconds to import: `up` does not sit silent meanwhile). HostError past its
+    deadline."""
+    seconds = QUERY_TIMEOUT + slurm.ID_SECONDS + begin.timeout
+    deadline = time.monotonic() + seconds
+    conv = t.converse(argv, begin.upload)
+    try:
+        head: list[str] = []
+        while (line := conv.readline(max(0.0, deadline - time.monotonic()))) is not None:
+            head.append(line)
+            if line.startswith("JOB "):
+                say(f"job {line[4:].strip()} {submitted}")
+            elif line + "\n" == slurm.BEGUN_MARK:
+                waited = slurm.parse_wait("".join(f"{said}\n" for said in head[:-1]))
+                if waited.job is not None and waited.state.state == "RUNNING":
+                    _say_running(waited.job, waited.state, 0.0, say)
+                break
+        if time.monotonic() >= deadline:
+            raise HostError(f"command timed out after {seconds:g}s: salloc")
+        rest = conv.finish(max(0.0, deadline - time.monotonic()))
+    finally:
+        conv.kill()
+    return t.result(Result(rest.exit_code, "".join(f"{line}\n" for line in head) + rest.stdout, rest.stderr))
+
+
 def _look(t: Transport, job: str, seconds: float = slurm.WAIT_SECONDS, then: str | None = None) -> slurm.Waited:
     """One look at the job (slurm.wait_argv: for up to `seconds` on the login host; `then` once it runs)."""
     return slurm.parse_wait(_run(t, slurm.wait_argv(job, seconds=seconds, then=then), f"looking at job {job}"))
 
 
+def _say_running(job: str, state: JobState, waited: float, say: Say) -> None:
+    say(f"job {job} runs on {state.nodelist} (waited {waited:.0f}s)")
+
+
 def _wait_running(t: Transport, job: str, look: slurm.Waited, wait: float, say: Say,
-                  then: str | None = None) -> slurm.Waited:
+                  then: str | None = None, shown: bool = False) -> slurm.Waited:
     """Until the job runs (its nodes known), saying why it pends; HostError past `wait` seconds.
-    `then`: what the look that finds it running starts (wait_argv)."""
+    `then`: what the look that finds it running starts (wait_argv). `shown`: that it runs was said."""
     t0 = time.monotonic()
-    shown, last_shown = "", 0.0
+    said, last_shown = "", 0.0
     while True:
         state = look.state
         waited = time.monotonic() - t0
         if state.state == "RUNNING":
             if not look.nodes:
                 raise HostError(f"job {job} runs, but Slurm named none of its nodes ({state.nodelist!r})")
-            say(f"job {job} runs on {state.nodelist} (waited {waited:.0f}s)")
+            if not shown:
+                _say_running(job, state, waited, say)
             return look
         if state.gone or state.state not in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING"):
             raise HostError(f"job {job} is {state.state or 'no longer in the queue'}"
                             + (f" ({state.reason})" if state.reason and state.reason != "None" else ""))
         line = f"job {job}: {state.state} ({state.reason})"
-        if line != shown or time.monotonic() - last_shown >= 10:
+        if line != said or time.monotonic() - last_shown >= 10:
             say(f"{line}, waited {waited:.0f}s")
-            shown, last_shown = line, time.monotonic()
+            said, last_shown = line, time.monotonic()
         if waited >= wait:
             raise HostError(f"job {job} still {state.state} after {wait:g}s ({state.reason}): cancelled")
         if waited >= 5:  # a long wait must not load slurmctld: a look a second or so

@@ -245,12 +245,15 @@ class ControlTransport(SSHTransport):
         (Conversation). The host's python reads the upload itself, to the byte (`cat` would read
         to the end of stdin), writes it atomically, then runs it as `python FILE ARGS` would: argv
         is [python, remote_dir/filename, ARGS]."""
-        self.open()
         path, tmp = f"{remote_dir}/{filename}", f"{remote_dir}/{temporary_name(filename)}"
         boot = render([argv[0], "-c", _BOOT, str(len(data)), path, tmp, *argv[2:]])
-        script = f"mkdir -p {quote_arg(remote_dir)} && exec {boot}"
+        return self.converse(["sh", "-c", f"mkdir -p {quote_arg(remote_dir)} && exec {boot}"], data)
+
+    def converse(self, argv: Sequence[str], data: bytes) -> Conversation:
+        """argv over the master, `data` on its stdin, its output read a line at a time as it comes."""
+        self.open()
         try:
-            return Conversation(self.command() + [render(["sh", "-c", script])], data)
+            return Conversation(self.command() + [render(argv)], data)
         except OSError as e:
             raise HostError(f"cannot run {self.ssh}: {e.strerror or e}")
 

@@ -149,6 +149,8 @@ class Conversation:
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0 and (line := self.readline(left)) is not None:
             rest.append(line)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # (its output ended: it is exiting)
+            self.proc.wait(max(0.0, deadline - time.monotonic()))
         self.kill()
         for thread in self._threads:
             thread.join(5)
