@@ -147,6 +147,8 @@ def test_the_hosts_sshd_sends_replies_without_delay(site: LabSite, carrier: str)
     """An sshd before OpenSSH 10.1 (this lab's is 9.2) turns Nagle's algorithm off only when a
     session starts: without it, a task's reply in two writes waited for the laptop's delayed ACK,
     40 ms per round trip. dtf's connections for the TF ports start one."""
+    # (what the tests before left: a master's sshd child exits a moment after its master did)
+    wait_until(lambda: site.lab.sshd_nodelay("h0") == [], timeout=30)
     route = h0_master(site) if carrier == "openssh" else PythonRoute(h0_spec(site), str(site.lab.ssh_config), 10)
     try:
         route.ensure()
@@ -168,6 +170,8 @@ def test_through_a_jump_host_both_sshds_send_replies_without_delay(site: LabSite
     spec = replace(h0_spec(site), host="behind-h0")
     ssh = ssh_binary()
     assert ssh
+    # (what the tests before left: CI saw h2 serve one more connection, on its way out)
+    wait_until(lambda: lab.sshd_nodelay("h0") == [] and lab.sshd_nodelay("h2") == [], timeout=30)
     route = (Master(ssh, spec, str(config), control_path(site.home, "fk", "behind-h0")) if carrier == "openssh"
              else PythonRoute(spec, str(config), 10))
     try:
