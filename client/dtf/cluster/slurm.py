@@ -215,7 +215,7 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
 # START (with --submit; sh, dtf.hosts.slurmstep.EarlySteps): once the job runs on START_NODES
 # nodes, each node's start begun at once, its job id in $job, node I's name and address (as
 # parse_node_addresses reads them) in $NI and $AI, the upload (this command's stdin, read first)
-# in "$d/up"; the answer goes on with `=== dtf-start`, a blank line every HEARTBEAT seconds while
+# in "$d/up"; the answer goes on with BEGUN_MARK, a blank line every HEARTBEAT seconds while
 # the steps start (the laptop gone, the write fails: the job is cancelled), then each node's
 # (EarlySteps.take).
 WAIT_SECONDS, WAIT_PAUSE, ID_SECONDS = 1.0, 0.1, 20
@@ -313,7 +313,7 @@ done <<EOF
 $out
 EOF
 [ "$i" -eq "$START_NODES" ] || exit 0
-echo "=== dtf-start" || { scancel "$job"; exit 1; }
+echo "$BEGUN" || { scancel "$job"; exit 1; }
 wait "$upload"
 eval "$START"
 ( while sleep "$HEARTBEAT" >/dev/null 2>&1; do echo || { scancel "$job"; exit 0; }; done ) &
@@ -343,7 +343,7 @@ def wait_argv(job: str | None = None, submit: list[str] | None = None, seconds: 
     assert not start or submit is not None
     script = (f"MS={round(max(0.0, seconds) * 1000)}; PAUSE={pause:g}; ID_MS={ID_SECONDS * 1000}; "
               f"WATCH_DELAY={WATCH_DELAY:g}; THEN={shlex.quote(then or '')}; START={shlex.quote(start)}; "
-              f"START_NODES={nodes:d}; HEARTBEAT={HEARTBEAT:g}\n{_WAIT}")
+              f"START_NODES={nodes:d}; HEARTBEAT={HEARTBEAT:g}; BEGUN={shlex.quote(BEGUN_MARK.strip())}\n{_WAIT}")
     if submit is not None:
         return ["sh", "-c", script, "sh", "--submit", "-", "-", "--", *submit]
     assert job is not None

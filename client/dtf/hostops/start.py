@@ -218,8 +218,7 @@ class Starter:
         self._check_start_step(hp, tasks)
         try:
             if hp.spec.connection == "slurm":
-                self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
-                r = self._start_kept(t, self._kept_check_start(hp, tf_version, only))
+                r = self._start_kept(t, hp, self._kept_check_start(hp, tf_version, only))
             else:
                 r = self._ship_and_run(t, hp, hp.check_start_argv(only, tf_version, *self._reach(hp)),
                                        CHECK_TIMEOUT + hp.start_timeout + 30 + MESH_TIMEOUT)
@@ -271,8 +270,8 @@ class Starter:
         self.started.add(hp.name)  # from here on, a rollback must stop tasks there
         timeout = hp.start_timeout + 30 + MESH_TIMEOUT
         if hp.spec.connection == "slurm":
-            r = self._start_kept(t, self._kept(hp, hp.start_argv_for(only, *self._reach(hp), keep=True), only, 1,
-                                               timeout))
+            r = self._start_kept(t, hp, self._kept(hp, hp.start_argv_for(only, *self._reach(hp), keep=True), only, 1,
+                                                   timeout))
         else:
             r = t.run(hp.start_argv_for(only, *self._reach(hp)), timeout=timeout)
         return self._started(r)
@@ -292,8 +291,7 @@ class Starter:
             raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
         return started
 
-    @staticmethod
-    def _start_kept(t: Transport, start: KeptStart) -> Result:
+    def _start_kept(self, t: Transport, hp: HostPlan, start: KeptStart) -> Result:
         """A node of a Slurm allocation: its tasks start in ONE job step that stays (the launcher's
         `--keep`: it waits there for the supervisors it forked), so Slurm accounts for every
         supervisor and server and ends them with the job. One step and one python per node, as
@@ -302,6 +300,8 @@ class Starter:
         from dtf.hosts.slurmstep import SlurmStepTransport
 
         assert isinstance(t, SlurmStepTransport)
+        if start.upload is not None:
+            self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
         return t.start_kept(start)
 
     def _kept(self, hp: HostPlan, argv: list[str], only: Collection[str] | None, lines: int, timeout: float,
@@ -354,33 +354,34 @@ class Starter:
             return True
         began = time.monotonic()
         found: list[bool] = []  # whether every task answered directly, once known
+
+        def direct() -> bool:
+            return bool(found) and found[0]
+
         probes = threading.Thread(target=lambda: found.append(all(probe_all(
             lambda task: port_open(task.addr_host, task.port, DIRECT_PROBE), tasks))), name="dtf-direct", daemon=True)
-        beside = hp.spec.connection == "slurm"
-        if beside:
-            # A compute node rarely takes this machine's connections: the probes through the
-            # login host go out at once, beside the direct ones (a node's were 10 ms after them).
-            probes.start()
-        else:
-            probes.run()
-            if found[0] and network == "auto":
+        probes.start()
+        # A compute node rarely takes this machine's connections: the probes through its login
+        # host go out at once, beside the direct ones (a node's were 10 ms after them). An SSH
+        # host's go only where the direct ones did not all answer.
+        if hp.spec.connection != "slurm":
+            probes.join()
+            if direct() and network == "auto":
                 return True
         deadline = time.monotonic() + REACH_TIMEOUT
         pending = list(tasks)
         while True:  # every task at once, as the direct probes: a round trip each over the master
             reached = probe_all(lambda task: t.reaches(task.address, timeout=min(5.0, REACH_TIMEOUT)), pending)
             pending = [task for task, ok in zip(pending, reached) if not ok]
-            if not pending or (found and found[0] and network == "auto"):
+            if not pending or (direct() and network == "auto"):
                 # Direct probes that have not answered by now, as long again as the probes through
                 # the login host took (which cross the same network, and more), are dropped: not
                 # slow. A site's firewall that drops them cost every `up` DIRECT_PROBE seconds.
-                if beside:
-                    probes.join(max(DIRECT_GRACE, time.monotonic() - began))
-                return bool(found and found[0])
+                probes.join(max(DIRECT_GRACE, time.monotonic() - began))
+                return direct()
             if time.monotonic() > deadline:
-                if beside:
-                    probes.join(DIRECT_PROBE + 5)
-                if found and found[0] and network == "auto":
+                probes.join(DIRECT_PROBE + 5)
+                if direct() and network == "auto":
                     return True
                 task = pending[0]
                 raise HostError(f"{task.name} serves on its host but {task.address} is not reachable "
