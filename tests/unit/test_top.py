@@ -180,6 +180,26 @@ def test_dtf_trains_own_figures_live_while_it_runs(tmp_path: Path, monkeypatch):
     assert not live.exists()
 
 
+def test_the_programs_figures_end_with_it_and_the_run_leaves_nothing(tmp_path: Path, monkeypatch):
+    """The program's publisher is a daemon thread: at the program's exit it is stopped and joined
+    before the last write (else the interpreter can cut it between a write and its rename, leaving
+    the temporary file), and the run's end removes any such file a killed program left."""
+    from dtf.program.train import RunFigures
+
+    monkeypatch.setenv("DTF_HOME", str(tmp_path))
+    live = figures.live_dir(tmp_path, "c")
+    with RunFigures("c", attempts=1):
+        program = ("import time; from dtf.program import figures\n"
+                   "f = figures.current(); f.closure_done(0, 7)\n"
+                   "while not (figures.current().path.exists()): time.sleep(0.01)\n")
+        env = {**os.environ, figures.ENV: str(live)}
+        subprocess.run([sys.executable, "-c", program], env=env, check=True, timeout=60)
+        assert sorted(p.name for p in live.iterdir()) == [figures.RUN, figures.TRAIN]  # no temporary file
+        assert json.loads((live / figures.TRAIN).read_text())["steps"] == 7  # the last figures, at exit
+        (live / f".{figures.TRAIN}.999.tmp").write_text("{")  # a program killed mid-write
+    assert not live.exists()
+
+
 def test_collective_copies_steps_from_their_hosts(tmp_path: Path):
     plan = plan_of(tmp_path, hosts=2, workers=1)
     feeds = feeds_for(plan, {})

@@ -13,6 +13,7 @@ training's threads only add to counters (`Figures.closure_done`), a lock and two
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
@@ -67,6 +68,7 @@ class Figures:
         self._previous: tuple[float, dict[int, int]] | None = None
         self._rates: dict[int, float] = {}
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self.started = time.time()
 
     def closure_done(self, worker: int, steps: int) -> None:
@@ -115,10 +117,15 @@ class Figures:
             while not self._stop.wait(PERIOD):
                 self.publish()
 
-        threading.Thread(target=loop, daemon=True, name="dtf-figures").start()
+        self._thread = threading.Thread(target=loop, daemon=True, name="dtf-figures")
+        self._thread.start()
 
     def stop(self) -> None:
+        """The last figures, once the publisher is done: a daemon thread cut by the interpreter's
+        exit between its write and its rename would leave its temporary file behind."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=PERIOD + 5)
         self.publish()
 
 
@@ -139,5 +146,6 @@ def current() -> Figures | None:
                 where = Path(os.path.expanduser(os.environ[ENV]))
                 made = Figures(where / TRAIN, attempt=int(os.environ.get("DTF_ATTEMPT", "1") or 1))
                 made.start()
+                atexit.register(made.stop)
                 _current = made
     return _current

@@ -188,9 +188,10 @@ class RunFigures:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for name in (figures.RUN, figures.TRAIN):
+        # with a program killed between a write and its rename, that write's temporary file too
+        for path in [self.dir / figures.RUN, self.dir / figures.TRAIN, *self.dir.glob(".*.tmp")]:
             with contextlib.suppress(OSError):
-                (self.dir / name).unlink()
+                path.unlink()
         with contextlib.suppress(OSError):
             self.dir.rmdir()
 
