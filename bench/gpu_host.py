@@ -8,8 +8,11 @@ local cluster (`connection: local`, 1 ps and W workers, `gpus: N`) with fake ser
 every task the supervisors started, the CUDA_VISIBLE_DEVICES and TF_FORCE_GPU_ALLOW_GROWTH its
 server process really has (read from /proc), and the GPUs a CUDA program sees under exactly that
 environment (nvidia-smi -L, and PyTorch where it is installed); then `dtf status` and `dtf down`,
-and whether any process of the cluster is left. dtf's laptop side runs from this checkout; it
-needs typer, rich, PyYAML and pathspec.
+and whether any process of the cluster is left. Then collective mode on the same GPUs: a cluster
+of W workers, and `dtf train --collective` of a program with no TensorFlow in it that prints, in
+each copy, its CUDA_VISIBLE_DEVICES and the GPUs PyTorch sees, and multiplies two matrices on the
+first of them (its device, the product's checksum and the rate). dtf's laptop side runs from this
+checkout; it needs typer, rich, PyYAML and pathspec.
 """
 
 from __future__ import annotations
@@ -66,6 +69,46 @@ def seen_gpus(env: dict[str, str]) -> str:
     return f"torch sees {r.stdout.strip()}"
 
 
+# Each copy's own view of its GPUs: what a Keras program's MirroredStrategy would be given.
+COPY = """
+import os, time
+print("CUDA_VISIBLE_DEVICES=%r" % os.environ.get("CUDA_VISIBLE_DEVICES"))
+try:
+    import torch
+except ImportError:
+    raise SystemExit("no torch here")
+n = torch.cuda.device_count()
+print("torch sees %d GPU(s): %s" % (n, [torch.cuda.get_device_name(i) for i in range(n)]))
+if n:
+    a = torch.randn(4096, 4096, device="cuda:0")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        b = a @ a
+    torch.cuda.synchronize()
+    took = time.perf_counter() - t0
+    print("matmul on %s: checksum %.3e, %.1f TFLOP/s (fp32)" % (b.device, b.float().abs().sum().item(),
+                                                               20 * 2 * 4096 ** 3 / took / 1e12))
+"""
+
+
+def collective(tmp: Path, gpus: int, workers: int, env: dict[str, str]) -> None:
+    inv = tmp / "collective.yaml"
+    inv.write_text(f"cluster: gpuc\nhosts:\n  - host: localhost\n    connection: local\n"
+                   f"    workers: {workers}\n    gpus: {gpus}\n    workdir: {tmp}/workc\n")
+    program = tmp / "copy_gpus.py"
+    program.write_text(COPY)
+    if dtf("up", str(inv), env=env).returncode != 0:
+        return
+    try:
+        r = dtf("train", "--cluster", "gpuc", "--collective", str(program), env=env)
+        for line in (r.stdout + r.stderr).splitlines():
+            if "CUDA_VISIBLE" in line or "torch" in line or "matmul" in line:
+                print(f"    copy: {line}")
+    finally:
+        dtf("down", "--cluster", "gpuc", env=env)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpus", type=int, default=None, help="the host's gpus: (default: nvidia-smi's count)")
@@ -111,6 +154,9 @@ def main() -> None:
             dtf("down", env=env)
         left = cluster_processes(Path(tmp))
         print(f"processes of the cluster left after down: {len(left)}")
+        collective(Path(tmp), gpus, args.workers, env)
+        left = cluster_processes(Path(tmp))
+        print(f"processes of the collective cluster left after down: {len(left)}")
 
 
 if __name__ == "__main__":
