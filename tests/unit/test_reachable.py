@@ -3,8 +3,12 @@ through SSH to its host (a Slurm node: to its login host), with stand-ins for bo
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -60,20 +64,71 @@ def test_direct_or_through_ssh(slurm: bool, network: str, direct: bool, expected
         assert t.asked == []
 
 
-def test_a_slurm_nodes_dropped_direct_probes_do_not_hold_up_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A site whose firewall drops this machine's packets to the compute nodes: the probes through
-    the login host answer, the direct ones never do. The node is reached through SSH (not directly)
-    a moment later, not once the direct probes' time is up (DIRECT_PROBE: here a minute)."""
+@pytest.mark.parametrize("slurm", [False, True])
+@pytest.mark.parametrize("network", ["auto", "ssh"])
+def test_dropped_direct_probes_hold_up_neither_the_start_nor_the_exit(slurm: bool, network: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A firewall that drops this machine's packets to the hosts' TF ports (a site's compute nodes,
+    cloud hosts with only port 22 open): the probes through SSH answer, the direct ones never do.
+    The host is reached through SSH (not directly) a moment later, not once the direct probes' time
+    is up (DIRECT_PROBE: here a minute); and no thread that the interpreter's exit joins is left
+    waiting on them (a thread pool's workers are: `dtf up` stayed alive DIRECT_PROBE seconds after
+    its last line)."""
     dropped = threading.Event()  # (never set: the packets go nowhere)
+    tried: list[int] = []
 
     def port_open(host: str, port: int, timeout: float) -> bool:
+        tried.append(port)
         dropped.wait(timeout)
         return False
 
     monkeypatch.setattr(start, "port_open", port_open)
     monkeypatch.setattr(start, "DIRECT_PROBE", 60.0)
-    s, hp = starter("auto", slurm=True)
+    s, hp = starter(network, slurm=slurm)
     t = Through()
     t0 = time.monotonic()
     assert s._reachable(cast(Transport, t), hp, hp.tasks) is False
     assert time.monotonic() - t0 < 30 and sorted(t.asked) == ["10.0.0.1:2222", "10.0.0.1:2223"]
+    assert sorted(tried) == [2222, 2223]
+    dropped.set()
+
+
+def test_a_process_ends_with_its_last_word_whatever_the_dropped_probes(tmp_path: Path) -> None:
+    """The same in a process of its own, which must end once `_reachable` has answered: the
+    interpreter's exit joins a thread pool's workers (daemon or not), and `dtf up` stayed alive
+    DIRECT_PROBE seconds after its last line while they waited on dropped connections."""
+    program = tmp_path / "probe.py"
+    program.write_text(textwrap.dedent("""
+        import sys, threading, time
+        sys.path.insert(0, sys.argv[1])
+        import test_reachable as tr
+        from dtf.hostops import start
+        start.DIRECT_PROBE = 60.0
+        start.port_open = lambda host, port, timeout: threading.Event().wait(timeout) and False
+        s, hp = tr.starter("auto", slurm=True)
+        print(s._reachable(tr.Through(), hp, hp.tasks), flush=True)
+    """))
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, str(program), str(Path(__file__).parent)], capture_output=True, text=True,
+                       timeout=120)
+    assert (r.returncode, r.stdout.strip()) == (0, "False"), r.stderr
+    assert time.monotonic() - t0 < 40  # (not the 60 s of DIRECT_PROBE)
+
+
+def test_an_ssh_hosts_slow_direct_answer_still_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host far away whose ports answer directly, later than DIRECT_FIRST: the probes through SSH
+    (which cross the same network, and more) take longer still, and the direct answer counts."""
+    monkeypatch.setattr(start, "DIRECT_FIRST", 0.0)
+
+    def port_open(host: str, port: int, timeout: float) -> bool:
+        time.sleep(0.2)
+        return True
+
+    class Far(Through):
+        def reaches(self, target: str, timeout: float) -> bool:
+            time.sleep(0.5)
+            return super().reaches(target, timeout)
+
+    monkeypatch.setattr(start, "port_open", port_open)
+    s, hp = starter("auto", slurm=False)
+    assert s._reachable(cast(Transport, Far()), hp, hp.tasks) is True

@@ -31,8 +31,11 @@ REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to acce
 # How often a host waiting for the others looks at Ctrl-C (an arrival wakes it at once): 100 hosts
 # waiting 30 s, 10 looks a second each, were 0.15 s of the laptop's CPU.
 GATE_POLL = 0.5
-DIRECT_GRACE = 0.25  # seconds a Slurm node's direct probes get once the ones through the login host answered
-DIRECT_PROBE = 2.0  # seconds a direct connection gets in ssh and auto mode (a dropping firewall: all of them)
+# The direct probes of a host's TF ports (Starter._reachable), in ssh and auto mode. A firewall that
+# drops them never answers: they are not waited for to the end of their DIRECT_PROBE seconds.
+DIRECT_PROBE = 2.0  # seconds one direct connection attempt gets
+DIRECT_FIRST = 0.25  # seconds an SSH host's direct probes get before the probes through SSH go too
+DIRECT_GRACE = 0.1  # seconds the direct probes get at least, from their start, once those through SSH answered
 
 
 @functools.cache
@@ -358,26 +361,27 @@ class Starter:
         def direct() -> bool:
             return bool(found) and found[0]
 
-        probes = threading.Thread(target=lambda: found.append(all(probe_all(
-            lambda task: port_open(task.addr_host, task.port, DIRECT_PROBE), tasks))), name="dtf-direct", daemon=True)
-        probes.start()
+        probes = _probe_directly(tasks, found)
         # A compute node rarely takes this machine's connections: the probes through its login
         # host go out at once, beside the direct ones (a node's were 10 ms after them). An SSH
-        # host's go only where the direct ones did not all answer.
+        # host's go where the direct ones did not all answer yes within DIRECT_FIRST.
         if hp.spec.connection != "slurm":
-            probes.join()
+            probes.join(DIRECT_FIRST)
             if direct() and network == "auto":
                 return True
         deadline = time.monotonic() + REACH_TIMEOUT
         pending = list(tasks)
         while True:  # every task at once, as the direct probes: a round trip each over the master
+            through = time.monotonic()
             reached = probe_all(lambda task: t.reaches(task.address, timeout=min(5.0, REACH_TIMEOUT)), pending)
             pending = [task for task, ok in zip(pending, reached) if not ok]
             if not pending or (direct() and network == "auto"):
-                # Direct probes that have not answered by now, as long again as the probes through
-                # the login host took (which cross the same network, and more), are dropped: not
-                # slow. A site's firewall that drops them cost every `up` DIRECT_PROBE seconds.
-                probes.join(max(DIRECT_GRACE, time.monotonic() - began))
+                # Direct probes that have not answered by now, after as long again as the probes
+                # through SSH took (which cross the same network, and more) and DIRECT_GRACE since
+                # they began, are dropped: not slow. A site's firewall that drops them cost every
+                # `up` DIRECT_PROBE seconds.
+                now = time.monotonic()
+                probes.join(max(0.0, began + DIRECT_GRACE - now, now - through))
                 return direct()
             if time.monotonic() > deadline:
                 probes.join(DIRECT_PROBE + 5)
@@ -388,6 +392,28 @@ class Starter:
                                 f"through SSH from this machine (does its sshd allow TCP forwarding?)"
                                 + ("" if network == "ssh" else ", nor directly"))
             time.sleep(0.2)
+
+
+def _probe_directly(tasks: Sequence[TaskPlan], found: list[bool]) -> threading.Thread:
+    """Try every task's port from here at once; `found` gets whether all of them answered. Daemon
+    threads, one a task: _reachable may stop waiting for them, and the interpreter's exit joins a
+    thread pool's workers (a dropped attempt kept `dtf up` alive DIRECT_PROBE seconds after its
+    last word)."""
+    def one(task: TaskPlan, answers: list[bool]) -> None:
+        answers.append(port_open(task.addr_host, task.port, DIRECT_PROBE))
+
+    def every() -> None:
+        answers: list[bool] = []
+        each = [threading.Thread(target=one, args=(task, answers), name="dtf-direct", daemon=True) for task in tasks]
+        for thread in each:
+            thread.start()
+        for thread in each:
+            thread.join()
+        found.append(len(answers) == len(each) and all(answers))
+
+    probes = threading.Thread(target=every, name="dtf-direct", daemon=True)
+    probes.start()
+    return probes
 
 
 class _Gate:
