@@ -119,14 +119,17 @@ def test_an_ssh_hosts_slow_direct_answer_still_counts(monkeypatch: pytest.Monkey
     """A host far away whose ports answer directly, later than DIRECT_FIRST: the probes through SSH
     (which cross the same network, and more) take longer still, and the direct answer counts."""
     monkeypatch.setattr(start, "DIRECT_FIRST", 0.0)
+    answered = threading.Event()
 
     def port_open(host: str, port: int, timeout: float) -> bool:
         time.sleep(0.2)
+        answered.set()
         return True
 
     class Far(Through):
         def reaches(self, target: str, timeout: float) -> bool:
-            time.sleep(0.5)
+            assert answered.wait(60)  # (a thread the machine's load holds up: the order stays)
+            time.sleep(0.3)
             return super().reaches(target, timeout)
 
     monkeypatch.setattr(start, "port_open", port_open)
