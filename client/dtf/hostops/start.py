@@ -35,7 +35,7 @@ GATE_POLL = 0.5
 # drops them never answers: they are not waited for to the end of their DIRECT_PROBE seconds.
 DIRECT_PROBE = 2.0  # seconds one direct connection attempt gets
 DIRECT_FIRST = 0.25  # seconds an SSH host's direct probes get before the probes through SSH go too
-DIRECT_GRACE = 0.1  # seconds the direct probes get at least, from their start, once those through SSH answered
+DIRECT_GRACE = 0.25  # seconds the direct probes get at least, from their start, once those through SSH answered
 
 
 @functools.cache
@@ -372,16 +372,17 @@ class Starter:
         deadline = time.monotonic() + REACH_TIMEOUT
         pending = list(tasks)
         while True:  # every task at once, as the direct probes: a round trip each over the master
-            through = time.monotonic()
             reached = probe_all(lambda task: t.reaches(task.address, timeout=min(5.0, REACH_TIMEOUT)), pending)
             pending = [task for task, ok in zip(pending, reached) if not ok]
             if not pending or (direct() and network == "auto"):
-                # Direct probes that have not answered by now, after as long again as the probes
-                # through SSH took (which cross the same network, and more) and DIRECT_GRACE since
-                # they began, are dropped: not slow. A site's firewall that drops them cost every
-                # `up` DIRECT_PROBE seconds.
+                # Direct probes that have not answered by now, given as long again as they have
+                # had (that includes the probes through SSH, which cross the same network, and
+                # more) and DIRECT_GRACE at least, are dropped: not slow. A site's firewall that
+                # drops them cost every `up` DIRECT_PROBE seconds. (As long again: a loaded
+                # machine that is slow to run the direct probes' threads is as slow with the
+                # others; a direct path taken for dropped is only slower, through SSH.)
                 now = time.monotonic()
-                probes.join(max(0.0, began + DIRECT_GRACE - now, now - through))
+                probes.join(max(0.0, began + DIRECT_GRACE - now, now - began))
                 return direct()
             if time.monotonic() > deadline:
                 probes.join(DIRECT_PROBE + 5)
