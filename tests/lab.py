@@ -482,15 +482,17 @@ class Lab:
         return [line.removeprefix("table ").strip() for line in r.stdout.splitlines() if line.strip()]
 
     @contextlib.contextmanager
-    def laptop_blocked(self) -> Iterator[None]:
+    def laptop_blocked(self, drop: bool = False) -> Iterator[None]:
         """This machine (the laptop) reaches the lab's hosts on port 22 only, as from behind a
         NAT to a cloud that opens only SSH: a rule in this machine's own namespace, for the lab's
-        subnet only, removed on exit."""
+        subnet only, removed on exit. The other ports' connections are reset, or (`drop`) their
+        packets dropped: no answer at all, as many sites' firewalls do."""
         if self.mode != "netns":
             raise LabUnsupported(f"blocking the laptop needs network namespaces (lab mode {self.mode})")
         table = f"{self.name}_laptop"
+        verdict = "drop" if drop else "reject with tcp reset"
         self.nft(None, f"table inet {table} {{\n chain out {{\n  type filter hook output priority 0;\n"
-                       f"  ip daddr {self.subnet}.0/24 tcp dport != 22 reject with tcp reset\n }}\n}}\n")
+                       f"  ip daddr {self.subnet}.0/24 tcp dport != 22 {verdict}\n }}\n}}\n")
         try:
             yield
         finally:

@@ -83,15 +83,17 @@ def channels(home: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("carrier", ["openssh", "python"])
+@pytest.mark.parametrize("carrier, drop", [("openssh", False), ("python", False), ("openssh", True)])
 def test_auto_picks_ssh_when_only_port_22_passes_and_the_proxy_carries_only_tasks(
-        site: LabSite, tmp_path: Path, carrier: str):
+        site: LabSite, tmp_path: Path, carrier: str, drop: bool):
+    """`drop`: the laptop's packets to the TF ports go unanswered, not reset (the direct probes are
+    not waited out, dtf.hostops.start.DIRECT_FIRST)."""
     lab = site.lab
     inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
     env = {"DTF_SSH": "none"} if carrier == "python" else {}
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
-    with lab.laptop_blocked():
+    with lab.laptop_blocked(drop=drop):
         assert not lab.connects(None, lab.host("h0").address, site.ports_of("a")[0])
         t0 = time.monotonic()
         r = site.dtf("up", str(inv), env=env)
@@ -114,7 +116,8 @@ def test_auto_picks_ssh_when_only_port_22_passes_and_the_proxy_carries_only_task
         assert ssh_processes() == [] and channels(site.home) == []  # the proxy and its channels ended with `dtf train`
         t0 = time.monotonic()
         r = site.dtf("down")
-        print(f"{carrier}: up {up_s:.1f}s, down {time.monotonic() - t0:.1f}s (ssh mode, fake servers)")
+        print(f"{carrier}{' (dropped)' if drop else ''}: up {up_s:.1f}s, down {time.monotonic() - t0:.1f}s "
+              f"(ssh mode, fake servers)")
         assert r.returncode == 0, r.stderr
     assert site.processes() == [] and site.files() == [] and ssh_processes() == []
 
