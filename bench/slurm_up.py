@@ -61,12 +61,16 @@ while [ -n "$(squeue -h -j {job} -o %T 2>/dev/null)" ]; do sleep 0.1; done
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--drop", action="store_true",
+                    help="the laptop's packets to the compute nodes dropped, not reset (a site's compute network)")
     args = ap.parse_args()
     name, subnet = os.environ.get("DTF_SLURM_LAB_NAME"), os.environ.get("DTF_SLURM_LAB_SUBNET")
     with tempfile.TemporaryDirectory() as tmp, SlurmLab(root=Path(tmp) / "lab", name=name, subnet=subnet,
                                                       pick=not (name and subnet)) as lab:
         home = Path(tmp) / "home"
         inv = inventory(lab, Path(tmp) / "inv.yaml")
+        if args.drop:
+            lab.close_to_laptop(drop=True)
         fake = {"DTF_SERVER": "fake"}
         ups, downs, floor_ups, floor_downs = [], [], [], []
         nodes = " ".join(h.name for h in lab.computes)
@@ -98,7 +102,9 @@ def main() -> None:
             for run in ((dtf_pair, floor_pair) if i % 2 == 0 else (floor_pair, dtf_pair)):
                 run()
         up, floor = sorted(ups)[len(ups) // 2], sorted(floor_ups)[len(floor_ups) // 2]
-        print(f"slurm lab: 2 nodes x (1 ps, 1 worker), fake servers; load {os.getloadavg()[0]:.1f}")
+        block = "dropped" if args.drop else "reset"
+        print(f"slurm lab: 2 nodes x (1 ps, 1 worker), fake servers, the laptop's connections to the nodes "
+              f"{block}; load {os.getloadavg()[0]:.1f}")
         print(f"dtf up          {fmt(ups)}")
         print(f"floor up        {fmt(floor_ups)}")
         print(f"dtf down        {fmt(downs)}")

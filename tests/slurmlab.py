@@ -89,7 +89,7 @@ class SlurmLab(Lab):
             self._start_slurmd(h)
         self._wait_idle(time.monotonic() + 60)
         if self.block_laptop:
-            self._block_laptop()
+            self.close_to_laptop()
 
     def _daemon(self, argv: Sequence[str], log: str) -> subprocess.Popen[bytes]:
         with open(self.slurm_dir / log, "ab") as out:
@@ -177,15 +177,20 @@ class SlurmLab(Lab):
         logs = "".join(self._tail(f) for f in ("slurmctld.out", "slurmctld.log", "slurmd-h1.out", "slurmd-h1.log"))
         raise LabError(f"Slurm lab not ready (nodes {states or 'unknown'}):\n{logs}")
 
-    def _block_laptop(self) -> None:
+    def close_to_laptop(self, drop: bool = False) -> None:
+        """The laptop reaches the login host's port 22 only. Its other connections are reset, or
+        (`drop`, bench/slurm_up.py --drop) their packets dropped: no answer at all, as from a
+        laptop to a site's compute network. Made again from scratch on each call."""
         # In each host's own input hook, by the laptop's source address (the bridge's): a reset
         # made there reaches the laptop at once. (A reject in this machine's own output hook
         # left connections here timing out instead of failing: slow tests.)
         laptop = f"{self.subnet}.1"
+        verdict = "drop" if drop else "reject with tcp reset"
         for h in self.hosts:
             allow = "tcp dport != 22 " if h is self.login else "meta l4proto tcp "
-            self.nft(h, f"table inet dtf_slurmlab {{\n chain in {{\n  type filter hook input priority 0;\n"
-                        f"  ip saddr {laptop} {allow}reject with tcp reset\n"
+            self.nft(h, f"table inet dtf_slurmlab\ndelete table inet dtf_slurmlab\n"
+                        f"table inet dtf_slurmlab {{\n chain in {{\n  type filter hook input priority 0;\n"
+                        f"  ip saddr {laptop} {allow}{verdict}\n"
                         f"  ip saddr {laptop} meta l4proto != tcp drop\n }}\n}}\n")
 
     def _tail(self, name: str) -> str:
