@@ -153,6 +153,28 @@ def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     print(f"\nslurm lab, fake servers, 2 nodes x (1 ps, 1 worker): up {up_s:.1f}s, down {down_s:.1f}s; {left}")
 
 
+def test_a_site_that_drops_the_laptops_packets_to_the_nodes(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """The compute nodes' network gives the laptop no answer at all (a drop, not the lab's usual
+    reset): `up` reaches the tasks through the login host (network auto: ssh) without waiting the
+    direct probes out (dtf.hostops.start.SLURM_GRACE), and `down` leaves nothing."""
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="dropped")
+    home = tmp_path / "home"
+    slurm_lab.close_to_laptop(drop=True)
+    try:
+        assert not slurm_lab.connects(None, slurm_lab.computes[0].address, 2222)
+        r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "network: ssh; the TF ports are closed to this machine" in r.stdout, r.stdout
+        job = job_of(r.stdout)
+        r = dtf("status", home=home, env=FAKE, timeout=60)
+        assert r.returncode == 0 and r.stdout.count(" alive ") == 4, r.stdout + r.stderr
+        r = dtf("down", home=home, env=FAKE, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert ours(slurm_lab, job) == [] and left_behind(slurm_lab) == []
+    finally:
+        slurm_lab.close_to_laptop()
+
+
 def test_an_up_that_fails_cancels_the_job_it_submitted(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="bad", python="/nonexistent/python3")
     r = dtf("up", str(inv), home=tmp_path / "home", env=FAKE, timeout=120)
