@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import posixpath
+import re
 import shutil
 import stat
 import tarfile
@@ -131,14 +132,37 @@ def fetch_tree(t: Transport, remote: str, local: Path) -> int:
 
 
 # A Slurm node has no SFTP: the tree comes back as a tar on a job step's stdout (exit 3: no tree).
-_TAR_OUT = 'cd "$1" 2>/dev/null || exit 3; exec tar -cf - .'
+# GNU tar also says on stderr how many bytes it wrote (--totals): a stream cut short on its way
+# back is then seen even where it ends on a member's boundary, which tarfile takes for the end.
+_TAR_OUT = ('cd "$1" 2>/dev/null || exit 3; '
+            'if tar --version 2>/dev/null | grep -q GNU; then exec tar -cf - --totals .; fi; exec tar -cf - .')
+_TOTALS = re.compile(r"^Total bytes written: (\d+)", re.MULTILINE)
 FETCH_STALL = 60.0  # seconds without a byte before a fetch through a job step is given up
-
-
 FETCH_TIMEOUT = 600.0  # seconds a fetch over the login host's master may take in all
+# Tries of a fetch through a job step whose stream came back short. Once in CI (a loaded machine,
+# a node's steps just ended), a chief's output came back cut short with exit status 0: "unexpected
+# end of data" in tarfile, and `dtf train` ended with an internal error.
+FETCH_TRIES = 3
+
+
+class _Short(Exception):
+    """A job step's tar came back incomplete."""
 
 
 def _fetch_by_tar(t: SlurmStepTransport, remote: str, local: Path) -> int:
+    for attempt in range(1, FETCH_TRIES + 1):
+        data, code, err = _tar_of(t, remote)
+        try:
+            return _untar(data, local, remote, code, err)
+        except _Short as e:
+            if attempt == FETCH_TRIES:
+                raise HostError(f"copying {remote} back failed: its tar came back incomplete "
+                                f"{FETCH_TRIES} times ({e})")
+    raise AssertionError("unreachable")
+
+
+def _tar_of(t: SlurmStepTransport, remote: str) -> tuple[io.BytesIO, int, str]:
+    """The tar a job step on the node makes of `remote`: (its bytes, exit status, stderr)."""
     import paramiko
 
     from dtf.hosts.control import ControlTransport
@@ -158,8 +182,7 @@ def _fetch_by_tar(t: SlurmStepTransport, remote: str, local: Path) -> int:
         except OSError as e:
             raise HostError(f"copying {remote} back failed: {e.strerror or e}")
         data.write(p.stdout)
-        code, err = p.returncode, p.stderr.decode(errors="replace").strip()
-        return _untar(data, local, remote, code, err)
+        return data, p.returncode, p.stderr.decode(errors="replace").strip()
     try:
         chan = t.login.connection().transport.open_session(timeout=30)
         try:
@@ -173,22 +196,31 @@ def _fetch_by_tar(t: SlurmStepTransport, remote: str, local: Path) -> int:
             chan.close()
     except (OSError, paramiko.SSHException) as e:
         raise HostError(f"copying {remote} back failed: {e}")
-    return _untar(data, local, remote, code, err)
+    return data, code, err
 
 
 def _untar(data: io.BytesIO, local: Path, remote: str, code: int, err: str) -> int:
-    """The tree a job step sent (_TAR_OUT's exit `code`, its stderr `err`), into `local`."""
+    """The tree a job step sent (_TAR_OUT's exit `code`, its stderr `err`), into `local`; _Short
+    where the stream came back incomplete."""
     if code == 3:
         return 0
+    totals = _TOTALS.search(err)
     if code != 0:
-        raise HostError(f"copying {remote} back failed: {(err.splitlines() or [f'exit {code}'])[-1]}")
+        said = [line for line in err.splitlines() if not _TOTALS.match(line)]
+        raise HostError(f"copying {remote} back failed: {(said or [f'exit {code}'])[-1]}")
+    got = data.getbuffer().nbytes
+    if totals and got != int(totals[1]):
+        raise _Short(f"{got} of {totals[1]} bytes")
     data.seek(0)
     count = 0
-    with tarfile.open(fileobj=data) as tar:
-        members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]
-        count = sum(1 for m in members if m.isfile())
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(local, members=members, filter="data")
-        else:
-            tar.extractall(local, members=members)
+    try:
+        with tarfile.open(fileobj=data) as tar:
+            members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]
+            count = sum(1 for m in members if m.isfile())
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(local, members=members, filter="data")
+            else:
+                tar.extractall(local, members=members)
+    except (tarfile.ReadError, EOFError) as e:  # (mostly in getmembers: the next try replaces what this extracted)
+        raise _Short(f"{got} bytes: {e}")
     return count
