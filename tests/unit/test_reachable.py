@@ -135,3 +135,20 @@ def test_an_ssh_hosts_slow_direct_answer_still_counts(monkeypatch: pytest.Monkey
     monkeypatch.setattr(start, "port_open", port_open)
     s, hp = starter("auto", slurm=False)
     assert s._reachable(cast(Transport, Far()), hp, hp.tasks) is True
+
+
+def test_probe_all_answers_in_order_and_raises_a_probes_error() -> None:
+    """dtf.hostops.reach.probe_all, on its daemon threads, as a thread pool's map would."""
+    from dtf.hostops.reach import probe_all
+
+    tasks = list(range(40))  # (more than PROBES_AT_ONCE)
+    assert probe_all(lambda i: i % 3 == 0, cast(Any, tasks)) == [i % 3 == 0 for i in tasks]
+    assert probe_all(lambda i: True, []) == []
+
+    def broken(i: int) -> bool:
+        if i == 7:
+            raise ValueError("a bug in a probe")
+        return True
+
+    with pytest.raises(ValueError, match="a bug in a probe"):
+        probe_all(broken, cast(Any, tasks))

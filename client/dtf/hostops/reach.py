@@ -3,8 +3,8 @@ host, every other host's tasks), and the tasks this machine cannot reach (`dtf t
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from dtf.cluster.plan import HostPlan, Plan, TaskPlan
 from dtf.hostops.launcher import ask
@@ -16,12 +16,41 @@ from dtf_server.protocol import ReachReply
 MESH_TIMEOUT = 5.0  # seconds each host gives a connection to another host's task
 
 
+PROBES_AT_ONCE = 32
+
+
 def probe_all(probe: Callable[[TaskPlan], bool], tasks: Sequence[TaskPlan]) -> list[bool]:
-    """`probe` each task, all at once: a host that drops packets costs one timeout, not one per task."""
-    if not tasks:
-        return []
-    with ThreadPoolExecutor(max_workers=min(32, len(tasks)), thread_name_prefix="dtf-probe") as pool:
-        return list(pool.map(probe, tasks))
+    """`probe` each task, all at once (PROBES_AT_ONCE threads at most): a host that drops packets
+    costs one timeout, not one per task. Daemon threads, not a thread pool: a caller may stop
+    waiting for them (Starter._reachable's direct probes), and the interpreter's exit joins a
+    pool's workers (a dropped connection kept `dtf up` alive DIRECT_PROBE seconds after its last
+    line). A probe's exception is raised here, as a pool's map would."""
+    answers: list[bool] = [False] * len(tasks)
+    errors: list[Exception] = []
+    left = iter(range(len(tasks)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(left, None)
+            if i is None:
+                return
+            try:
+                answers[i] = probe(tasks[i])
+            except Exception as e:  # (raised in the caller's thread)
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=work, name="dtf-probe", daemon=True)
+               for _ in range(min(PROBES_AT_ONCE, len(tasks)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return answers
 
 
 def others(plan: Plan, hp: HostPlan) -> dict[str, TaskPlan]:

@@ -365,7 +365,9 @@ class Starter:
         def direct() -> bool:
             return bool(found) and found[0]
 
-        probes = _probe_directly(tasks, found)
+        probes = threading.Thread(target=lambda: found.append(all(probe_all(
+            lambda task: port_open(task.addr_host, task.port, DIRECT_PROBE), tasks))), name="dtf-direct", daemon=True)
+        probes.start()  # (probe_all's threads are daemons too: the exit never waits for them)
         # A compute node rarely takes this machine's connections: the probes through its login
         # host go out at once, beside the direct ones (a node's were 10 ms after them). An SSH
         # host's go where the direct ones did not all answer yes within DIRECT_FIRST.
@@ -403,28 +405,6 @@ class Starter:
                                 f"through SSH from this machine (does its sshd allow TCP forwarding?)"
                                 + ("" if network == "ssh" else ", nor directly"))
             time.sleep(0.2)
-
-
-def _probe_directly(tasks: Sequence[TaskPlan], found: list[bool]) -> threading.Thread:
-    """Try every task's port from here at once; `found` gets whether all of them answered. Daemon
-    threads, one a task: _reachable may stop waiting for them, and the interpreter's exit joins a
-    thread pool's workers (a dropped attempt kept `dtf up` alive DIRECT_PROBE seconds after its
-    last word)."""
-    def one(task: TaskPlan, answers: list[bool]) -> None:
-        answers.append(port_open(task.addr_host, task.port, DIRECT_PROBE))
-
-    def every() -> None:
-        answers: list[bool] = []
-        each = [threading.Thread(target=one, args=(task, answers), name="dtf-direct", daemon=True) for task in tasks]
-        for thread in each:
-            thread.start()
-        for thread in each:
-            thread.join()
-        found.append(len(answers) == len(each) and all(answers))
-
-    probes = threading.Thread(target=every, name="dtf-direct", daemon=True)
-    probes.start()
-    return probes
 
 
 class _Gate:
