@@ -150,15 +150,14 @@ class _Short(Exception):
 
 
 def _fetch_by_tar(t: SlurmStepTransport, remote: str, local: Path) -> int:
-    for attempt in range(1, FETCH_TRIES + 1):
+    short: _Short | None = None
+    for _ in range(FETCH_TRIES):
         data, code, err = _tar_of(t, remote)
         try:
             return _untar(data, local, remote, code, err)
         except _Short as e:
-            if attempt == FETCH_TRIES:
-                raise HostError(f"copying {remote} back failed: its tar came back incomplete "
-                                f"{FETCH_TRIES} times ({e})")
-    raise AssertionError("unreachable")
+            short = e
+    raise HostError(f"copying {remote} back failed: its tar came back incomplete {FETCH_TRIES} times ({short})")
 
 
 def _tar_of(t: SlurmStepTransport, remote: str) -> tuple[io.BytesIO, int, str]:
@@ -204,10 +203,10 @@ def _untar(data: io.BytesIO, local: Path, remote: str, code: int, err: str) -> i
     where the stream came back incomplete."""
     if code == 3:
         return 0
-    totals = _TOTALS.search(err)
     if code != 0:
         said = [line for line in err.splitlines() if not _TOTALS.match(line)]
         raise HostError(f"copying {remote} back failed: {(said or [f'exit {code}'])[-1]}")
+    totals = _TOTALS.search(err)
     got = data.getbuffer().nbytes
     if totals and got != int(totals[1]):
         raise _Short(f"{got} of {totals[1]} bytes")
