@@ -43,6 +43,12 @@ def write_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def leftovers(directory: Path) -> list[Path]:
+    """write_atomic's temporary files in `directory`: a writer killed between its write and its
+    rename leaves one."""
+    return list(directory.glob(".*.tmp"))
+
+
 def read(path: Path) -> dict[str, Any] | None:
     """A published file, or None (absent, or not ours)."""
     try:

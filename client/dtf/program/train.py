@@ -188,8 +188,7 @@ class RunFigures:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        # with a program killed between a write and its rename, that write's temporary file too
-        for path in [self.dir / figures.RUN, self.dir / figures.TRAIN, *self.dir.glob(".*.tmp")]:
+        for path in [self.dir / figures.RUN, self.dir / figures.TRAIN, *figures.leftovers(self.dir)]:
             with contextlib.suppress(OSError):
                 path.unlink()
         with contextlib.suppress(OSError):
