@@ -183,6 +183,12 @@ def _kill_trees(roots: Sequence[int]) -> None:
     _kill([t[0] for t in trees])
 
 
+def blocked(drop: bool) -> str:
+    """The nftables verdict for the laptop's blocked connections: reset (an answer at once), or
+    dropped (no answer at all, as many sites' firewalls do)."""
+    return "drop" if drop else "reject with tcp reset"
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -490,9 +496,8 @@ class Lab:
         if self.mode != "netns":
             raise LabUnsupported(f"blocking the laptop needs network namespaces (lab mode {self.mode})")
         table = f"{self.name}_laptop"
-        verdict = "drop" if drop else "reject with tcp reset"
         self.nft(None, f"table inet {table} {{\n chain out {{\n  type filter hook output priority 0;\n"
-                       f"  ip daddr {self.subnet}.0/24 tcp dport != 22 {verdict}\n }}\n}}\n")
+                       f"  ip daddr {self.subnet}.0/24 tcp dport != 22 {blocked(drop)}\n }}\n}}\n")
         try:
             yield
         finally:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from lab import PRIVATE, Host, Lab, LabError, LabUnsupported, _sh
+from lab import PRIVATE, Host, Lab, LabError, LabUnsupported, _sh, blocked
 
 PACKAGES = ("slurmctld", "slurmd", "srun", "sbatch", "squeue", "scancel", "sinfo", "munged")
 PARTITION = "main"
@@ -185,12 +185,11 @@ class SlurmLab(Lab):
         # made there reaches the laptop at once. (A reject in this machine's own output hook
         # left connections here timing out instead of failing: slow tests.)
         laptop = f"{self.subnet}.1"
-        verdict = "drop" if drop else "reject with tcp reset"
         for h in self.hosts:
             allow = "tcp dport != 22 " if h is self.login else "meta l4proto tcp "
             self.nft(h, f"table inet dtf_slurmlab\ndelete table inet dtf_slurmlab\n"
                         f"table inet dtf_slurmlab {{\n chain in {{\n  type filter hook input priority 0;\n"
-                        f"  ip saddr {laptop} {allow}{verdict}\n"
+                        f"  ip saddr {laptop} {allow}{blocked(drop)}\n"
                         f"  ip saddr {laptop} meta l4proto != tcp drop\n }}\n}}\n")
 
     def _tail(self, name: str) -> str:
