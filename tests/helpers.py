@@ -91,6 +91,17 @@ def wait_gone(pids: list[int], timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
+def fake_server(pid: int, cmd: str) -> bool:
+    """Whether the process is a fake server: one of its own (its command line says `fake`), or one
+    forked from its supervisor (dtf_server.supervisor.fork_server), which the comm names."""
+    if " fake " in f"{cmd} ":
+        return True
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().startswith("fake ")
+    except OSError:
+        return False
+
+
 def wait_until(what, timeout: float = 20.0, every: float = 0.1):
     """what()'s first true value, polled until `timeout` (then the test fails)."""
     deadline = time.monotonic() + timeout

@@ -15,6 +15,7 @@ the real server does. It can be told to misbehave:
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import sys
@@ -28,13 +29,16 @@ CRASH_CODE = 3
 POLL = 0.1
 
 
-def echo(conn: socket.socket) -> None:
-    """Send back what the peer sends, until it closes (or 60 s of silence)."""
+def echo(conn: socket.socket, first: bytes) -> None:
+    """Send back what the peer sends (`first`, what it sent first), until it closes (or 60 s of
+    silence)."""
     conn.settimeout(60)
     with conn:
         try:
-            while data := conn.recv(65536):
+            data = first
+            while data:
                 conn.sendall(data)
+                data = conn.recv(65536)
         except OSError:
             pass
 
@@ -59,14 +63,33 @@ def serve(job: str, index: int, port: int, ready: str, ready_delay: float = 0.0,
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("0.0.0.0", port))
     sock.listen(64)
-    sock.settimeout(POLL)
     write_json(ready, {"pid": os.getpid(), "target": f"fake://localhost:{port}", "time": time.time()})
     print(f"dtf: {job}:{index} (fake) serving on port {port}", flush=True)
+    # A connection gets a thread only once it sends something: most only connect and close (every
+    # other host's mesh check, this machine's reach), and a thread each was most of a fake server's
+    # CPU in a 30-host `up` (0.6 ms a connection). A TF server's gRPC takes one in its event loop.
+    idle: dict[int, socket.socket] = {}  # connections that sent nothing yet, by descriptor
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
     while not crash_requested():
-        try:
-            conn, _ = sock.accept()
-        except (TimeoutError, OSError):
-            continue
-        threading.Thread(target=echo, args=(conn,), daemon=True).start()
+        for fd, _ in poller.poll(POLL * 1000):
+            if fd == sock.fileno():
+                try:
+                    conn, _ = sock.accept()
+                except OSError:
+                    continue
+                idle[conn.fileno()] = conn
+                poller.register(conn.fileno(), select.POLLIN)
+                continue
+            poller.unregister(fd)
+            conn = idle.pop(fd)
+            try:
+                first = conn.recv(65536)
+            except OSError:
+                first = b""
+            if first:
+                threading.Thread(target=echo, args=(conn, first), daemon=True).start()
+            else:
+                conn.close()
     print(f"fake {job}:{index}: crash requested: exiting with code {CRASH_CODE}", flush=True)
     sys.exit(CRASH_CODE)

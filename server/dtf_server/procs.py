@@ -116,6 +116,21 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
+def close_inherited() -> None:
+    """Close every descriptor above stderr: those open (/proc/self/fd), else a range of them."""
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        os.closerange(3, 65536)
+        return
+    for fd in fds:
+        if fd > 2:
+            try:
+                os.close(fd)
+            except OSError:  # (the listing's own, closed already)
+                pass
+
+
 def exit_reason(code: int) -> str:
     """What a Popen returncode means, in words."""
     if code < 0:

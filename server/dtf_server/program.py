@@ -95,16 +95,17 @@ class ProgramSupervisor(Supervisor):
         self.save(log_offset=os.path.getsize(os.path.join(self.dir, layout.LOG)))
         log_line(f"{self.name}: running the program on port {self.task.port}")
         self.spawn()
-        assert self.server is not None
+        server = self.server
+        assert isinstance(server, subprocess.Popen)
         code = self.wait_server()
         if code is None:  # stopped (TERM was passed on), or the lease lapsed
             lapsed = not self.stopping
             try:
                 # Stopped: the stopper KILLs the whole group after its grace; the lease: ours.
-                code = self.server.wait(timeout=Defaults.SERVER_STOP_GRACE if lapsed else None)
+                code = server.wait(timeout=Defaults.SERVER_STOP_GRACE if lapsed else None)
             except subprocess.TimeoutExpired:
-                self.server.kill()
-                code = self.server.wait()
+                server.kill()
+                code = server.wait()
             if lapsed:
                 self.save(state=EXITED, exit_code=code, last_exit=exit_reason(code), server_pid=None)
                 self.expire()

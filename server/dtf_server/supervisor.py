@@ -17,11 +17,12 @@ import fcntl
 import os
 import select
 import signal
-import subprocess
+import sys
 import time
 
 from dtf_server import layout
 from dtf_server.procs import (
+    close_inherited,
     die_with_parent,
     exit_reason,
     expand_home,
@@ -35,8 +36,14 @@ from dtf_server.protocol import Defaults, Lease, TaskSpec, asdict
 
 TYPE_CHECKING = False  # (typing's, without its import: see dtf_server.protocol)
 if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Callable
     from types import FrameType
     from typing import Any
+
+    # Where a server can run in a fork of its supervisor (Supervisor's `in_process`): the
+    # variables to set, the server's code (which returns its exit code) and its command's name.
+    InProcess = Callable[[list[str]], "tuple[dict[str, str], Callable[[], int], str] | None"]
 
 SUPERVISE_POLL = 0.2  # how often a supervisor looks at its server
 LEASE_POLL = 1.0  # how often a supervisor reads the lease
@@ -84,17 +91,127 @@ def running_tasks(root: str) -> list[str]:
     return found
 
 
-class Supervisor:
-    """Keeps one task's server running; see the module's docstring for the policy."""
+class ForkedServer:
+    """A server forked from its supervisor (`fork_server`), with what the supervisor uses of
+    Popen's API: pid, returncode, poll, wait (without a timeout: see exited), send_signal,
+    terminate, kill."""
 
-    def __init__(self, root: str, task: TaskSpec, limit: int, backoff: float) -> None:
+    def __init__(self, pid: int, argv: list[str]) -> None:
+        self.pid, self.args = pid, argv
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        pid, status = os.waitpid(self.pid, 0) if self.returncode is None else (0, 0)
+        if pid == self.pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def exited(server: subprocess.Popen[bytes] | ForkedServer, within: float) -> int | None:
+    """The server's exit code once it has exited, waiting `within` seconds at most (None: it runs)."""
+    end = time.monotonic() + within
+    while (code := server.poll()) is None and time.monotonic() < end:
+        time.sleep(min(0.01, max(0.0, end - time.monotonic())))
+    return code
+
+
+def fork_server(argv: list[str], env: dict[str, str], run: Callable[[], int], cwd: str, name: str = "") -> ForkedServer:
+    """Run a server's code (`run`) in a fork of this supervisor, as `Popen(argv, cwd=cwd,
+    stdin=DEVNULL, close_fds=True, preexec_fn=die_with_parent)` with `env` added to its variables
+    would run it in a python of its own, without that python's start: the interpreter's start and
+    the launcher's imports were 70-85 ms of CPU per task, a fifth of a host's `up` on the lab's
+    shared cores (and of a TensorFlow server's start, before its import of TensorFlow, which it
+    does in the fork as it would have in its own python). The supervisor has no thread to lose.
+
+    Its command line stays its supervisor's (the launcher's `start`); `name` is what `ps -e` and
+    top call it (its comm: "serve worker:3", "fake ps:0"), as the supervisor is "dtf worker:3"."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the server: never returns into the supervisor's code
+        code: object = 70
+        try:
+            die_with_parent()
+            if os.getppid() != parent:  # it died before that took
+                os._exit(70)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            close_inherited()
+            os.chdir(cwd)
+            if name:
+                try:
+                    with open("/proc/self/comm", "w") as comm:
+                        comm.write(name[:15])
+                except OSError:
+                    pass
+            os.environ.update(env)
+            # A server's python ran with PYTHONUNBUFFERED (protocol's task environment): its lines
+            # reach the log as they are written.
+            sys.stdout = open(1, "w", buffering=1, closefd=False)
+            sys.stderr = open(2, "w", buffering=1, closefd=False)
+            sys.argv = argv[1:]
+            code = run()
+        except SystemExit as e:  # what python's exit would make of it
+            code = e.code
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        finally:
+            if code is None:
+                code = 0
+            elif not isinstance(code, int):
+                print(code, file=sys.stderr)
+                code = 1
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code & 0xFF)
+    return ForkedServer(pid, argv)
+
+
+class Supervisor:
+    """Keeps one task's server running; see the module's docstring for the policy.
+
+    `in_process(argv)`: where the server's command can run in a fork of this supervisor instead
+    of a new process (`fork_server`), what to set and run there; None: it cannot."""
+
+    def __init__(self, root: str, task: TaskSpec, limit: int, backoff: float,
+                 in_process: InProcess | None = None) -> None:
         self.root, self.task = root, task
+        self.in_process = in_process
         self.limit, self.backoff = limit, backoff
         self.name = task.name
         self.dir = layout.task_dir(root, task.job, task.index)
         self.ready = os.path.join(self.dir, layout.READY)
         self.stopping = False
-        self.server: subprocess.Popen[bytes] | None = None
+        self.server: subprocess.Popen[bytes] | ForkedServer | None = None
         self.state: dict[str, Any] = {"state": "starting", "restarts": 0, "last_exit": None,
                                       "server_pid": None, "server_ticks": None, "server_started": None}
         self.lease: Lease | None = None
@@ -121,9 +238,18 @@ class Supervisor:
     def spawn(self) -> None:
         if os.path.exists(self.ready):
             os.unlink(self.ready)
-        self.server = subprocess.Popen(  # same process group: `stop` signals both at once
-            expand_home(self.task.argv), stdin=subprocess.DEVNULL, cwd=self.dir, close_fds=True,
-            preexec_fn=die_with_parent)
+        argv = expand_home(self.task.argv)
+        forked = self.in_process(argv) if self.in_process is not None else None
+        if forked is not None:
+            env, run, command = forked
+            self.server = fork_server(argv, env, run, cwd=self.dir, name=f"{command} {self.name}")
+        else:
+            # Imported here only: a server forked from its supervisor never needs it, and its
+            # import (selectors, threading) was 7 ms of every launcher command's start.
+            import subprocess
+
+            self.server = subprocess.Popen(  # same process group: `stop` signals both at once
+                argv, stdin=subprocess.DEVNULL, cwd=self.dir, close_fds=True, preexec_fn=die_with_parent)
         self.save(state="running", server_pid=self.server.pid,
                   server_ticks=proc_start_ticks(self.server.pid), server_started=time.time())
 
@@ -147,11 +273,8 @@ class Supervisor:
                     code = server.poll()
                     if code is not None:
                         return code
-                else:
-                    try:
-                        return server.wait(timeout=SUPERVISE_POLL)
-                    except subprocess.TimeoutExpired:
-                        pass
+                elif (code := exited(server, SUPERVISE_POLL)) is not None:
+                    return code
                 if self.stopping or self.lease_lapsed():  # a server that ignores TERM: stop_server KILLs it
                     return None
         finally:
@@ -171,9 +294,7 @@ class Supervisor:
         if self.server is None or self.server.poll() is not None:
             return
         self.server.terminate()
-        try:
-            self.server.wait(timeout=Defaults.SERVER_STOP_GRACE)
-        except subprocess.TimeoutExpired:
+        if exited(self.server, Defaults.SERVER_STOP_GRACE) is None:
             self.server.kill()
             self.server.wait()
 

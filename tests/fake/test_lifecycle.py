@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from dtf.files.shipping import launcher_bytes, launcher_name
-from helpers import Interruptible, assert_one_line_error, status_json, wait_until
+from helpers import Interruptible, assert_one_line_error, fake_server, status_json, wait_until
 from sites import Site
 
 
@@ -144,7 +144,7 @@ def test_ctrl_c_twice_during_up_still_rolls_back(site: Site):
     up = Interruptible("up", str(inv), env=site.env({"DTF_SERVER": f"fake:ready_file={release},ignore_term"}))
     try:
         up.wait_for("starting ")
-        wait_until(lambda: [p for p in site.processes() if " fake " in p[1]], timeout=60)  # a server started
+        wait_until(lambda: [p for p in site.processes() if fake_server(*p)], timeout=60)  # a server started
         up.ctrl_c()
     finally:
         release.write_text("")
@@ -184,7 +184,7 @@ def test_the_lease_lapses_and_the_hosts_clear_themselves(site: Site):
     up = Interruptible("up", "--ttl", "6s", str(inv), env=site.env({"DTF_SERVER": f"fake:ready_file={release}"}))
     try:
         up.wait_for("starting ")
-        wait_until(lambda: len([p for p in site.processes() if " fake " in p[1]]) == 2, timeout=60)
+        wait_until(lambda: len([p for p in site.processes() if fake_server(*p)]) == 2, timeout=60)
         time.sleep(7)  # past a lease counted from the start
     finally:
         t_release = time.monotonic()

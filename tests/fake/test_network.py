@@ -20,7 +20,7 @@ import pytest
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts import control
 from dtf.hosts.tunnel import Master, PythonRoute, control_path, ssh_binary
-from helpers import Interruptible, assert_one_line_error, ssh_processes, status_json, wait_until
+from helpers import Interruptible, assert_one_line_error, fake_server, ssh_processes, status_json, wait_until
 from lab import Lab
 from sites import CLUSTER, LabSite
 
@@ -234,7 +234,7 @@ def test_firewall_rules_go_when_the_lease_lapses(site: LabSite):
     up = Interruptible("up", str(inv), "--ttl", "6", env=site.env({"DTF_SERVER": f"fake:ready_file={release}"}))
     try:
         up.wait_for("starting ")
-        wait_until(lambda: len([p for p in site.processes() if " fake " in p[1]]) == 2, timeout=60)
+        wait_until(lambda: len([p for p in site.processes() if fake_server(*p)]) == 2, timeout=60)
         assert any(t.startswith("inet dtf_") for t in site.lab.tables("h0"))
     finally:
         release.write_text("")

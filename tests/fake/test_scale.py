@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from dtf.hosts.control import cluster_prefix
-from helpers import Interruptible, assert_one_line_error, dtf, status_json, wait_until
+from helpers import Interruptible, assert_one_line_error, dtf, fake_server, status_json, wait_until
 from lab import Lab
 from sites import listener
 
@@ -166,7 +166,7 @@ def test_ctrl_c_while_hosts_are_at_every_step_leaves_nothing(big: Lab, home: Pat
                        env=env(home, {"DTF_SERVER": f"fake:ready_file={release}"}))
     try:
         up.wait_for("starting ")
-        wait_until(lambda: any(" fake " in c for h in names(big) for _, c in big.processes(h)), timeout=60)
+        wait_until(lambda: any(fake_server(*p) for h in names(big) for p in big.processes(h)), timeout=60)
         up.ctrl_c()
     finally:
         release.write_text("")

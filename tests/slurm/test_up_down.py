@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from helpers import REPO, as_in_a_terminal, assert_one_line_error, dtf
+from helpers import REPO, as_in_a_terminal, assert_one_line_error, dtf, fake_server
 from sites import listener
 from slurmlab import STUCK, SlurmLab
 
@@ -248,7 +248,7 @@ def test_ctrl_c_while_the_nodes_start_with_the_allocation_leaves_no_job_and_noth
                             stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, preexec_fn=as_in_a_terminal)
     try:
         deadline = time.monotonic() + 90
-        while (len([c for c in node_processes(slurm_lab) if " fake " in c]) < 4 and proc.poll() is None
+        while (len([p for p in slurm_lab.processes(workdir(slurm_lab)) if fake_server(*p)]) < 4 and proc.poll() is None
                and time.monotonic() < deadline):
             time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()
@@ -397,8 +397,9 @@ def test_the_tasks_end_with_the_job(slurm_lab: SlurmLab, tmp_path: Path) -> None
     while len(found := ours_there()) < 11 and time.monotonic() < deadline:
         time.sleep(0.1)
     names = sorted(comm(pid) for pid, _ in found)
+    # 4 servers (each forked from its supervisor: dtf_server.supervisor.fork_server), the lease watch
     assert names == ["dtf ps:0", "dtf ps:1", "dtf step", "dtf step", "dtf worker:0", "dtf worker:1",
-                     "python", "python", "python", "python", "python"], found  # 4 servers, the lease watch
+                     "fake ps:0", "fake ps:1", "fake worker:0", "fake worker:1", "python"], found
     outside = [(pid, c) for pid, c in found if "slurmstepd" not in ancestors(pid)]
     assert outside == [], outside
     slurm_lab.slurm(["scancel", job])

@@ -1,0 +1,194 @@
+"""A supervisor runs its server in a fork of itself where the server's command is its own
+launcher's `serve` or `fake` on its own python (dtf_server.commands.in_process, supervisor.fork_server):
+the real launcher, started as `up` starts it, with fake servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dtf.files import shipping
+from dtf.hosts.netutil import listen_ports
+from dtf_server import commands, protocol
+from dtf_server.protocol import TaskSpec
+
+
+def _launcher(tmp_path: Path) -> Path:
+    path = tmp_path / shipping.launcher_name()
+    path.write_bytes(shipping.launcher_bytes())
+    return path
+
+
+def test_only_this_launchers_server_commands_on_this_python_run_in_a_fork(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path):
+    launcher = str(_launcher(tmp_path))
+    monkeypatch.setattr(sys, "argv", [launcher, "start"])
+    fake = [launcher, "fake", "--job", "ps", "--index", "0", "--port", "1", "--ready", "r.json"]
+    forked = commands.in_process([sys.executable, *fake])
+    assert forked is not None and forked[0] == {} and forked[2] == "fake"
+    # `gpus`' variables before the command (dtf.cluster.gpus.env_prefix): set in the fork.
+    forked = commands.in_process(["env", "CUDA_VISIBLE_DEVICES=0", "TF_FORCE_GPU_ALLOW_GROWTH=true",
+                                  sys.executable, *fake])
+    assert forked is not None and forked[0] == {"CUDA_VISIBLE_DEVICES": "0", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    # The python found on the PATH, as exec would find it.
+    monkeypatch.setenv("PATH", f"/nonexistent:{os.path.dirname(sys.executable)}")
+    assert commands.in_process([os.path.basename(sys.executable), *fake]) is not None
+    # Anything else is a process of its own: another python (a managed environment's: another
+    # interpreter, other packages), another launcher, another command, no command.
+    other = tmp_path / "python3"
+    other.symlink_to(sys.executable)
+    assert commands.in_process([str(other), *fake]) is None
+    assert commands.in_process([sys.executable, str(tmp_path / "launcher-000000000000.pyz"), *fake[1:]]) is None
+    assert commands.in_process([sys.executable, launcher, "supervise-program", "--dir", "d"]) is None
+    assert commands.in_process([sys.executable, "-S", *fake]) is None
+    assert commands.in_process(["env", "A=1"]) is None
+    assert commands.in_process([]) is None
+
+
+def _proc(pid: int, what: str) -> bytes:
+    return Path(f"/proc/{pid}/{what}").read_bytes()
+
+
+def _supervisor(root: Path) -> dict:
+    return json.loads((root / "worker-0" / "supervisor.json").read_text())
+
+
+def _wait(check, what: str, timeout: float = 30.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not {what} after {timeout:g}s")
+
+
+@pytest.mark.parametrize("own_python", [True, False], ids=["forked", "own-process"])
+def test_a_server_is_forked_from_its_supervisor_and_restarted_and_stopped_as_a_process_of_its_own(
+        tmp_path: Path, own_python: bool):
+    """The server forked from its supervisor is what a process of its own would be: its variables,
+    its directory, stdin from /dev/null, its lines in the task's log, its exit code seen by the
+    supervisor (which restarts it), gone with `stop`. With another python (here a link to the same
+    one, under another name) the server is a process of its own, as before."""
+    launcher = _launcher(tmp_path)
+    python = sys.executable
+    if not own_python:
+        python = str(tmp_path / "other-python")
+        os.symlink(sys.executable, python)
+    root = tmp_path / "cluster"
+    tdir = root / "worker-0"
+    (port,) = listen_ports(1)
+    task = TaskSpec("worker", 0, port, ["env", "DTF_TEST_VARIABLE=set", python, str(launcher), "fake", "--job",
+                                        "worker", "--index", "0", "--port", str(port), "--ready",
+                                        str(tdir / "ready.json")])
+    r = subprocess.run([sys.executable, str(launcher), "start", "--dir", str(root), "--timeout", "30", "--ttl", "60",
+                        "--restart-backoff", "0.1", "--env", "PYTHONUNBUFFERED=1", "--task", task.to_arg()],
+                       capture_output=True, text=True, timeout=60)
+    started = protocol.decode(protocol.StartReply, r.stdout)
+    assert started.ok, (r.stdout, r.stderr)
+    supervisor = started.tasks["worker:0"].pid
+    assert supervisor is not None
+    try:
+        server = _supervisor(root)["server_pid"]
+        assert _proc(server, "stat").decode().rsplit(")", 1)[1].split()[1] == str(supervisor)  # its parent
+        cmdline = _proc(server, "cmdline").split(b"\0")
+        # Forked: the supervisor's command line (the launcher's `start`), and a name of its own;
+        # else the server's own command line.
+        assert (b"fake" not in cmdline and b"start" in cmdline) if own_python else (b"fake" in cmdline)
+        if own_python:
+            assert _proc(server, "comm").decode().strip() == "fake worker:0"
+            assert _proc(supervisor, "comm").decode().strip() == "dtf worker:0"
+        if not own_python:  # (a fork's variables are not in /proc's environ: see the test below)
+            assert b"DTF_TEST_VARIABLE=set" in _proc(server, "environ").split(b"\0")
+        assert os.readlink(f"/proc/{server}/cwd") == str(tdir)
+        assert os.readlink(f"/proc/{server}/fd/0") == os.devnull
+        assert sorted(int(fd) for fd in os.listdir(f"/proc/{server}/fd"))[:3] == [0, 1, 2]
+        assert f"worker:0 (fake) serving on port {port}" in (tdir / "log").read_text()
+
+        (tdir / "crash").touch()  # the fake server exits with code 3, its supervisor starts it again
+        _wait(lambda: _supervisor(root)["last_exit"] == "exited with code 3", "seen exiting")
+        (tdir / "crash").unlink()
+        _wait(lambda: (s := _supervisor(root))["state"] == "running" and s["server_pid"] not in (None, server)
+              and (tdir / "ready.json").exists(), "restarted")
+        assert _supervisor(root)["restarts"] >= 1
+    finally:
+        stopped = subprocess.run([sys.executable, str(launcher), "stop", "--dir", str(root), "--grace", "5",
+                                  "--task", "worker:0"], capture_output=True, text=True, timeout=60)
+    assert protocol.decode(protocol.StopReply, stopped.stdout).tasks["worker:0"].gone, stopped.stdout
+    for pid in (supervisor, _supervisor(root).get("server_pid") or server):
+        assert not Path(f"/proc/{pid}").exists() or _proc(pid, "stat").decode().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _forked(tmp_path: Path, run, env: dict[str, str] | None = None) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    """fork_server from this process, its output in a file: (its exit code as the supervisor sees it, the output)."""
+    from dtf_server.supervisor import fork_server
+
+    log = tmp_path / "log"
+    saved = [os.dup(1), os.dup(2)]
+    with open(log, "wb") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            server = fork_server(["python", "launcher", "fake"], env or {}, run, str(tmp_path))
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+    code = server.wait()
+    assert server.poll() == code and server.returncode == code
+    return code, log.read_text()
+
+
+def test_a_forked_servers_variables_directory_output_and_exit_are_a_processes_own(tmp_path: Path):
+    """What the server's code finds and how its end is seen: the variables it is given (in os.environ
+    and in the C library's, which TensorFlow's CUDA reads), its directory, its argv, its lines in
+    the log, and its exit as python would make it (sys.exit's code, an exception's 1 and traceback)."""
+    import ctypes
+
+    def looks() -> int:
+        getenv = ctypes.CDLL(None).getenv
+        getenv.restype = ctypes.c_char_p
+        print("argv", sys.argv, "cwd", os.getcwd())
+        seen = os.environ.get("CUDA_VISIBLE_DEVICES"), getenv(b"CUDA_VISIBLE_DEVICES")
+        print("seen", seen)
+        return 0 if seen == ("1", b"1") else 5
+
+    code, out = _forked(tmp_path, looks, {"CUDA_VISIBLE_DEVICES": "1"})
+    assert code == 0, out
+    assert f"argv ['launcher', 'fake'] cwd {tmp_path}" in out
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # only the fork's
+
+    def exits() -> int:
+        sys.exit(3)
+
+    assert _forked(tmp_path, exits)[0] == 3
+
+    def fails() -> int:
+        raise RuntimeError("the server broke")
+
+    code, out = _forked(tmp_path, fails)
+    assert code == 1 and "RuntimeError: the server broke" in out and "Traceback" in out
+
+    def says() -> int:
+        sys.exit("cannot serve")
+
+    code, out = _forked(tmp_path, says)
+    assert code == 1 and "cannot serve" in out
+
+
+def test_a_forked_server_killed_is_seen_killed(tmp_path: Path):
+    import signal
+
+    from dtf_server.supervisor import exited, fork_server
+
+    server = fork_server(["python", "launcher", "fake"], {}, lambda: time.sleep(60) or 0, str(tmp_path))
+    assert exited(server, 0.2) is None
+    server.terminate()  # SIGTERM's default action: the supervisor's handler is not the server's
+    assert exited(server, 30) == -signal.SIGTERM
+    server.kill()  # (gone already: nothing to signal)
