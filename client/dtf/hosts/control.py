@@ -48,7 +48,12 @@ from dtf.hosts.transport import (
 from dtf.hosts.tunnel import Master, MasterFailed, _parallel
 
 # put_and_converse's python on the host: read the upload from stdin to its last byte (the rest of
-# stdin is the command's), write it under a temporary name and rename it, then run it as a script.
+# stdin is the command's), write it under a temporary name and rename it, then run it as `python
+# PATH ARGS` runs a zipapp (the launcher): PATH first on sys.path (in place of `-c`'s current
+# directory, whose modules must not shadow the launcher's, nor TensorFlow's in the servers it
+# forks), its __main__ run as __main__. Not runpy.run_path: its imports (runpy, pkgutil) were 20 ms
+# of CPU of the command on every host, most of the cost of `up` past the floor's python start;
+# zipimport is python's own, already loaded.
 _BOOT = """import os, sys
 size, path, tmp = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 data = bytearray()
@@ -68,8 +73,10 @@ except OSError as e:
         pass
     sys.exit(f"upload to {os.path.dirname(path)} failed: {e.strerror or e}")
 sys.argv = [path, *sys.argv[4:]]
-import runpy
-runpy.run_path(path, run_name="__main__")
+sys.path[0] = path
+import zipimport
+main = zipimport.zipimporter(path).get_code("__main__")
+exec(main, {"__name__": "__main__", "__file__": f"{path}/__main__.py", "__builtins__": __builtins__})
 """
 NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
 ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands) in ~15 s
