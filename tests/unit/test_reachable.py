@@ -152,3 +152,34 @@ def test_probe_all_answers_in_order_and_raises_a_probes_error() -> None:
 
     with pytest.raises(ValueError, match="a bug in a probe"):
         probe_all(broken, cast(Any, tasks))
+
+
+def test_the_mesh_check_tries_the_pairs_training_connects():
+    """`up`'s mesh check from a host (reach.others): with ps tasks, a host's workers the other
+    hosts' ps, its ps their workers (ParameterServerStrategy's device filters: no worker ever
+    connects to another, nor a ps to a ps), so 100 hosts of one ps make 198 connections, not
+    9,900; without ps (a cluster for `train --collective` only) every other worker."""
+    from dtf.hostops.reach import others
+
+    def plan(hosts: str):  # type: ignore[no-untyped-def]
+        return make_plan(loads(f"cluster: c\nhosts:\n{hosts}", "inv.yaml"), resolve=lambda spec: spec.host,
+                         server="fake")
+
+    p = plan("  - {host: a, ps: 1}\n  - {host: b, workers: 2}\n  - {host: c, workers: 1}\n"
+             "  - {host: d, ps: 1, workers: 1}\n")
+    hosts = {hp.name: hp for hp in p.hosts}
+
+    def names(host: str) -> list[str]:
+        return sorted(t.name for t in others(p, hosts[host]).values())
+
+    assert names("a") == ["worker:0", "worker:1", "worker:2", "worker:3"]  # a ps: every other host's workers
+    assert names("b") == ["ps:0", "ps:1"]  # workers: the other hosts' ps
+    assert names("c") == ["ps:0", "ps:1"]
+    assert names("d") == ["ps:0", "worker:0", "worker:1", "worker:2"]  # both: both (its own host's: none)
+    assert all(t.host != "d" for t in others(p, hosts["d"]).values())
+
+    big = plan("".join(f"  - {{host: h{i}, {'ps' if i == 0 else 'workers'}: 1}}\n" for i in range(100)))
+    assert sum(len(others(big, hp)) for hp in big.hosts) == 198
+
+    collective = plan("  - {host: a, workers: 1}\n  - {host: b, workers: 2}\n")
+    assert sorted(t.name for t in others(collective, collective.hosts[0]).values()) == ["worker:1", "worker:2"]

@@ -1,5 +1,6 @@
 """Whether tasks reach each other and this machine reaches them: the mesh check of `up` (from each
-host, every other host's tasks), and the tasks this machine cannot reach (`dtf train`)."""
+host, the other hosts' tasks it connects to in training: `others`), and the tasks this machine
+cannot reach (`dtf train`)."""
 
 from __future__ import annotations
 
@@ -54,14 +55,33 @@ def probe_all(probe: Callable[[TaskPlan], bool], tasks: Sequence[TaskPlan]) -> l
 
 
 def others(plan: Plan, hp: HostPlan) -> dict[str, TaskPlan]:
-    """The tasks of the other hosts, by the address the host's tasks reach them at."""
-    return {t.address: t for t in plan.tasks() if t.host != hp.name}
+    """The other hosts' tasks that the host's tasks connect to in training, by the address they
+    reach them at: the mesh check's targets from that host.
+
+    With ps tasks (ParameterServerStrategy), a worker sees only the ps tasks and the chief, a ps
+    only the workers and the chief: the device filters the strategy gives every task
+    (parameter_server_strategy_v2's _connect_to_cluster). A host's workers need the other hosts'
+    ps, its ps their workers; no worker ever connects to another worker, nor a ps to a ps. A
+    100-host cluster of one ps is 198 connections to check so, not 9,900, which on the lab's
+    shared cores had grown as the hosts squared. Without ps (a cluster for `train --collective`
+    only: MultiWorkerMirroredStrategy's collectives), every worker reaches every other. `train
+    --collective` on a cluster with ps (whose ps it does not use) names a worker that another
+    cannot reach when the copies do not all join (collective.run's diagnosis).
+    (The chief is this machine: Starter._reachable checks it reaches every task.)"""
+    tasks = plan.tasks()
+    if any(t.job == "ps" for t in tasks):
+        mine = {t.job for t in hp.tasks}
+        wanted = {"ps"} if mine == {"worker"} else {"worker"} if mine == {"ps"} else {"ps", "worker"}
+    else:
+        wanted = {"worker"}
+    return {t.address: t for t in tasks if t.host != hp.name and t.job in wanted}
 
 
 def check_mesh(ops: HostOps, hosts: Sequence[HostPlan] | None = None,
                timeout: float = MESH_TIMEOUT) -> dict[str, Outcome[None]]:
-    """From each host (or those in `hosts`), open a connection to every task of the other hosts:
-    each task reaches every other at its planned address (FACTS.md), or training hangs.
+    """From each host (or those in `hosts`), open a connection to every task of the other hosts
+    that its tasks connect to in training (`others`): each reaches them at their planned address
+    (FACTS.md), or training hangs.
     HostError names the pairs. (`up` asks it of the hosts whose start did not check it itself:
     `Starter(mesh=True)`.)"""
     def one(hp: HostPlan) -> None:
