@@ -87,7 +87,7 @@ from dtf_server.protocol import (
     TopSample,
     encode,
 )
-from dtf_server.supervisor import Supervisor, read_lease, renew, running_tasks, write_lease
+from dtf_server.supervisor import ForkedProcess, Supervisor, read_lease, renew, running_tasks, write_lease
 
 TYPE_CHECKING = False  # (typing's, without its import: see dtf_server.protocol)
 if TYPE_CHECKING:
@@ -213,21 +213,6 @@ def _leave(code: int) -> NoReturn:
     os._exit(code)
 
 
-class _Forked:
-    """A supervisor forked by this `start` (fork_supervisor): its pid, and poll() as Popen's."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid == self.pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-
 def _which(command: str) -> str | None:
     """The file the PATH gives for `command`, as exec finds it (shutil's `which`: its import, of
     bz2 and lzma, is a cost of every launcher's start)."""
@@ -263,7 +248,7 @@ def in_process(argv: list[str]) -> tuple[dict[str, str], Callable[[], int], str]
 
 
 def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: dict[str, str],
-                    bound: bool = False) -> _Forked:
+                    bound: bool = False) -> ForkedProcess:
     """Start a task's supervisor detached (its own session: it survives the SSH session, and one
     process group holds it and its server), logging to the task's log, and record it in pid.json.
 
@@ -308,7 +293,7 @@ def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: 
             _leave(code)
     os.close(log)
     _record_supervisor(tdir, task, pid)
-    return _Forked(pid)
+    return ForkedProcess(pid, [])
 
 
 def spawn_supervisor(root: str, task: TaskSpec, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -458,7 +443,7 @@ def cmd_start(args: argparse.Namespace) -> StartReply:
     os.makedirs(args.dir, exist_ok=True)
     write_lease(args.dir, args.ttl, hold=args.timeout)  # before any supervisor reads it
     results: dict[str, TaskStarted] = {}
-    pending: dict[str, tuple[TaskSpec, _Forked, str]] = {}
+    pending: dict[str, tuple[TaskSpec, ForkedProcess, str]] = {}
     for task in (TaskSpec.from_arg(a) for a in args.task):
         tdir = layout.task_dir(args.dir, task.job, task.index)
         os.makedirs(tdir, exist_ok=True)

@@ -91,10 +91,10 @@ def running_tasks(root: str) -> list[str]:
     return found
 
 
-class ForkedServer:
-    """A server forked from its supervisor (`fork_server`), with what the supervisor uses of
-    Popen's API: pid, returncode, poll, wait (without a timeout: see exited), send_signal,
-    terminate, kill."""
+class ForkedProcess:
+    """A child forked from this process (a server from its supervisor: `fork_server`; a
+    supervisor from `start`), with what they use of Popen's API: pid, returncode, poll, wait
+    (without a timeout: see exited), send_signal, terminate, kill."""
 
     def __init__(self, pid: int, argv: list[str]) -> None:
         self.pid, self.args = pid, argv
@@ -128,7 +128,7 @@ class ForkedServer:
         self.send_signal(signal.SIGKILL)
 
 
-def exited(server: subprocess.Popen[bytes] | ForkedServer, within: float) -> int | None:
+def exited(server: subprocess.Popen[bytes] | ForkedProcess, within: float) -> int | None:
     """The server's exit code once it has exited, waiting `within` seconds at most (None: it runs)."""
     end = time.monotonic() + within
     while (code := server.poll()) is None and time.monotonic() < end:
@@ -136,7 +136,8 @@ def exited(server: subprocess.Popen[bytes] | ForkedServer, within: float) -> int
     return code
 
 
-def fork_server(argv: list[str], env: dict[str, str], run: Callable[[], int], cwd: str, name: str = "") -> ForkedServer:
+def fork_server(argv: list[str], env: dict[str, str], run: Callable[[], int], cwd: str,
+                name: str = "") -> ForkedProcess:
     """Run a server's code (`run`) in a fork of this supervisor, as `Popen(argv, cwd=cwd,
     stdin=DEVNULL, close_fds=True, preexec_fn=die_with_parent)` with `env` added to its variables
     would run it in a python of its own, without that python's start: the interpreter's start and
@@ -193,7 +194,7 @@ def fork_server(argv: list[str], env: dict[str, str], run: Callable[[], int], cw
                 sys.stderr.flush()
             finally:
                 os._exit(code & 0xFF)
-    return ForkedServer(pid, argv)
+    return ForkedProcess(pid, argv)
 
 
 class Supervisor:
@@ -211,7 +212,7 @@ class Supervisor:
         self.dir = layout.task_dir(root, task.job, task.index)
         self.ready = os.path.join(self.dir, layout.READY)
         self.stopping = False
-        self.server: subprocess.Popen[bytes] | ForkedServer | None = None
+        self.server: subprocess.Popen[bytes] | ForkedProcess | None = None
         self.state: dict[str, Any] = {"state": "starting", "restarts": 0, "last_exit": None,
                                       "server_pid": None, "server_ticks": None, "server_started": None}
         self.lease: Lease | None = None
