@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from common import REPO  # (puts tests/ on the path)
-from helpers import dtf
+from helpers import dtf, server_process
 from slurmlab import SlurmLab
 
 BARE_PYTHON = "/usr/bin/python3"
@@ -82,8 +82,8 @@ def main() -> None:
             return
         sent = (sent_by_ssh() - before) / 1e6
         print(f"  written by the laptop's ssh processes still running (the login host's master): {sent:.0f} MB")
-        for _, cmd in lab.processes(workdir):
-            if " serve " in cmd:
+        for pid, cmd in lab.processes(workdir):
+            if server_process(pid, cmd, "serve"):
                 print(f"  serving: {cmd[:160]}")
 
         out = Path(tmp) / "loop"

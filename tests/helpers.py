@@ -91,15 +91,20 @@ def wait_gone(pids: list[int], timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
-def fake_server(pid: int, cmd: str) -> bool:
-    """Whether the process is a fake server: one of its own (its command line says `fake`), or one
-    forked from its supervisor (dtf_server.supervisor.fork_server), which the comm names."""
-    if " fake " in f"{cmd} ":
+def server_process(pid: int, cmd: str, command: str = "fake") -> bool:
+    """Whether the process is a server of that launcher command (`fake`, `serve`): one of its own
+    (its command line says so), or one forked from its supervisor (dtf_server.supervisor.fork_server:
+    the supervisor's command line), which its comm names ("fake ps:0")."""
+    if f" {command} " in f"{cmd} ":
         return True
     try:
-        return Path(f"/proc/{pid}/comm").read_text().startswith("fake ")
+        return Path(f"/proc/{pid}/comm").read_text().startswith(f"{command} ")
     except OSError:
         return False
+
+
+def fake_server(pid: int, cmd: str) -> bool:
+    return server_process(pid, cmd, "fake")
 
 
 def wait_until(what, timeout: float = 20.0, every: float = 0.1):

@@ -229,22 +229,30 @@ def _which(command: str) -> str | None:
 SERVER_COMMANDS = ("serve", "fake")
 
 
-def in_process(argv: list[str]) -> tuple[dict[str, str], Callable[[], int], str] | None:
+def in_process(argv: list[str]) -> tuple[Callable[[], int], str] | None:
     """Where a server's command is this launcher's own `serve` or `fake` on this very python
-    (`[env K=V ...] PYTHON LAUNCHER serve ...`, the plan's), the variables it sets, its code and
-    the command's name, for its supervisor to run in a fork of itself (supervisor.fork_server);
-    None for any other command (a managed environment's python: another interpreter, other packages)."""
-    env: dict[str, str] = {}
-    if argv and os.path.basename(argv[0]) == "env":
-        argv = argv[1:]
-        while argv and "=" in argv[0] and not argv[0].startswith(("=", "-")):
-            key, _, value = argv.pop(0).partition("=")
-            env[key] = value
+    (`PYTHON LAUNCHER serve ...`, the plan's), its code and the command's name, for its supervisor
+    to run in a fork of itself (supervisor.fork_server); None for any other command: another
+    python (a managed environment's: another interpreter, other packages), and a command with
+    variables before it (`env CUDA_VISIBLE_DEVICES=0 ...`: `gpus`), whose server starts as its own
+    process, its variables in its /proc/PID/environ for whoever checks which GPU it sees (a
+    variable set in a fork is not there), its interpreter start nothing beside CUDA's."""
     if (len(argv) < 3 or argv[2] not in SERVER_COMMANDS or _which(argv[0]) != sys.executable
-            or os.path.abspath(argv[1]) != launcher()):
+            or os.path.abspath(argv[1]) != launcher()
+            or sys.flags.isolated or sys.flags.ignore_environment or getattr(sys.flags, "safe_path", False)):
         return None
     command = argv[2:]
-    return env, lambda: main(command), command[0]
+
+    def run() -> int:
+        # The site's packages (TensorFlow) on sys.path, as the server's own `python LAUNCHER serve`
+        # has them: `start` runs `python -S` (bare_launcher_argv), without them.
+        if sys.flags.no_site:
+            import site
+
+            site.main()
+        return main(command)
+
+    return run, command[0]
 
 
 def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: dict[str, str],

@@ -41,9 +41,9 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
-    # Where a server can run in a fork of its supervisor (Supervisor's `in_process`): the
-    # variables to set, the server's code (which returns its exit code) and its command's name.
-    InProcess = Callable[[list[str]], "tuple[dict[str, str], Callable[[], int], str] | None"]
+    # Where a server can run in a fork of its supervisor (Supervisor's `in_process`): the server's
+    # code (which returns its exit code) and its command's name.
+    InProcess = Callable[[list[str]], "tuple[Callable[[], int], str] | None"]
 
 SUPERVISE_POLL = 0.2  # how often a supervisor looks at its server
 LEASE_POLL = 1.0  # how often a supervisor reads the lease
@@ -136,11 +136,10 @@ def exited(server: subprocess.Popen[bytes] | ForkedProcess, within: float) -> in
     return code
 
 
-def fork_server(argv: list[str], env: dict[str, str], run: Callable[[], int], cwd: str,
-                name: str = "") -> ForkedProcess:
+def fork_server(argv: list[str], run: Callable[[], int], cwd: str, name: str = "") -> ForkedProcess:
     """Run a server's code (`run`) in a fork of this supervisor, as `Popen(argv, cwd=cwd,
-    stdin=DEVNULL, close_fds=True, preexec_fn=die_with_parent)` with `env` added to its variables
-    would run it in a python of its own, without that python's start: the interpreter's start and
+    stdin=DEVNULL, close_fds=True, preexec_fn=die_with_parent)` would run it in a python of its
+    own, without that python's start: the interpreter's start and
     the launcher's imports were 70-85 ms of CPU per task, a fifth of a host's `up` on the lab's
     shared cores (and of a TensorFlow server's start, before its import of TensorFlow, which it
     does in the fork as it would have in its own python). The supervisor has no thread to lose.
@@ -169,7 +168,6 @@ def fork_server(argv: list[str], env: dict[str, str], run: Callable[[], int], cw
                         comm.write(name[:15])
                 except OSError:
                     pass
-            os.environ.update(env)
             # A server's python ran with PYTHONUNBUFFERED (protocol's task environment): its lines
             # reach the log as they are written.
             sys.stdout = open(1, "w", buffering=1, closefd=False)
@@ -242,8 +240,8 @@ class Supervisor:
         argv = expand_home(self.task.argv)
         forked = self.in_process(argv) if self.in_process is not None else None
         if forked is not None:
-            env, run, command = forked
-            self.server = fork_server(argv, env, run, cwd=self.dir, name=f"{command} {self.name}")
+            run, command = forked
+            self.server = fork_server(argv, run, cwd=self.dir, name=f"{command} {self.name}")
         else:
             # Imported here only: a server forked from its supervisor never needs it, and its
             # import (selectors, threading) was 7 ms of every launcher command's start.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, assert_one_line_error, dtf, leftovers, pids_alive
+from helpers import EXAMPLES, assert_one_line_error, dtf, leftovers, pids_alive, server_process
 
 BARE_PYTHON = "/usr/bin/python3"  # Debian's python: no TensorFlow, no pip packages
 
@@ -110,7 +110,7 @@ def test_managed_hosts_build_copy_rebuild_train_reuse_purge(lab, write_inventory
     marker = json.loads((env[0] / ".dtf-env.json").read_text())
     assert "tensorflow-cpu==2.21.0" in marker["requirements"] and "tf-keras==2.21.0" in marker["requirements"]
     assert not any(p.startswith("tensorflow==") for p in marker["requirements"])  # one TensorFlow only
-    serving = [cmd for _, cmd in lab.processes("h0") if " serve " in cmd]
+    serving = [cmd for pid, cmd in lab.processes("h0") if server_process(pid, cmd, "serve")]
     assert serving and all(cmd.startswith(str(env[0] / "bin" / "python")) for cmd in serving)
 
     r = dtf("train", "--output", str(tmp_path / "loop"), str(EXAMPLES / "custom_loop.py"), "--epochs", "1",
