@@ -44,11 +44,12 @@ import time
 # modules only some commands use are imported by those commands, not by all of them.
 from dtf_server import layout
 from dtf_server.procs import (
-    close_inherited,
     die_with_parent,
     exit_reason,
+    leave,
     log_line,
     lookup_host,
+    name_process,
     nvidia_gpus,
     ours,
     platform_info,
@@ -57,6 +58,7 @@ from dtf_server.procs import (
     proc_start_ticks,
     read_json,
     server_record,
+    settle_child,
     tail,
     tf_version,
     write_json,
@@ -204,15 +206,6 @@ def _record_supervisor(tdir: str, task: TaskSpec, pid: int) -> None:
                 "index": task.index, "port": task.port, "started": time.time()})
 
 
-def _leave(code: int) -> NoReturn:
-    """A supervisor's end, gone as soon as its server is (`down` waits for both): its log flushed,
-    nothing else to finish; the interpreter's own shutdown took 10-20 ms more."""
-    with contextlib.suppress(BaseException):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
-
-
 def _which(command: str) -> str | None:
     """The file the PATH gives for `command`, as exec finds it (shutil's `which`: its import, of
     bz2 and lzma, is a cost of every launcher's start)."""
@@ -281,15 +274,10 @@ def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: 
             if bound:
                 die_with_parent(signal.SIGTERM)
                 if os.getppid() != parent:  # it died before that took
-                    _leave(0)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
+                    leave(0)
             os.dup2(log, 1)
             os.dup2(log, 2)
-            close_inherited()  # the SSH session's pipes above all: it must end without us
-            os.chdir(tdir)
-            with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
-                comm.write(f"dtf {task.name}"[:15])
+            settle_child(tdir, f"dtf {task.name}")
             os.environ.clear()
             os.environ.update(env)
             code = Supervisor(root, task, limit, backoff, in_process=in_process).run()
@@ -298,10 +286,10 @@ def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: 
 
             traceback.print_exc()
         finally:
-            _leave(code)
+            leave(code)
     os.close(log)
     _record_supervisor(tdir, task, pid)
-    return ForkedProcess(pid, [])
+    return ForkedProcess(pid)
 
 
 def spawn_supervisor(root: str, task: TaskSpec, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -560,7 +548,7 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
 
     while len(settled) < len(targets):
         now = time.monotonic()
-        flying = {target for _, target in flight.values()}
+        flying = {target for _, target in flight.values()}  # (and those this pass leaves in flight)
         for target in targets:
             if (target in settled or target in flying or next_try[target] > now
                     or len(flight) >= REACH_AT_ONCE):
@@ -577,6 +565,7 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
             code = connect(sock, address)
             if code == errno.EINPROGRESS:
                 flight[sock.fileno()] = (sock, target)
+                flying.add(target)
                 poller.register(sock.fileno(), select.POLLOUT)
             else:
                 sock.close()
@@ -585,7 +574,6 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
             break
         wake = deadline  # the next try due (one waits for a connection to end where REACH_AT_ONCE are open)
         if len(flight) < REACH_AT_ONCE:
-            flying = {target for _, target in flight.values()}
             wake = min([next_try[t] for t in targets if t not in settled and t not in flying] + [deadline])
         for fd, _ in poller.poll(max(0, int(-(-(wake - time.monotonic()) * 1000 // 1)))):
             sock, target = flight.pop(fd)
@@ -1009,8 +997,7 @@ def keep() -> None:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
-        comm.write("dtf step")
+    name_process("dtf step")
     while True:
         try:
             os.wait()  # (a signal's EINTR is retried by Python itself: PEP 475)

@@ -22,14 +22,15 @@ import time
 
 from dtf_server import layout
 from dtf_server.procs import (
-    close_inherited,
     die_with_parent,
     exit_reason,
     expand_home,
+    leave,
     log_line,
     ours,
     proc_start_ticks,
     read_json,
+    settle_child,
     write_json,
 )
 from dtf_server.protocol import Defaults, Lease, TaskSpec, asdict
@@ -96,8 +97,8 @@ class ForkedProcess:
     supervisor from `start`), with what they use of Popen's API: pid, returncode, poll, wait
     (without a timeout: see exited), send_signal, terminate, kill."""
 
-    def __init__(self, pid: int, argv: list[str]) -> None:
-        self.pid, self.args = pid, argv
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -108,10 +109,9 @@ class ForkedProcess:
         return self.returncode
 
     def wait(self) -> int:
-        pid, status = os.waitpid(self.pid, 0) if self.returncode is None else (0, 0)
-        if pid == self.pid:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
             self.returncode = os.waitstatus_to_exitcode(status)
-        assert self.returncode is not None
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -136,7 +136,7 @@ def exited(server: subprocess.Popen[bytes] | ForkedProcess, within: float) -> in
     return code
 
 
-def fork_server(argv: list[str], run: Callable[[], int], cwd: str, name: str = "") -> ForkedProcess:
+def fork_server(argv: list[str], run: Callable[[], int], cwd: str, name: str) -> ForkedProcess:
     """Run a server's code (`run`) in a fork of this supervisor, as `Popen(argv, cwd=cwd,
     stdin=DEVNULL, close_fds=True, preexec_fn=die_with_parent)` would run it in a python of its
     own, without that python's start: the interpreter's start and
@@ -145,7 +145,8 @@ def fork_server(argv: list[str], run: Callable[[], int], cwd: str, name: str = "
     does in the fork as it would have in its own python). The supervisor has no thread to lose.
 
     Its command line stays its supervisor's (the launcher's `start`); `name` is what `ps -e` and
-    top call it (its comm: "serve worker:3", "fake ps:0"), as the supervisor is "dtf worker:3"."""
+    top call it (its comm: "serve worker:3", "fake ps:0"), as the supervisor is "dtf worker:3";
+    `argv` is what its sys.argv says, as python's would (the launcher's path and the command)."""
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
@@ -155,19 +156,10 @@ def fork_server(argv: list[str], run: Callable[[], int], cwd: str, name: str = "
         try:
             die_with_parent()
             if os.getppid() != parent:  # it died before that took
-                os._exit(70)
+                leave(70)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            close_inherited()
-            os.chdir(cwd)
-            if name:
-                try:
-                    with open("/proc/self/comm", "w") as comm:
-                        comm.write(name[:15])
-                except OSError:
-                    pass
+            settle_child(cwd, name)
             # A server's python ran with PYTHONUNBUFFERED (protocol's task environment): its lines
             # reach the log as they are written.
             sys.stdout = open(1, "w", buffering=1, closefd=False)
@@ -187,19 +179,16 @@ def fork_server(argv: list[str], run: Callable[[], int], cwd: str, name: str = "
             elif not isinstance(code, int):
                 print(code, file=sys.stderr)
                 code = 1
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code & 0xFF)
-    return ForkedProcess(pid, argv)
+            leave(code & 0xFF)
+    return ForkedProcess(pid)
 
 
 class Supervisor:
     """Keeps one task's server running; see the module's docstring for the policy.
 
     `in_process(argv)`: where the server's command can run in a fork of this supervisor instead
-    of a new process (`fork_server`), what to set and run there; None: it cannot."""
+    of a new process (`fork_server`), the code to run there and its command's name; None: it
+    cannot."""
 
     def __init__(self, root: str, task: TaskSpec, limit: int, backoff: float,
                  in_process: InProcess | None = None) -> None:

@@ -133,7 +133,7 @@ def _forked(tmp_path: Path, run) -> tuple[int, str]:  # type: ignore[no-untyped-
         os.dup2(f.fileno(), 1)
         os.dup2(f.fileno(), 2)
         try:
-            server = fork_server(["python", "launcher", "fake"], run, str(tmp_path))
+            server = fork_server(["python", "launcher", "fake"], run, str(tmp_path), "fake ps:0")
         finally:
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
@@ -179,7 +179,7 @@ def test_a_forked_server_killed_is_seen_killed(tmp_path: Path):
 
     from dtf_server.supervisor import exited, fork_server
 
-    server = fork_server(["python", "launcher", "fake"], lambda: time.sleep(60) or 0, str(tmp_path))
+    server = fork_server(["python", "launcher", "fake"], lambda: time.sleep(60) or 0, str(tmp_path), "fake ps:0")
     assert exited(server, 0.2) is None
     server.terminate()  # SIGTERM's default action: the supervisor's handler is not the server's
     assert exited(server, 30) == -signal.SIGTERM
