@@ -33,16 +33,14 @@ SPEC is a protocol.TaskSpec as JSON: the task and the exact command its supervis
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import os
-import signal
 import sys
 import time
 
 # Each command is a python start of its own (on the lab, `status` on every host is one): the
 # modules only some commands use are imported by those commands, not by all of them.
 from dtf_server import layout
+from dtf_server.options import Namespace, Parser
 from dtf_server.procs import (
     die_with_parent,
     exit_reason,
@@ -93,10 +91,13 @@ from dtf_server.supervisor import ForkedProcess, Supervisor, read_lease, renew, 
 
 TYPE_CHECKING = False  # (typing's, without its import: see dtf_server.protocol)
 if TYPE_CHECKING:
-    import socket
+    import _socket
+    import signal
     import subprocess
     from collections.abc import Callable
-    from typing import Any, NoReturn
+    from typing import Any
+else:  # signal's functions and numbers, without its enums (`import signal` imports enum: see jsontext)
+    import _signal as signal
 
 READY_POLL = 0.05
 # A start looks at its servers READY_FIRST_POLL apart for its first READY_FIRST seconds: a server
@@ -125,7 +126,7 @@ def parse_name(text: str) -> tuple[str, int]:
     return job, int(index)
 
 
-def cmd_check(args: argparse.Namespace) -> CheckReply:
+def cmd_check(args: Namespace) -> CheckReply:
     client = os.environ.get("SSH_CONNECTION", "").split()
     machine, system, libc = platform_info()
     env_ready, wheels, free = None, [], -1
@@ -152,35 +153,35 @@ def check_passes(check: CheckReply, tensorflow: str, fresh: bool, gpus: int = 0)
             and not (gpus and check.gpus is not None and check.gpus < gpus))
 
 
-def cmd_check_start(args: argparse.Namespace) -> StartReply | None:
+def cmd_check_start(args: Namespace) -> StartReply | None:
     """`up`'s check and start in one launcher call (one python start, one round trip): print the
     CheckReply; if the host passes it (its TensorFlow is `--tensorflow`, the ports are free, with
     `--fresh` no task of this cluster runs there, and it has the `--gpus` it is given), start the
     servers and answer their StartReply (the last line, as every command's reply)."""
-    check = cmd_check(argparse.Namespace(dir=args.dir, port=args.port, env=None, wheels=None))
+    check = cmd_check(Namespace(dir=args.dir, port=args.port, env=None, wheels=None))
     print(encode(check), flush=True)
     if not check_passes(check, args.tensorflow, args.fresh, args.gpus):
         return None
     return cmd_start(args)
 
 
-def cmd_env(args: argparse.Namespace) -> EnvReply:
+def cmd_env(args: Namespace) -> EnvReply:
     from dtf_server import envs
     return envs.build(args.env, args.wheels, args.uv, args.requirements)
 
 
-def cmd_serve_wheels(args: argparse.Namespace) -> ServeReply:
+def cmd_serve_wheels(args: Namespace) -> ServeReply:
     from dtf_server import envs
     return envs.serve(args.dir, args.port, args.file, args.idle, args.limit)
 
 
-def cmd_fetch_wheels(args: argparse.Namespace) -> FetchReply:
+def cmd_fetch_wheels(args: Namespace) -> FetchReply:
     from dtf_server import envs
     files = [tuple(f.rsplit(":", 1)) for f in args.file]
     return envs.fetch(args.source, args.dir, [(n, h) for n, h in files], args.wait, args.timeout)
 
 
-def cmd_purge(args: argparse.Namespace) -> PurgeReply:
+def cmd_purge(args: Namespace) -> PurgeReply:
     from dtf_server import envs
     workdir = args.workdir
     clusters = [n for n in os.listdir(workdir) if not n.startswith(".")] if os.path.isdir(workdir) else []
@@ -308,7 +309,7 @@ def spawn_supervisor(root: str, task: TaskSpec, argv: list[str], env: dict[str, 
     return proc
 
 
-def cmd_run(args: argparse.Namespace) -> StartReply:
+def cmd_run(args: Namespace) -> StartReply:
     """Collective mode: start one supervised program copy per task (see dtf_server.program); a
     task whose server or program still runs is refused. Waits only until each copy has started."""
     from dtf_server import program
@@ -374,7 +375,7 @@ def _foreground_in(tdir: str) -> None:
         os.setpgid(0, 0)
 
 
-def cmd_run_step(args: argparse.Namespace) -> None:
+def cmd_run_step(args: Namespace) -> None:
     """Slurm, collective mode: one task of the job step that runs every program copy (`srun
     --ntasks=N`), so the copies see Slurm's own step environment (SLURM_PROCID,
     SLURM_STEP_NODELIST...: SlurmClusterResolver reads it). The step's task SLURM_PROCID runs the
@@ -405,12 +406,12 @@ def cmd_run_step(args: argparse.Namespace) -> None:
     program.ProgramSupervisor(args.dir, task, launcher()).run()
 
 
-def cmd_supervise_program(args: argparse.Namespace) -> None:
+def cmd_supervise_program(args: Namespace) -> None:
     from dtf_server import program
     program.ProgramSupervisor(args.dir, TaskSpec.from_arg(args.task), launcher()).run()
 
 
-def cmd_follow(args: argparse.Namespace) -> None:
+def cmd_follow(args: Namespace) -> None:
     from dtf_server import program
     job, index = parse_name(args.task)
     program.follow(args.dir, job, index, args.beat)
@@ -433,7 +434,7 @@ class _Step:
         return None if ours(record) else 1
 
 
-def cmd_start(args: argparse.Namespace) -> StartReply:
+def cmd_start(args: Namespace) -> StartReply:
     env = dict(os.environ)
     env.update(kv.split("=", 1) for kv in args.env)
     os.makedirs(args.dir, exist_ok=True)
@@ -519,9 +520,9 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
     In one thread, every connection non-blocking and watched by poll(2): a thread per target was
     10 ms of a host's CPU for 29 targets against 2.4 ms so, and every host checks every other
     host's tasks (a 100-host `up` on the lab's shared cores: 99 targets on each of 100 hosts)."""
+    import _socket  # (see procs.port_open)
     import errno
     import select
-    import socket
 
     deadline = time.monotonic() + timeout
     pause = max(REACH_PAUSE, len(targets) / REACH_RATE)
@@ -529,7 +530,7 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
     reached: set[str] = set()
     settled: set[str] = set()  # reached, or not tried again
     next_try = dict.fromkeys(targets, 0.0)
-    flight: dict[int, tuple[socket.socket, str]] = {}
+    flight: dict[int, tuple[_socket.socket, str]] = {}
     poller = select.poll()
 
     def failed(target: str, reason: str) -> None:
@@ -555,9 +556,9 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
                 continue
             host, _, port = target.rpartition(":")
             try:
-                family, kind, proto, _, address = socket.getaddrinfo(
-                    lookup_host(host.strip("[]")), int(port), type=socket.SOCK_STREAM)[0]
-                sock = socket.socket(family, kind, proto)
+                family, kind, proto, _, address = _socket.getaddrinfo(
+                    lookup_host(host.strip("[]")), int(port), 0, _socket.SOCK_STREAM)[0]
+                sock = _socket.socket(family, kind, proto)
             except (OSError, ValueError) as e:
                 failed(target, getattr(e, "strerror", None) or str(e))
                 continue
@@ -578,7 +579,7 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
         for fd, _ in poller.poll(max(0, int(-(-(wake - time.monotonic()) * 1000 // 1)))):
             sock, target = flight.pop(fd)
             poller.unregister(fd)
-            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            code = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR)
             sock.close()
             settle(target, code)
     for sock, _ in flight.values():
@@ -586,18 +587,18 @@ def reach(targets: list[str], timeout: float, again: bool = False) -> dict[str, 
     return {t: why.get(t) or f"no answer within {timeout:g}s" for t in targets if t not in reached}
 
 
-def connect(sock: socket.socket, address: Any) -> int:
+def connect(sock: _socket.socket, address: Any) -> int:
     """Begin a non-blocking connect: 0 (connected), EINPROGRESS, or why not (an errno)."""
     return sock.connect_ex(address)
 
 
-def cmd_serve(args: argparse.Namespace) -> None:
+def cmd_serve(args: Namespace) -> None:
     from dtf_server.tfserve import serve
 
     serve(args.job, args.index, args.port, args.ready, full=args.full)
 
 
-def cmd_fake(args: argparse.Namespace) -> None:
+def cmd_fake(args: Namespace) -> None:
     from dtf_server.fake import serve
 
     serve(args.job, args.index, args.port, args.ready, ready_delay=args.ready_delay,
@@ -627,12 +628,12 @@ def task_status(root: str, job: str, index: int) -> TaskStatus:
         restarts=sup.get("restarts", 0), last_exit=sup.get("last_exit"), reason=reason)
 
 
-def cmd_status(args: argparse.Namespace) -> StatusReply:
+def cmd_status(args: Namespace) -> StatusReply:
     lease = renew(args.dir, None) if args.renew else read_lease(args.dir)
     return StatusReply(tasks={t: task_status(args.dir, *parse_name(t)) for t in args.task}, lease=lease)
 
 
-def cmd_top(args: argparse.Namespace) -> None:
+def cmd_top(args: Namespace) -> None:
     """Print one TopSample line every `--interval` seconds until stdout's reader is gone (EPIPE:
     `dtf top` quit, or its SSH connection closed), the cluster's directory is gone, or `--for`
     seconds passed. It never renews the
@@ -667,11 +668,11 @@ def cmd_top(args: argparse.Namespace) -> None:
         time.sleep(max(0.0, min(args.interval - (sample.clock() - now), end - now)))
 
 
-def cmd_renew(args: argparse.Namespace) -> RenewReply:
+def cmd_renew(args: Namespace) -> RenewReply:
     return RenewReply(lease=renew(args.dir, args.ttl))
 
 
-def cmd_stop(args: argparse.Namespace) -> StopReply:
+def cmd_stop(args: Namespace) -> StopReply:
     # Per running task: its process group (the supervisor's pid) and the processes to see gone,
     # supervisor and server.
     groups: dict[str, tuple[int, list[dict[str, Any]]]] = {}
@@ -713,11 +714,11 @@ def cmd_stop(args: argparse.Namespace) -> StopReply:
                for t in args.task}
     cleaned = None
     if args.clean and all(s.gone for s in stopped.values()):
-        cleaned = cmd_clean(argparse.Namespace(dir=args.dir, keep_logs=args.keep_logs, if_unused=False))
+        cleaned = cmd_clean(Namespace(dir=args.dir, keep_logs=args.keep_logs, if_unused=False))
     return StopReply(tasks=stopped, cleaned=cleaned)
 
 
-def cmd_reach(args: argparse.Namespace) -> ReachReply:
+def cmd_reach(args: Namespace) -> ReachReply:
     """Open a TCP connection to each target (in parallel), each within --timeout seconds."""
     unreachable = reach(args.to, args.timeout)
     if args.dir:
@@ -725,7 +726,7 @@ def cmd_reach(args: argparse.Namespace) -> ReachReply:
     return ReachReply(unreachable=unreachable)
 
 
-def cmd_fence(args: argparse.Namespace) -> FenceReply:
+def cmd_fence(args: Namespace) -> FenceReply:
     from dtf_server import fence
     if args.remove:
         return fence.remove(args.dir)
@@ -737,18 +738,21 @@ def cmd_fence(args: argparse.Namespace) -> FenceReply:
     return fence.apply(args.dir, args.port, allow)
 
 
-def cmd_clean(args: argparse.Namespace) -> CleanReply:
-    import shutil
-
-    from dtf_server import fence
+def cmd_clean(args: Namespace) -> CleanReply:
+    """What `down` ends with on every host (`stop --clean`): fence and shutil (with re, through
+    fnmatch) are imported only where there is a fence to remove or a directory to remove whole,
+    which most clusters never have (their imports were 20 ms of a host's `down`)."""
     removed: list[str] = []
     if not os.path.isdir(args.dir):
         return CleanReply(removed=removed)
     if args.if_unused and running_tasks(args.dir):
         return CleanReply(removed=removed, in_use=True)  # another dtf's tasks live here: not ours
-    fenced = fence.remove(args.dir)  # the firewall rules first: they outlive no cluster
-    if fenced.error:
-        raise SystemExit(f"cannot remove the TF ports' firewall rules: {fenced.error}")
+    if os.path.exists(os.path.join(args.dir, layout.FENCE)):  # the firewall rules first: they outlive no cluster
+        from dtf_server import fence
+
+        fenced = fence.remove(args.dir)
+        if fenced.error:
+            raise SystemExit(f"cannot remove the TF ports' firewall rules: {fenced.error}")
     for name in sorted(os.listdir(args.dir)):
         path = os.path.join(args.dir, name)
         if os.path.isdir(path) and not os.path.islink(path) and name != "__pycache__":
@@ -759,7 +763,7 @@ def cmd_clean(args: argparse.Namespace) -> CleanReply:
                     continue
                 target = os.path.join(path, entry)
                 if os.path.isdir(target) and not os.path.islink(target):
-                    shutil.rmtree(target)  # written by the server (a relative path in a program)
+                    _rmtree(target)  # written by the server (a relative path in a program)
                 else:
                     os.unlink(target)
                 removed.append(target)
@@ -769,13 +773,20 @@ def cmd_clean(args: argparse.Namespace) -> CleanReply:
               or ".tmp-" in name):
             os.unlink(path)  # every launcher version (and dtf's package), and uploads that never completed
             removed.append(path)
-    shutil.rmtree(os.path.join(args.dir, "__pycache__"), ignore_errors=True)
+    if os.path.isdir(pycache := os.path.join(args.dir, "__pycache__")):
+        _rmtree(pycache, ignore_errors=True)
     if not os.listdir(args.dir):
         os.rmdir(args.dir)
     return CleanReply(removed=removed)
 
 
-def cmd_sync(args: argparse.Namespace) -> SyncReply:
+def _rmtree(path: str, ignore_errors: bool = False) -> None:
+    import shutil  # (see cmd_clean)
+
+    shutil.rmtree(path, ignore_errors=ignore_errors)
+
+
+def cmd_sync(args: Namespace) -> SyncReply:
     """A synced tree: is WORKDIR/.cache/sync/HASH there (`--free-port`: and a port free here);
     with --receive, make it from stdin, or from another host's relay (`--from ADDR:PORT`), and
     pass it on to `--children` hosts as it arrives (`--serve PORT`: see dtf_server.receive)."""
@@ -796,8 +807,10 @@ def cmd_sync(args: argparse.Namespace) -> SyncReply:
         source = receive.connect(args.source, token, wait=wait) if args.source else sys.stdin.buffer
         if relay is not None:
             relay.accept(wait=wait)
-        with contextlib.closing(source):
+        try:
             received = receive.receive(args.dir, args.hash, source, relay.write if relay is not None else None)
+        finally:
+            source.close()
         complete = True
     except receive.ReceiveError as e:
         raise SystemExit(f"sync: {e}")
@@ -807,38 +820,10 @@ def cmd_sync(args: argparse.Namespace) -> SyncReply:
     return SyncReply(present=True, received=received, passed=relay.passed if relay is not None else 0)
 
 
-class _Formatter(argparse.HelpFormatter):
-    """argparse's, at a fixed width: its own asks shutil for the terminal's (`import shutil`,
-    with bz2 and lzma, 3 ms of every launcher call: each add_argument makes a formatter)."""
-
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, width=100)
-
-
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**{"formatter_class": _Formatter, **kwargs})
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")  # not 2: see protocol.EXIT_NO_LAUNCHER
-
-
-class _Skipped:
-    """Stands in for the parser of a command that is not run (see `parser`)."""
-
-    def add_argument(self, *args: object, **kwargs: object) -> None:
-        pass
-
-
-def parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The launcher's parser: every command's, or only `command`'s. Building all 23 subparsers
-    took 28 ms of every launcher call, a third of a `stop` (the usage of a bad call names them all)."""
-    p = _Parser(prog="launcher")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    def add(name: str) -> Any:
-        return sub.add_parser(name) if command in (None, name) else _Skipped()
+def parser() -> Parser:
+    """The launcher's parser: every command's options (dtf_server.options)."""
+    p = Parser("launcher", EXIT_USAGE, __doc__)  # (not 2: see protocol.EXIT_NO_LAUNCHER)
+    add = p.add_parser
 
     c = add("check")
     c.add_argument("--dir")
@@ -973,7 +958,7 @@ COMMANDS: dict[str, Any] = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
+    args = parser().parse_args(argv)
     for attr in ("dir", "ready", "env", "wheels", "uv", "requirements", "workdir"):
         if isinstance(getattr(args, attr, None), str):  # (start's --env is a list of variables)
             setattr(args, attr, os.path.expanduser(getattr(args, attr)))

@@ -6,15 +6,18 @@ dtf started it: dtf never kills a process it did not start, even after pid reuse
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
 import time
 
+from dtf_server.jsontext import dumps, loads
+
 TYPE_CHECKING = False  # (typing's, without its import: see dtf_server.protocol)
 if TYPE_CHECKING:
+    import signal
     from typing import Any, NoReturn
+else:  # signal's functions and numbers, without its enums (`import signal` imports enum: see jsontext)
+    import _signal as signal
 
 
 def proc_start_ticks(pid: int) -> int | None:
@@ -34,7 +37,7 @@ def proc_start_ticks(pid: int) -> int | None:
 def read_json(path: str) -> dict[str, Any] | None:
     try:
         with open(path) as f:
-            data = json.load(f)
+            data = loads(f.read())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -43,7 +46,7 @@ def read_json(path: str) -> dict[str, Any] | None:
 def write_json(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(data, f)
+        f.write(dumps(data))
     os.replace(tmp, path)  # atomic: a reader never sees half a file
 
 
@@ -62,11 +65,11 @@ def server_record(sup: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def port_busy(port: int) -> bool:
-    import socket  # here: a supervisor, `stop` and `status` never need it
+    import _socket  # here: a supervisor, `stop` and `status` never need it (_socket: see port_open)
 
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     # Like gRPC: SO_REUSEADDR, so a port left in TIME_WAIT by a stopped server counts as free.
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
     try:
         s.bind(("0.0.0.0", port))  # TF servers always listen on 0.0.0.0 (FACTS.md)
         return False
@@ -77,20 +80,27 @@ def port_busy(port: int) -> bool:
 
 
 def lookup_host(host: str) -> str | bytes:
-    """`host` for socket.getaddrinfo (create_connection): as bytes where it is ASCII (which the
+    """`host` for getaddrinfo: as bytes where it is ASCII (which the
     standard library takes, where typeshed says str only). Given a str, getaddrinfo encodes it with
     the idna codec, whose import (stringprep, unicodedata) is 8 ms of a launcher's start."""
     return host.encode() if host.isascii() else host
 
 
 def port_open(port: int, timeout: float = 0.5) -> bool:
-    import socket
+    """Whether a connection to this host's `port` (127.0.0.1) is accepted within `timeout`.
+    `_socket`, the socket module's own sockets: `import socket` imports enum and selectors
+    (5 ms of a launcher command; see dtf_server.jsontext)."""
+    import _socket
 
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
-        with socket.create_connection((lookup_host("127.0.0.1"), port), timeout=timeout):  # type: ignore[arg-type]
-            return True
+        s.settimeout(timeout)
+        s.connect(("127.0.0.1", port))
+        return True
     except OSError:
         return False
+    finally:
+        s.close()
 
 
 def tail(path: str, lines: int = 20) -> list[str]:
@@ -165,8 +175,10 @@ def close_inherited() -> None:
 def exit_reason(code: int) -> str:
     """What a Popen returncode means, in words."""
     if code < 0:
+        from signal import Signals  # (its names only here: a process that died of one)
+
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            return f"killed by {Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"

@@ -11,7 +11,7 @@ Standard library only: this module ships to hosts.
 
 from __future__ import annotations
 
-import json
+from dtf_server.jsontext import dumps, loads
 
 # typing is for the type checker alone (TYPE_CHECKING is false at run time, as typing's own): every
 # launcher command imports this module, and `import typing` was 5 ms of each command's python start.
@@ -186,11 +186,11 @@ class TaskSpec:
         return f"{self.job}:{self.index}"
 
     def to_arg(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return dumps(asdict(self), compact=True)
 
     @classmethod
     def from_arg(cls, text: str) -> TaskSpec:
-        data = json.loads(text)
+        data = loads(text)
         return cls(job=str(data["job"]), index=int(data["index"]), port=int(data["port"]),
                    argv=[str(a) for a in data["argv"]])
 
@@ -403,7 +403,7 @@ if TYPE_CHECKING:
 
 
 def encode(reply: Reply) -> str:
-    return json.dumps({"protocol": PROTOCOL, **asdict(reply)})
+    return dumps({"protocol": PROTOCOL, **asdict(reply)})
 
 
 def _lease(data: Any) -> Lease | None:
@@ -418,7 +418,7 @@ def decode(kind: type[R], text: str) -> R:
     lines = text.strip().splitlines()
     if not lines:
         raise ValueError("no reply")
-    data = json.loads(lines[-1])
+    data = loads(lines[-1])
     if not isinstance(data, dict):
         raise ValueError(f"not a reply: {lines[-1][:200]}")
     if data.get("protocol") != PROTOCOL:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import fcntl
 import os
 import select
-import signal
 import sys
 import time
 
@@ -37,6 +36,7 @@ from dtf_server.protocol import Defaults, Lease, TaskSpec, asdict
 
 TYPE_CHECKING = False  # (typing's, without its import: see dtf_server.protocol)
 if TYPE_CHECKING:
+    import signal
     import subprocess
     from collections.abc import Callable
     from types import FrameType
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     # Where a server can run in a fork of its supervisor (Supervisor's `in_process`): the server's
     # code (which returns its exit code) and its command's name.
     InProcess = Callable[[list[str]], "tuple[Callable[[], int], str] | None"]
+else:  # signal's functions and numbers, without its enums (`import signal` imports enum: see jsontext)
+    import _signal as signal
 
 SUPERVISE_POLL = 0.2  # how often a supervisor looks at its server
 LEASE_POLL = 1.0  # how often a supervisor reads the lease

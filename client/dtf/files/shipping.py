@@ -71,7 +71,7 @@ def launcher_bytes() -> bytes:
     finds the file already there takes that file's bytes, never replaces it: otherwise a `dtf up`
     and a test (or two dtf commands) started at once on a new dtf each named another launcher."""
     server = _sources(PACKAGE)
-    return _cached(server, ".pyz", lambda: _build(server))
+    return _cached(server + [("__main__.py", _MAIN.encode())], ".pyz", lambda: _build(server))
 
 
 @functools.cache
@@ -86,7 +86,8 @@ def helpers_bytes() -> bytes:
 
 def _cached(sources: list[tuple[str, bytes]], suffix: str, build: Callable[[], bytes]) -> bytes:
     """What `build` makes of `sources`, from the laptop's cache when a build of the same sources
-    (and bytecode version) is there (see launcher_bytes), else built and put there."""
+    (and bytecode version) is there (see launcher_bytes), else built and put there. `sources` is
+    all the build puts in (the launcher's: its __main__ too, which lives in this file)."""
     key = hashlib.sha256(importlib.util.MAGIC_NUMBER)
     for name, data in sorted(sources):
         key.update(f"{name}\0{len(data)}\0".encode() + data)
