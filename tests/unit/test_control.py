@@ -72,14 +72,14 @@ def test_an_unused_master_stays_for_the_lease():
 
 def boot(tmp_path: Path, data: bytes, *args: str, size: int | None = None) -> Conversation:
     """put_and_converse's command on this machine: what the host's shell runs, ssh left out."""
-    import shlex
     import sys
 
     from dtf.hosts.control import _BOOT
+    from dtf.hosts.shell import render
 
-    d = tmp_path / "root"
+    d = tmp_path / "root" / "below"  # (made by the boot itself)
     argv = [sys.executable, "-c", _BOOT, str(len(data) if size is None else size), f"{d}/app.pyz", f"{d}/.app.tmp", *args]
-    return Conversation(["sh", "-c", f"mkdir -p {shlex.quote(str(d))} && exec {shlex.join(argv)}"], data)
+    return Conversation(["sh", "-c", render(argv)], data)
 
 
 def test_the_upload_a_conversation_begins_with_is_read_to_its_last_byte_and_stdin_stays_the_commands(
@@ -108,8 +108,8 @@ def test_the_upload_a_conversation_begins_with_is_read_to_its_last_byte_and_stdi
     assert conv.readline(30) == "said go"
     r = conv.finish(30)
     assert (r.exit_code, r.stdout) == (0, "")
-    assert (tmp_path / "root" / "app.pyz").read_bytes() == data
-    assert sorted(p.name for p in (tmp_path / "root").iterdir()) == ["app.pyz"]
+    assert (tmp_path / "root" / "below" / "app.pyz").read_bytes() == data
+    assert sorted(p.name for p in (tmp_path / "root" / "below").iterdir()) == ["app.pyz"]
 
     short = boot(tmp_path, data[:100], size=len(data))  # the laptop went before it had sent it all
     r = short.finish(30)

@@ -48,7 +48,9 @@ from dtf.hosts.transport import (
 from dtf.hosts.tunnel import Master, MasterFailed, _parallel
 
 # put_and_converse's python on the host: read the upload from stdin to its last byte (the rest of
-# stdin is the command's), write it under a temporary name and rename it, then run it as `python
+# stdin is the command's), write it under a temporary name in its directory (made here: a `sh -c
+# 'mkdir -p DIR && exec python ...'` was a shell and a mkdir more on every host), rename it, then
+# run it as `python
 # PATH ARGS` runs a zipapp (the launcher): PATH first on sys.path (in place of `-c`'s current
 # directory, whose modules must not shadow the launcher's, nor TensorFlow's in the servers it
 # forks), its __main__ run as __main__. Not runpy.run_path: its imports (runpy, pkgutil) were 20 ms
@@ -63,6 +65,7 @@ while len(data) < size:
         sys.exit("the upload ended early")
     data += chunk
 try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
@@ -253,8 +256,7 @@ class ControlTransport(SSHTransport):
         to the end of stdin), writes it atomically, then runs it as `python FILE ARGS` would: argv
         is [python, remote_dir/filename, ARGS]."""
         path, tmp = f"{remote_dir}/{filename}", f"{remote_dir}/{temporary_name(filename)}"
-        boot = render([argv[0], "-c", _BOOT, str(len(data)), path, tmp, *argv[2:]])
-        return self.converse(["sh", "-c", f"mkdir -p {quote_arg(remote_dir)} && exec {boot}"], data)
+        return self.converse([argv[0], "-c", _BOOT, str(len(data)), path, tmp, *argv[2:]], data)
 
     def converse(self, argv: Sequence[str], data: bytes) -> Conversation:
         """argv over the master, `data` on its stdin, its output read a line at a time as it comes."""
