@@ -8,6 +8,8 @@ each), which then overlap the CLI's loading:
   (dtf.hosts.spawn); each master `up` then asks for takes its ssh over when it would run the same,
   and one no `up` took is closed on the way out. What this `up` started is remembered then, for
   the next.
+- `dtf up` of an inventory of hosts reads their ssh_config settings (`ssh -G`, for the plan's
+  addresses) in a thread as soon as the inventory is read (dtf.hosts.openssh.begin_prefetch).
 - `dtf up` of a Slurm inventory also opens the login host's master in a thread as soon as the
   inventory is read (dtf.hostops.slurm.HeadStart), for the first `up` of the file; `up` takes it
   over once it has read its arguments as the CLI reads them (HeadStart.take: the same inventory,
@@ -104,7 +106,10 @@ def _begin_early(path: str, timeout: float | None, ttl: float | None) -> None:
         inv = load(path)
     except Exception:  # the CLI loads it again, and says what is wrong with it
         return
-    if inv.slurm is None:
+    if inv.slurm is None:  # the hosts' `ssh -G` (the plan's addresses) run while the CLI loads
+        from dtf.hosts.openssh import begin_prefetch
+
+        begin_prefetch(list(inv.hosts), inv.ssh_config)
         return
     from dtf.hostops.slurm import HeadStart
     from dtf.hosts.netutil import CONNECT_TIMEOUT

@@ -257,6 +257,42 @@ def test_an_ssh_inventorys_addresses_are_openssh_s_and_up_does_not_import_parami
     assert r.stdout.splitlines() == ["10.0.0.1:2222 10.0.0.2:2222 10.0.0.9:2222", "[[], ['hop']] []"]
 
 
+def test_up_reads_its_hosts_ssh_settings_while_the_cli_loads_and_once(tmp_path: Path):
+    """`dtf up` begins its hosts' `ssh -G` as soon as it has read the inventory (dtf.entry), in a
+    thread; the plan then takes what they said, waiting for those still running: one `ssh -G`
+    per host in all, however the two meet."""
+    if shutil.which("ssh") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no ssh (CI=true: `apt-get install openssh-client`: .ci/run does it)")
+        pytest.skip("needs OpenSSH's ssh")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("cluster: demo\nssh_config: cfg\nhosts:\n" + "".join(
+        f"  - {{host: h{i}, workers: 1}}\n" for i in range(12)) + "  - {host: x, address: 10.0.0.9, ps: 1}\n")
+    (tmp_path / "cfg").write_text("".join(f"Host h{i}\n  HostName 10.0.1.{i}\n" for i in range(12)))
+    code = textwrap.dedent(f"""
+        import subprocess, sys
+        from pathlib import Path
+        runs = []
+        popen = subprocess.Popen.__init__
+        def counted(self, argv, *a, **k):
+            if "-G" in argv and argv[-1] != "dtf-ssh-config-check":  # (that one checks the file itself)
+                runs.append(argv[-1])
+            popen(self, argv, *a, **k)
+        subprocess.Popen.__init__ = counted
+        from dtf import entry
+        entry.begin_early(["up", {str(inv)!r}])
+        from dtf.hostops.lifecycle import load_plan
+        plan = load_plan(Path({str(inv)!r}))
+        print(" ".join(t.address for t in plan.tasks()))
+        print(sorted(runs))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "10.0.0.9:2222 " + " ".join(f"10.0.1.{i}:2222" for i in range(12))
+    assert lines[1] == str(sorted(f"h{i}" for i in range(12)))
+
+
 def test_ci_asks_the_lab_for_network_namespaces_only():
     """Under CI a lab that could only fall back to loopback fails the run (its netns-only tests
     would skip); elsewhere the fallback is fine."""

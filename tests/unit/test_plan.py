@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -70,6 +71,10 @@ def test_commands_are_exact_argv():
 def test_plan_round_trips_through_json():
     p = plan()
     assert Plan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+    # to_dict is dataclasses.asdict's dict (without its deep copy), tuples and all.
+    for p in (plan(), plan(server="fake"), plan("cluster: g\nhosts:\n  - {host: a, gpus: [0, 1], workers: 2}\n")):
+        assert p.to_dict() == dataclasses.asdict(p)
+        assert repr(p.to_dict()) == repr(dataclasses.asdict(p))
 
 
 def test_local_hosts_default_to_this_python_and_loopback():
