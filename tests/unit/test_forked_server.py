@@ -205,3 +205,39 @@ def test_a_server_forked_from_a_launcher_without_site_has_the_sites_packages(tmp
     added, last = bare.stdout.strip().splitlines()
     assert last == "serve 0"
     assert all(p in added for p in json.loads(site.stdout.replace("'", '"'))), (added, site.stdout)
+
+
+def test_a_forked_server_dies_with_its_supervisor_however_it_dies(tmp_path: Path):
+    """PR_SET_PDEATHSIG, set through _ctypes (procs.die_with_parent: `import ctypes` was 4-8 ms
+    of every server's start): a supervisor killed with SIGKILL, which runs nothing of its own on
+    the way out, takes its server with it."""
+    code = ("import os, sys, time\n"
+            "sys.path.insert(0, sys.argv[1])\n"
+            "from dtf_server.supervisor import exited, fork_server\n"
+            "server = fork_server(['python', 'launcher', 'fake'], lambda: time.sleep(120) or 0, sys.argv[2], 'fake ps:0')\n"
+            "print(server.pid, flush=True)\n"
+            "time.sleep(120)\n")
+    supervisor = subprocess.Popen([sys.executable, "-c", code, str(_launcher(tmp_path)), str(tmp_path)],
+                                  stdout=subprocess.PIPE, text=True)
+    try:
+        assert supervisor.stdout is not None
+        server = int(supervisor.stdout.readline())
+        _wait(lambda: _proc(server, "comm").decode().strip() == "fake ps:0", "the server running")
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    _wait(lambda: not Path(f"/proc/{server}").exists()
+          or _proc(server, "stat").decode().rsplit(")", 1)[1].split()[0] == "Z", "gone with its supervisor")
+
+
+def test_die_with_parent_sets_the_parent_death_signal_without_ctypes():
+    code = ("import sys\n"
+            "from dtf_server.procs import die_with_parent\n"
+            "die_with_parent(15)\n"
+            "assert 'ctypes' not in sys.modules, 'ctypes imported'\n"
+            "import ctypes\n"
+            "value = ctypes.c_int(0)\n"
+            "ctypes.CDLL(None).prctl(2, ctypes.byref(value))\n"  # 2: PR_GET_PDEATHSIG
+            "print(value.value)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout.strip()) == (0, "15"), r.stderr
