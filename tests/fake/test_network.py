@@ -135,6 +135,64 @@ def h0_spec(site: LabSite) -> HostSpec:
                     ps_ports=(), worker_ports=())
 
 
+def test_a_command_asked_of_the_master_itself_is_what_ssh_s_own_mux_client_runs(site: LabSite, tmp_path: Path):
+    """dtf.hosts.mux: `up`'s launcher call asked of the host's master over its control socket, no
+    ssh process per host and command: the command's stdin (the data, then a line later), stdout
+    line by line, stderr and exit status are what `ssh -S PATH HOST COMMAND` gives; a session
+    ended here ends with -9; a socket that is no master is refused before anything runs."""
+    import socket
+    import threading
+
+    from dtf.hosts.mux import MuxProcess, MuxRefused
+    from dtf.hosts.shell import render
+    from dtf.hosts.transport import Conversation
+
+    master = h0_master(site)
+    master.start()
+    try:
+        command = render(["sh", "-c", 'head -c 5; echo; read line; echo "got $line"; echo "to stderr" >&2; exit 3'])
+
+        def talk(conv: Conversation) -> tuple[object, ...]:
+            first = conv.readline(30)
+            conv.send("go")
+            second = conv.readline(30)
+            r = conv.finish(30)
+            return first, second, r.exit_code, r.stdout, r.stderr
+
+        mux = Conversation([], b"hello", proc=MuxProcess(master.path, command))
+        assert len(ssh_processes()) == 1  # the master alone: no ssh for the command
+        assert talk(mux) == ("hello", "got go", 3, "", "to stderr\n")
+        # The same through ssh's own mux client.
+        ssh = [master.ssh, "-S", master.path, "-o", "ControlMaster=no", "h0", command]
+        assert talk(Conversation(ssh, b"hello")) == ("hello", "got go", 3, "", "to stderr\n")
+
+        ended = Conversation([], b"", proc=MuxProcess(master.path, render(["sleep", "60"])))
+        assert ended.readline(0.3) is None
+        t0 = time.monotonic()
+        ended.kill()
+        assert ended.proc.returncode == -9 and time.monotonic() - t0 < 10
+        assert master.alive()  # (the master carries on)
+
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other:  # a socket that is no master
+            other.bind(str(tmp_path / "not-a-master"))
+            other.listen(1)
+
+            def answer() -> None:
+                conn, _ = other.accept()
+                with conn:
+                    conn.sendall(b"\0\0\0\x08\0\0\0\x01\0\0\0\x03")  # a hello of version 3
+                    conn.recv(100)
+
+            threading.Thread(target=answer, daemon=True).start()
+            with pytest.raises(MuxRefused, match="another protocol"):
+                MuxProcess(str(tmp_path / "not-a-master"), "true")
+        with pytest.raises(MuxRefused):
+            MuxProcess(str(tmp_path / "nothing-there"), "true")
+    finally:
+        master.stop()
+    assert ssh_processes() == []
+
+
 def test_down_closes_a_master_a_killed_train_left(site: LabSite, tmp_path: Path):
     inv = site.inventory({"a": {"ps": 1, "workers": 1}})
     assert site.dtf("up", str(inv), "--network", "ssh").returncode == 0

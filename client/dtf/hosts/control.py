@@ -259,8 +259,16 @@ class ControlTransport(SSHTransport):
         return self.converse([argv[0], "-c", _BOOT, str(len(data)), path, tmp, *argv[2:]], data)
 
     def converse(self, argv: Sequence[str], data: bytes) -> Conversation:
-        """argv over the master, `data` on its stdin, its output read a line at a time as it comes."""
+        """argv over the master, `data` on its stdin, its output read a line at a time as it comes:
+        asked of the master itself (dtf.hosts.mux: no ssh process per host), or where it does not
+        take it, through ssh's own mux client."""
         self.open()
+        from dtf.hosts.mux import MuxProcess, MuxRefused
+
+        try:
+            return Conversation([], data, proc=MuxProcess(self.master.path, render(argv)))
+        except MuxRefused:
+            pass
         try:
             return Conversation(self.command() + [render(argv)], data)
         except OSError as e:

@@ -19,12 +19,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.netutil import CONNECT_TIMEOUT, port_open
 from dtf.hosts.openssh import ssh_argv, ssh_binary
 from dtf.hosts.shell import expand_local, render
+
+if TYPE_CHECKING:
+    from dtf.hosts.mux import MuxProcess
 
 COMMAND_TIMEOUT = 60.0
 FEED_CHUNK = 1 << 20  # bytes per write of `feed`
@@ -104,9 +107,11 @@ class Conversation:
     line can be sent to it later (`send`). `finish` closes its stdin and collects the rest.
     The data is written from a thread of its own, stderr drained by another: neither pipe fills."""
 
-    def __init__(self, argv: Sequence[str], data: bytes) -> None:
-        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+    def __init__(self, argv: Sequence[str], data: bytes, proc: MuxProcess | None = None) -> None:
+        # `proc`: the command already running as an SSH master's session (dtf.hosts.mux), not argv.
+        self.proc: subprocess.Popen[bytes] | MuxProcess = proc if proc is not None else subprocess.Popen(
+            list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True)
         stdin, stdout, stderr = self.proc.stdin, self.proc.stdout, self.proc.stderr
         assert stdin is not None and stdout is not None and stderr is not None
         self._stdin, self._stdout = stdin, stdout
@@ -155,8 +160,9 @@ class Conversation:
         for thread in self._threads:
             thread.join(5)
         code = self.proc.returncode if self.proc.returncode is not None else -9
+        refused = getattr(self.proc, "message", "")  # (a master that refused the session says why)
         return Result(code, "".join(f"{line}\n" for line in rest),
-                      b"".join(self._err).decode(errors="replace"))
+                      b"".join(self._err).decode(errors="replace") + (f"{refused}\n" if refused else ""))
 
     def kill(self) -> None:
         """End it (if it has not ended) and wait for it."""
