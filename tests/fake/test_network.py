@@ -166,6 +166,18 @@ def test_a_command_asked_of_the_master_itself_is_what_ssh_s_own_mux_client_runs(
         ssh = [master.ssh, "-S", master.path, "-o", "ControlMaster=no", "h0", command]
         assert talk(Conversation(ssh, b"hello")) == ("hello", "got go", 3, "", "to stderr\n")
 
+        # Output still on its way when the exit status comes (more than a pipe holds, none of it
+        # read yet): all of it arrives, the connection held until the master closes it.
+        lines = 20000
+        proc = MuxProcess(master.path, render(["sh", "-c", f"yes 0123456789abcdef | head -n {lines}"]))
+        many = Conversation([], b"", proc=proc)
+        wait_until(lambda: proc.status is not None, timeout=30)
+        assert proc.poll() is None  # (its output is not all out: the master holds the session)
+        got = 0
+        while many.readline(30) == "0123456789abcdef":
+            got += 1
+        assert got == lines and many.finish(30).exit_code == 0
+
         ended = Conversation([], b"", proc=MuxProcess(master.path, render(["sleep", "60"])))
         assert ended.readline(0.3) is None
         t0 = time.monotonic()

@@ -9,7 +9,9 @@ which every OpenSSH since 5.6 speaks), as ssh's own mux client does it (mux.c,
 mux_client_request_session): the hello, then MUX_C_NEW_SESSION with the command and no tty,
 then the three descriptors the session's stdin, stdout and stderr are (SCM_RIGHTS, one at a
 time), then MUX_S_SESSION_OPENED, and MUX_S_EXIT_MESSAGE with the command's exit status when it
-ends. The master runs the session as it runs ssh's.
+ends, and the master's closing of the control connection once the session's output is out (the
+connection is held open until then: closed early, the master drops what it has not written).
+The master runs the session as it runs ssh's.
 
 `MuxProcess` is what `Conversation` needs of a subprocess.Popen. A master that does not answer
 the hello as version 4 raises MuxRefused before anything ran: the caller runs the ssh command
@@ -84,6 +86,7 @@ class MuxProcess:
     def __init__(self, path: str, command: str) -> None:
         self.returncode: int | None = None
         self.message = ""  # why the master refused the session, if it did
+        self.status: int | None = None  # the exit status the master said (before the output is all out)
         self.pid = -1
         self._done = threading.Event()
         self._killed = False
@@ -120,7 +123,10 @@ class MuxProcess:
         threading.Thread(target=self._follow, daemon=True, name="dtf-mux").start()
 
     def _follow(self) -> None:
-        """The master's word on the session: opened (or refused), then its exit status."""
+        """The master's word on the session: opened (or refused), then its exit status, then the
+        connection's end. Closed here only once the master has closed it: it closes the session
+        with its control connection, and the command's last output may still be on its way to
+        the pipes after the exit status (ssh's mux client waits so too: mux.c)."""
         code = SSH_FAILED
         try:
             self._sock.settimeout(None)
@@ -128,10 +134,8 @@ class MuxProcess:
                 kind, body = _read_packet(self._sock)
                 if kind in (MUX_S_FAILURE, MUX_S_PERMISSION_DENIED):
                     self.message = f"the SSH master refused the session: {_text(body)}"
-                    break
-                if kind == MUX_S_EXIT_MESSAGE and len(body) >= 8:
-                    code = struct.unpack(">I", body[4:8])[0]
-                    break
+                elif kind == MUX_S_EXIT_MESSAGE and len(body) >= 8:
+                    code = self.status = struct.unpack(">I", body[4:8])[0]
                 # MUX_S_SESSION_OPENED, MUX_S_TTY_ALLOC_FAIL: the session goes on
         except (OSError, EOFError, struct.error):
             pass
