@@ -104,11 +104,14 @@ class MuxProcess:
                 raise MuxRefused(f"no hello from the master: {e}") from None
             if kind != MUX_MSG_HELLO or body[:4] != struct.pack(">I", VERSION):
                 raise MuxRefused(f"the master speaks another protocol ({kind:#x})")
-            sock.sendall(_packet(struct.pack(">II", MUX_C_NEW_SESSION, 1), _string(b""),
-                                 struct.pack(">IIIII", 0, 0, 0, 0, NO_ESCAPE), _string(b""),
-                                 _string(command.encode())))
-            for fd in theirs:
-                socket.send_fds(sock, [b"\0"], [fd])
+            try:  # (the master opens the session only once it has all three descriptors)
+                sock.sendall(_packet(struct.pack(">II", MUX_C_NEW_SESSION, 1), _string(b""),
+                                     struct.pack(">IIIII", 0, 0, 0, 0, NO_ESCAPE), _string(b""),
+                                     _string(command.encode())))
+                for fd in theirs:
+                    socket.send_fds(sock, [b"\0"], [fd])
+            except OSError as e:
+                raise MuxRefused(f"the master did not take the request: {e}") from None
         except BaseException:
             sock.close()
             for fd in theirs + ours:
