@@ -15,7 +15,7 @@ from dtf.cluster.plan import HostPlan
 from dtf.files import environment, relay
 from dtf.hostops.launcher import decode
 from dtf.hostops.parallel import Cancelled, HostOps
-from dtf.hosts.control import SSH_FAILED
+from dtf.hosts.mux import SSH_FAILED
 from dtf.hosts.transport import HostError, Transport
 from dtf_server import layout
 from dtf_server.protocol import CheckReply, EnvReply, FetchReply

@@ -30,6 +30,7 @@ from typing import Any
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts import spawn
+from dtf.hosts.mux import SSH_FAILED, MuxProcess, MuxRefused
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.shell import quote_arg, render
 from dtf.hosts.spawn import listening
@@ -50,10 +51,9 @@ from dtf.hosts.tunnel import Master, MasterFailed, _parallel
 # put_and_converse's python on the host: read the upload from stdin to its last byte (the rest of
 # stdin is the command's), write it under a temporary name in its directory (made here: a `sh -c
 # 'mkdir -p DIR && exec python ...'` was a shell and a mkdir more on every host), rename it, then
-# run it as `python
-# PATH ARGS` runs a zipapp (the launcher): PATH first on sys.path (in place of `-c`'s current
-# directory, whose modules must not shadow the launcher's, nor TensorFlow's in the servers it
-# forks), its __main__ run as __main__. Not runpy.run_path: its imports (runpy, pkgutil) were 20 ms
+# run it as `python PATH ARGS` runs a zipapp (the launcher): PATH first on sys.path (in place of
+# `-c`'s current directory, whose modules must not shadow the launcher's, nor TensorFlow's in the
+# servers it forks), its __main__ run as __main__. Not runpy.run_path: its imports (runpy, pkgutil) were 20 ms
 # of CPU of the command on every host, most of the cost of `up` past the floor's python start;
 # zipimport is python's own, already loaded.
 _BOOT = """import os, sys
@@ -83,7 +83,6 @@ exec(main, {"__name__": "__main__", "__file__": f"{path}/__main__.py", "__builti
 """
 NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
 ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands) in ~15 s
-SSH_FAILED = 255  # ssh's own exit status: the connection, not the command, failed
 
 
 def _key(*parts: str) -> str:
@@ -263,8 +262,6 @@ class ControlTransport(SSHTransport):
         asked of the master itself (dtf.hosts.mux: no ssh process per host), or where it does not
         take it, through ssh's own mux client."""
         self.open()
-        from dtf.hosts.mux import MuxProcess, MuxRefused
-
         try:
             return Conversation([], data, proc=MuxProcess(self.master.path, render(argv)))
         except MuxRefused:

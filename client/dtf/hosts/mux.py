@@ -37,7 +37,7 @@ MUX_S_TTY_ALLOC_FAIL = 0x80000008
 VERSION = 4
 NO_ESCAPE = 0xFFFFFFFF  # (EscapeChar none)
 HELLO_TIMEOUT = 10.0  # seconds the master has to answer the hello (it is this machine's ssh)
-SSH_FAILED = 255
+SSH_FAILED = 255  # ssh's own exit status: the connection, not the command, failed
 
 
 class MuxRefused(Exception):
@@ -87,7 +87,6 @@ class MuxProcess:
         self.returncode: int | None = None
         self.message = ""  # why the master refused the session, if it did
         self.status: int | None = None  # the exit status the master said (before the output is all out)
-        self.pid = -1
         self._done = threading.Event()
         self._killed = False
         pipes = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr: (read end, write end)
