@@ -8,8 +8,13 @@ dtf ships this package to each host as one file, a zipapp named by its content
     layout.py      where the files live on a host
     procs.py       process and file helpers (which process is ours, ports, logs)
     supervisor.py  one task's supervisor, and the lease
-    commands.py    the commands (check, start, status, renew, stop, clean...)
+    commands.py    the command line: each command's options, and which function runs it
+    start.py       check, start, check-start (supervisors forked per task), serve, fake
+    network.py     reach (the mesh check) and fence (the TF ports' firewall rules: fence.py)
+    maintenance.py status, top, renew, stop, clean
+    files.py       sync (receive.py), and managed environments' commands (envs.py)
+    collective.py  collective mode: run, run-step, supervise-program, follow (program.py)
     envs.py        managed environments: built with uv from sent wheels; wheels from host to host; purge
-    tfserve.py     one tf.distribute.Server, started without `import tensorflow` (0.8 s, not 5 s)
+    tfserve.py     one tf.distribute.Server, started without `import tensorflow` (its C++ server only)
     fake.py        a fake server for tests (no TensorFlow)
 """

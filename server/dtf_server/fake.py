@@ -14,30 +14,22 @@ the real server does. It can be told to misbehave:
 
 from __future__ import annotations
 
-import _socket
-import _thread
 import os
 import select
+import signal
+import socket
 import sys
+import threading
 import time
 
 from dtf_server import layout
 from dtf_server.procs import write_json
 
-# The socket, signal and threading modules' C halves (_socket, _signal, _thread): a fake server
-# stands in for a TF server in the lab's benchmarks, where what it imports is not dtf's cost (a
-# fake server is forked from a launcher that imports none of them: see dtf_server.jsontext).
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import signal
-else:
-    import _signal as signal
-
 CRASH_CODE = 3
 POLL = 0.1
 
 
-def echo(conn: _socket.socket, first: bytes) -> None:
+def echo(conn: socket.socket, first: bytes) -> None:
     """Send back what the peer sends (`first`, what it sent first), until it closes (or 60 s of
     silence)."""
     conn.settimeout(60)
@@ -68,23 +60,22 @@ def serve(job: str, index: int, port: int, ready: str, ready_delay: float = 0.0,
     if crash_requested():
         print(f"fake {job}:{index}: crash requested: exiting with code {CRASH_CODE}", flush=True)
         sys.exit(CRASH_CODE)
-    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-    sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("0.0.0.0", port))
     sock.listen(64)
     write_json(ready, {"pid": os.getpid(), "target": f"fake://localhost:{port}", "time": time.time()})
     print(f"dtf: {job}:{index} (fake) serving on port {port}", flush=True)
     # A connection gets a thread only once it sends something: most only connect and close (every
-    # other host's mesh check, this machine's reach), and a thread each was most of a fake server's
-    # CPU in a 30-host `up` (0.6 ms a connection). A TF server's gRPC takes one in its event loop.
-    idle: dict[int, _socket.socket] = {}  # connections that sent nothing yet, by descriptor
+    # other host's mesh check, this machine's reach), as a TF server's gRPC takes them in its event loop.
+    idle: dict[int, socket.socket] = {}  # connections that sent nothing yet, by descriptor
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     while not crash_requested():
         for fd, _ in poller.poll(POLL * 1000):
             if fd == sock.fileno():
                 try:
-                    conn = _socket.socket(fileno=sock._accept()[0])  # type: ignore[attr-defined]  # (socket.accept's own)
+                    conn, _ = sock.accept()
                 except OSError:
                     continue
                 idle[conn.fileno()] = conn
@@ -97,7 +88,7 @@ def serve(job: str, index: int, port: int, ready: str, ready_delay: float = 0.0,
             except OSError:
                 first = b""
             if first:
-                _thread.start_new_thread(echo, (conn, first))  # (daemonic: gone when the server exits)
+                threading.Thread(target=echo, args=(conn, first), daemon=True).start()
             else:
                 conn.close()
     print(f"fake {job}:{index}: crash requested: exiting with code {CRASH_CODE}", flush=True)

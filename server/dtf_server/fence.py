@@ -1,10 +1,10 @@
 """`firewall: members`: the TF ports of one cluster accept connections only from its hosts and loopback.
 
 A TensorFlow server runs any graph anyone who reaches its port sends it, and it always listens on
-0.0.0.0 (FACTS.md). The rules are a table of their own (nftables) or a chain of their own
-(iptables, when the host has no `nft`), named after the cluster's directory, so that they are
-removed exactly: by `clean` (`dtf down`), and by the last task when the lease lapses. What was
-set is remembered in ROOT/fence.json. Needs root, or passwordless sudo.
+0.0.0.0 (tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc). The rules are a table of
+their own (nftables) or a chain of their own (iptables, when the host has no `nft`), named after
+the cluster's directory, so that they are removed exactly: by `clean` (`dtf down`), and by the
+last task when the lease lapses. What was set is remembered in ROOT/fence.json. Needs root, or passwordless sudo.
 
 Standard library only: this module ships to hosts.
 """

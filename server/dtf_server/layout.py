@@ -86,3 +86,9 @@ def task_dir(root: str, job: str, index: int) -> str:
 
 def in_task(root: str, job: str, index: int, filename: str) -> str:
     return posixpath.join(task_dir(root, job, index), filename)
+
+
+def parse_name(text: str) -> tuple[str, int]:
+    """A task's name, JOB:INDEX, as its job and index."""
+    job, index = text.split(":")
+    return job, int(index)

@@ -6,18 +6,14 @@ dtf started it: dtf never kills a process it did not start, even after pid reuse
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
+import signal
+import socket
 import sys
 import time
-
-from dtf_server.jsontext import dumps, loads
-
-TYPE_CHECKING = False  # (typing's, without its import: see dtf_server.protocol)
-if TYPE_CHECKING:
-    import signal
-    from typing import Any, NoReturn
-else:  # signal's functions and numbers, without its enums (`import signal` imports enum: see jsontext)
-    import _signal as signal
+from typing import Any, NoReturn
 
 
 def proc_start_ticks(pid: int) -> int | None:
@@ -37,7 +33,7 @@ def proc_start_ticks(pid: int) -> int | None:
 def read_json(path: str) -> dict[str, Any] | None:
     try:
         with open(path) as f:
-            data = loads(f.read())
+            data = json.load(f)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -46,7 +42,7 @@ def read_json(path: str) -> dict[str, Any] | None:
 def write_json(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
-        f.write(dumps(data))
+        json.dump(data, f)
     os.replace(tmp, path)  # atomic: a reader never sees half a file
 
 
@@ -65,42 +61,25 @@ def server_record(sup: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def port_busy(port: int) -> bool:
-    import _socket  # here: a supervisor, `stop` and `status` never need it (_socket: see port_open)
-
-    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-    # Like gRPC: SO_REUSEADDR, so a port left in TIME_WAIT by a stopped server counts as free.
-    s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("0.0.0.0", port))  # TF servers always listen on 0.0.0.0 (FACTS.md)
-        return False
-    except OSError:
-        return True
-    finally:
-        s.close()
-
-
-def lookup_host(host: str) -> str | bytes:
-    """`host` for getaddrinfo: as bytes where it is ASCII (which the
-    standard library takes, where typeshed says str only). Given a str, getaddrinfo encodes it with
-    the idna codec, whose import (stringprep, unicodedata) is 8 ms of a launcher's start."""
-    return host.encode() if host.isascii() else host
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # Like gRPC: SO_REUSEADDR, so a port left in TIME_WAIT by a stopped server counts as free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))  # a TF server listens on every address (grpc_server_lib.cc)
+            return False
+        except OSError:
+            return True
 
 
 def port_open(port: int, timeout: float = 0.5) -> bool:
-    """Whether a connection to this host's `port` (127.0.0.1) is accepted within `timeout`.
-    `_socket`, the socket module's own sockets: `import socket` imports enum and selectors
-    (5 ms of a launcher command; see dtf_server.jsontext)."""
-    import _socket
-
-    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-    try:
+    """Whether a connection to this host's `port` (127.0.0.1) is accepted within `timeout`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
-        s.connect(("127.0.0.1", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+        try:
+            s.connect(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 def tail(path: str, lines: int = 20) -> list[str]:
@@ -113,31 +92,24 @@ def tail(path: str, lines: int = 20) -> list[str]:
         return []
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """In a supervisor's child, before exec: be killed when the supervisor dies, however it dies
     (Linux's PR_SET_PDEATHSIG), so a server never outlives the process that answers for it.
     `sig`: the signal it gets then (a supervisor of a Slurm step's launcher: TERM, to stop its
-    server). prctl through ctypes' C half, _ctypes (as ctypes.CDLL(None).prctl calls it): `import
-    ctypes` was 4-8 ms of CPU of every server's start; ctypes itself where _ctypes says no."""
+    server)."""
     try:
-        import _ctypes
-
-        libc = _ctypes.dlopen(None, 0)  # type: ignore[arg-type]  # (None: the process itself, as dlopen(3) has it)
-        _ctypes.call_function(_ctypes.dlsym(libc, "prctl"), (1, sig))  # 1: PR_SET_PDEATHSIG
-        return
-    except (ImportError, OSError, AttributeError, TypeError):
-        pass
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, sig)
-    except (OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+    except (OSError, AttributeError):  # not Linux, or no prctl: the supervisor's TERM still stops it
         pass
 
 
 def leave(code: int) -> NoReturn:
-    """A forked child's end (a supervisor's, a server's): its output flushed, nothing else to
-    finish; the interpreter's own shutdown took 10-20 ms more (`down` waits for them to be gone)."""
+    """A forked child's end (a supervisor's, a server's): its output flushed, then os._exit, never
+    a return into the code it was forked from, nor the parent's atexit handlers and buffers (which
+    the fork copied: they are the parent's to run and flush, once)."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -184,10 +156,8 @@ def close_inherited() -> None:
 def exit_reason(code: int) -> str:
     """What a Popen returncode means, in words."""
     if code < 0:
-        from signal import Signals  # (its names only here: a process that died of one)
-
         try:
-            return f"killed by {Signals(-code).name}"
+            return f"killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"
@@ -226,7 +196,7 @@ def tf_version() -> str | None:
     First from the names of the `NAME-VERSION.dist-info` directories on sys.path, as
     importlib.metadata finds them (the first name, then the first path entry that has it): what
     pip, uv and conda install. importlib.metadata itself (eggs, zips) only where that finds none:
-    importing it is 40 ms of `up`'s check on every host."""
+    its import (email, zipfile, csv) would be most of the check's own work."""
     listings: dict[str, list[str]] = {}
     for name in TF_DISTRIBUTIONS:
         for entry in sys.path:
@@ -266,9 +236,9 @@ def nvidia_gpus() -> int | None:
 
 
 def platform_info() -> tuple[str, str, str]:
-    """(machine, system, libc): what picks this host's wheels, e.g. ("x86_64", "Linux", "glibc 2.36").
-    platform.machine(), platform.system() and platform.libc_ver()'s answers, from os: `import
-    platform` was 14 ms of every host's check."""
+    """(machine, system, libc): what picks this host's wheels, e.g. ("x86_64", "Linux", "glibc 2.36"):
+    platform.machine() and platform.system() from os.uname(), and the C library's own answer to
+    what platform.libc_ver() guesses by reading the python binary."""
     uname = os.uname()
     try:
         libc = os.confstr("CS_GNU_LIBC_VERSION") or ""  # "glibc 2.36"; not glibc: none
@@ -280,3 +250,8 @@ def platform_info() -> tuple[str, str, str]:
 def expand_home(argv: list[str]) -> list[str]:
     """What a shell does to a leading ~/ (the plan writes host paths that way)."""
     return [os.path.expanduser(a) if a == "~" or a.startswith("~/") else a for a in argv]
+
+
+def launcher() -> str:
+    """This launcher's file (the zipapp python was asked to run)."""
+    return os.path.abspath(sys.argv[0])

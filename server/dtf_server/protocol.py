@@ -2,7 +2,7 @@
 
 The launcher (this package, on a host) prints exactly one JSON document per command: the reply's
 fields and `"protocol": PROTOCOL`. The client (`dtf.hostops.launcher`) decodes it with `decode()`
-into the same records (frozen, as dataclasses are: see `record`), so neither side reads raw keys.
+into the same frozen dataclasses, so neither side reads raw keys.
 A reply of another protocol version is refused (`ProtocolMismatch`), never half-read: the client
 then ships its own launcher and asks again.
 
@@ -11,127 +11,9 @@ Standard library only: this module ships to hosts.
 
 from __future__ import annotations
 
-from dtf_server.jsontext import dumps, loads
-
-# typing is for the type checker alone (TYPE_CHECKING is false at run time, as typing's own): every
-# launcher command imports this module, and `import typing` was 5 ms of each command's python start.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any, TypeVar
-
-    from typing_extensions import dataclass_transform
-
-    T = TypeVar("T")
-    C = TypeVar("C", bound=type)
-else:
-    def dataclass_transform(**_: object) -> object:
-        return lambda f: f
-
-
-# -- records ----------------------------------------------------------------------------------
-# The replies are frozen records: what `@dataclass(frozen=True)` makes, built here without the
-# dataclasses module. Every launcher command imports this module, and on a host each command is a
-# python start of its own: `import dataclasses` (inspect, ast, enum, re behind it) and the code
-# it generates and compiles for each of these classes took 70 ms of the launcher's 140 ms
-# before its first line of work (measured with -X importtime on the lab). Here a class costs what
-# its body costs: the methods are shared, not generated. mypy reads `record` as a dataclass
-# (PEP 681's dataclass_transform): constructors, defaults and immutability are type checked as before.
-
-
-class FrozenInstanceError(AttributeError):
-    """A record's field was assigned (as dataclasses.FrozenInstanceError)."""
-
-
-class _Factory:
-    __slots__ = ("make",)
-
-    def __init__(self, make: Callable[[], Any]) -> None:
-        self.make = make
-
-
-def field(*, default_factory: Callable[[], T]) -> T:
-    """A field whose default is made anew for each record (as dataclasses.field(default_factory=))."""
-    return _Factory(default_factory)  # type: ignore[return-value]
-
-
-def _init(self: Any, *args: Any, **kwargs: Any) -> None:
-    cls = type(self)
-    names: tuple[str, ...] = cls.__record_fields__
-    if len(args) > len(names):
-        raise TypeError(f"{cls.__name__}() takes {len(names)} arguments, {len(args)} were given")
-    values = dict(zip(names, args))
-    for name, value in kwargs.items():
-        if name not in names:
-            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {name!r}")
-        if name in values:
-            raise TypeError(f"{cls.__name__}() got multiple values for argument {name!r}")
-        values[name] = value
-    defaults: dict[str, Any] = cls.__record_defaults__
-    for name in names:
-        if name not in values:
-            if name not in defaults:
-                raise TypeError(f"{cls.__name__}() missing required argument: {name!r}")
-            default = defaults[name]
-            values[name] = default.make() if isinstance(default, _Factory) else default
-        object.__setattr__(self, name, values[name])
-
-
-def _values(self: Any) -> tuple[Any, ...]:
-    return tuple(getattr(self, name) for name in self.__record_fields__)
-
-
-def _eq(self: Any, other: object) -> Any:
-    if other.__class__ is not self.__class__:
-        return NotImplemented
-    return _values(self) == _values(other)
-
-
-def _hash(self: Any) -> int:
-    return hash(_values(self))
-
-
-def _repr(self: Any) -> str:
-    fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__record_fields__)
-    return f"{type(self).__qualname__}({fields})"
-
-
-def _frozen(self: Any, name: str, *_: Any) -> None:
-    raise FrozenInstanceError(f"cannot assign to field {name!r}")
-
-
-@dataclass_transform(frozen_default=True, field_specifiers=(field,))
-def record(cls: C) -> C:
-    """A frozen record of the class's annotated fields, in order; a field with a value in the class
-    body has it as its default (`field(default_factory=...)` for a fresh list or dict)."""
-    names = tuple(cls.__annotations__)  # its own (a record has no bases); strings, never evaluated
-    defaults = {name: cls.__dict__[name] for name in names if name in cls.__dict__}
-    for name, default in defaults.items():
-        if isinstance(default, _Factory):
-            delattr(cls, name)
-    methods = {"__record_fields__": names, "__record_defaults__": defaults, "__init__": _init, "__eq__": _eq,
-               "__hash__": _hash, "__repr__": _repr, "__setattr__": _frozen, "__delattr__": _frozen}
-    for name, value in methods.items():
-        setattr(cls, name, value)
-    return cls
-
-
-def fields(kind: type) -> tuple[str, ...]:
-    """A record class's field names, in order."""
-    names: tuple[str, ...] = kind.__record_fields__  # type: ignore[attr-defined]
-    return names
-
-
-def asdict(value: Any) -> Any:
-    """A record as plain data (dicts, lists, scalars), records inside it too: what json.dumps takes."""
-    if hasattr(type(value), "__record_fields__"):
-        return {name: asdict(getattr(value, name)) for name in type(value).__record_fields__}
-    if isinstance(value, (list, tuple)):
-        return [asdict(v) for v in value]
-    if isinstance(value, dict):
-        return {k: asdict(v) for k, v in value.items()}
-    return value
-
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields.
 PROTOCOL = 11  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
@@ -172,7 +54,7 @@ class ProtocolMismatch(Exception):
 
 
 # -- commands' arguments ----------------------------------------------------------------------
-@record
+@dataclass(frozen=True)
 class TaskSpec:
     """One task as `start` and its supervisor get it: the plan's exact serve command included."""
 
@@ -186,17 +68,17 @@ class TaskSpec:
         return f"{self.job}:{self.index}"
 
     def to_arg(self) -> str:
-        return dumps(asdict(self), compact=True)
+        return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
     def from_arg(cls, text: str) -> TaskSpec:
-        data = loads(text)
+        data = json.loads(text)
         return cls(job=str(data["job"]), index=int(data["index"]), port=int(data["port"]),
                    argv=[str(a) for a in data["argv"]])
 
 
 # -- replies ----------------------------------------------------------------------------------
-@record
+@dataclass(frozen=True)
 class CheckReply:
     python: str  # the version of the python that runs the launcher
     executable: str
@@ -216,7 +98,7 @@ class CheckReply:
     gpus: int | None = None  # GPUs the host's NVIDIA driver lists (procs.nvidia_gpus); None: no driver
 
 
-@record
+@dataclass(frozen=True)
 class TaskStarted:
     ok: bool
     pid: int | None  # the supervisor's
@@ -225,7 +107,7 @@ class TaskStarted:
     log_tail: list[str] = field(default_factory=list)
 
 
-@record
+@dataclass(frozen=True)
 class StartReply:
     tasks: dict[str, TaskStarted]
     # `start --reach`: the other hosts' tasks this host could not connect to (None: not asked,
@@ -237,13 +119,13 @@ class StartReply:
         return all(t.ok for t in self.tasks.values())
 
 
-@record
+@dataclass(frozen=True)
 class Lease:
     ttl: float  # 0: never lapses
     renewed: float  # time.time() on the host
 
 
-@record
+@dataclass(frozen=True)
 class TaskStatus:
     """A task as its host sees it."""
 
@@ -278,44 +160,44 @@ class TaskStatus:
         return self.restarts, self.server_pid
 
 
-@record
+@dataclass(frozen=True)
 class StatusReply:
     tasks: dict[str, TaskStatus]
     lease: Lease | None
 
 
-@record
+@dataclass(frozen=True)
 class RenewReply:
     lease: Lease | None  # None: the cluster's files are gone (a lapsed lease removed them)
 
 
-@record
+@dataclass(frozen=True)
 class TaskStopped:
     was_running: bool
     killed: bool = False  # it needed KILL
     gone: bool = True  # nothing of it runs now
 
 
-@record
+@dataclass(frozen=True)
 class CleanReply:
     removed: list[str]
     in_use: bool = False  # --if-unused, and tasks (another dtf's) live there: nothing removed
 
 
-@record
+@dataclass(frozen=True)
 class StopReply:
     tasks: dict[str, TaskStopped]
     cleaned: CleanReply | None = None  # `stop --clean`, once every task was gone
 
 
-@record
+@dataclass(frozen=True)
 class ReachReply:
     """`reach`: which targets ("addr:port") this host could not open a TCP connection to."""
 
     unreachable: dict[str, str]  # target -> why ("timed out", "Connection refused")
 
 
-@record
+@dataclass(frozen=True)
 class FenceReply:
     """`fence`: the TF ports' firewall rules on this host (set, or removed)."""
 
@@ -323,7 +205,7 @@ class FenceReply:
     error: str | None = None  # why rules could not be set (no root, no nft or iptables)
 
 
-@record
+@dataclass(frozen=True)
 class SyncReply:
     """`sync`: whether the host holds a synced tree (WORKDIR/.cache/sync/HASH), and how many bytes
     it just received to make it (0: it had it, or `--receive` was not asked). `port`
@@ -336,7 +218,7 @@ class SyncReply:
     passed: int = 0
 
 
-@record
+@dataclass(frozen=True)
 class EnvReply:
     """`env`: a managed environment built (or found complete: another dtf built it meanwhile)."""
 
@@ -347,7 +229,7 @@ class EnvReply:
     reused: bool = False  # it was complete when the command started
 
 
-@record
+@dataclass(frozen=True)
 class PurgeReply:
     """`purge`: WORKDIR/.cache removed (managed environments, wheels, synced trees)."""
 
@@ -356,7 +238,7 @@ class PurgeReply:
     error: str | None = None  # why something could not be removed
 
 
-@record
+@dataclass(frozen=True)
 class ServeReply:
     """`serve-wheels`: the seed's file server ended (no request for a while)."""
 
@@ -365,7 +247,7 @@ class ServeReply:
     error: str | None = None
 
 
-@record
+@dataclass(frozen=True)
 class FetchReply:
     """`fetch-wheels`: the wheels copied from the seed, in order; `error`: why it stopped."""
 
@@ -373,7 +255,7 @@ class FetchReply:
     error: str | None = None
 
 
-@record
+@dataclass(frozen=True)
 class TaskSample:
     """One task in a `top` sample: its status, and what it uses (None: not known yet, the first
     sample of a stream, or not measurable there)."""
@@ -386,7 +268,7 @@ class TaskSample:
     train: dict[str, Any] | None = None  # collective mode: the copy's figures (dtf.program.figures)
 
 
-@record
+@dataclass(frozen=True)
 class TopSample:
     """`top`: one line of its stream, every interval, for every task of the host."""
 
@@ -397,13 +279,12 @@ class TopSample:
 
 Reply = (CheckReply | StartReply | StatusReply | RenewReply | StopReply | CleanReply | ReachReply | FenceReply
          | SyncReply | EnvReply | PurgeReply | ServeReply | FetchReply | TopSample)
-if TYPE_CHECKING:
-    R = TypeVar("R", CheckReply, StartReply, StatusReply, RenewReply, StopReply, CleanReply, ReachReply,
+R = TypeVar("R", CheckReply, StartReply, StatusReply, RenewReply, StopReply, CleanReply, ReachReply,
                 FenceReply, SyncReply, EnvReply, PurgeReply, ServeReply, FetchReply, TopSample)
 
 
 def encode(reply: Reply) -> str:
-    return dumps({"protocol": PROTOCOL, **asdict(reply)})
+    return json.dumps({"protocol": PROTOCOL, **asdict(reply)})
 
 
 def _lease(data: Any) -> Lease | None:
@@ -418,7 +299,7 @@ def decode(kind: type[R], text: str) -> R:
     lines = text.strip().splitlines()
     if not lines:
         raise ValueError("no reply")
-    data = loads(lines[-1])
+    data = json.loads(lines[-1])
     if not isinstance(data, dict):
         raise ValueError(f"not a reply: {lines[-1][:200]}")
     if data.get("protocol") != PROTOCOL:
@@ -440,7 +321,7 @@ def decode(kind: type[R], text: str) -> R:
             cleaned = data.get("cleaned")
             return StopReply(tasks={n: TaskStopped(**t) for n, t in data["tasks"].items()},  # type: ignore[return-value]
                              cleaned=CleanReply(**cleaned) if cleaned is not None else None)
-        names = set(fields(kind))
+        names = {f.name for f in fields(kind)}
         return kind(**{k: v for k, v in data.items() if k in names})
     except (KeyError, TypeError) as e:
         raise ValueError(f"malformed {kind.__name__}: {type(e).__name__}: {e}") from e

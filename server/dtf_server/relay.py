@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     print(f"listening {address}:{port}", flush=True)
     while os.read(0, 4096):
         pass  # the session's stdin: it closes when dtf train (or its SSH master) ends
-    os._exit(0)
+    return 0  # (the copying threads are daemons: they end with the process)
 
 
 if __name__ == "__main__":

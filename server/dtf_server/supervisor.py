@@ -16,10 +16,17 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import shutil
+import signal
+import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import asdict
+from types import FrameType
+from typing import Any
 
-from dtf_server import layout
+from dtf_server import fence, layout
 from dtf_server.procs import (
     die_with_parent,
     exit_reason,
@@ -32,21 +39,11 @@ from dtf_server.procs import (
     settle_child,
     write_json,
 )
-from dtf_server.protocol import Defaults, Lease, TaskSpec, asdict
+from dtf_server.protocol import Defaults, Lease, TaskSpec
 
-TYPE_CHECKING = False  # (typing's, without its import: see dtf_server.protocol)
-if TYPE_CHECKING:
-    import signal
-    import subprocess
-    from collections.abc import Callable
-    from types import FrameType
-    from typing import Any
-
-    # Where a server can run in a fork of its supervisor (Supervisor's `in_process`): the server's
-    # code (which returns its exit code) and its command's name.
-    InProcess = Callable[[list[str]], "tuple[Callable[[], int], str] | None"]
-else:  # signal's functions and numbers, without its enums (`import signal` imports enum: see jsontext)
-    import _signal as signal
+# Where a server can run in a fork of its supervisor (Supervisor's `in_process`): the server's
+# code (which returns its exit code) and its command's name.
+InProcess = Callable[[list[str]], "tuple[Callable[[], int], str] | None"]
 
 SUPERVISE_POLL = 0.2  # how often a supervisor looks at its server
 LEASE_POLL = 1.0  # how often a supervisor reads the lease
@@ -141,10 +138,8 @@ def exited(server: subprocess.Popen[bytes] | ForkedProcess, within: float) -> in
 def fork_server(argv: list[str], run: Callable[[], int], cwd: str, name: str) -> ForkedProcess:
     """Run a server's code (`run`) in a fork of this supervisor, as `Popen(argv, cwd=cwd,
     stdin=DEVNULL, close_fds=True, preexec_fn=die_with_parent)` would run it in a python of its
-    own, without that python's start: the interpreter's start and
-    the launcher's imports were 70-85 ms of CPU per task, a fifth of a host's `up` on the lab's
-    shared cores (and of a TensorFlow server's start, before its import of TensorFlow, which it
-    does in the fork as it would have in its own python). The supervisor has no thread to lose.
+    own, without a second interpreter's start and imports. The supervisor has no thread to lose
+    in the fork.
 
     Its command line stays its supervisor's (the launcher's `start`); `name` is what `ps -e` and
     top call it (its comm: "serve worker:3", "fake ps:0"), as the supervisor is "dtf worker:3";
@@ -234,10 +229,6 @@ class Supervisor:
             run, command = forked
             self.server = fork_server(argv, run, cwd=self.dir, name=f"{command} {self.name}")
         else:
-            # Imported here only: a server forked from its supervisor never needs it, and its
-            # import (selectors, threading) was 7 ms of every launcher command's start.
-            import subprocess
-
             self.server = subprocess.Popen(  # same process group: `stop` signals both at once
                 argv, stdin=subprocess.DEVNULL, cwd=self.dir, close_fds=True, preexec_fn=die_with_parent)
         self.save(state="running", server_pid=self.server.pid,
@@ -248,8 +239,9 @@ class Supervisor:
         lease lapses (None).
 
         On a pidfd of the server (Linux 5.3+), which turns readable the moment it exits: Popen's
-        own wait with a timeout polls, up to 50 ms apart, and `down` waits for the supervisor to
-        see its server gone (a TensorFlow server is dead at once on TERM, its default action)."""
+        own wait with a timeout polls (Popen._wait in Lib/subprocess.py: up to 50 ms apart), and
+        `down` waits for the supervisor to see its server gone (a TensorFlow server is dead at once
+        on TERM, its default action)."""
         server = self.server
         assert server is not None
         try:
@@ -333,11 +325,7 @@ class Supervisor:
             return  # already removed by another task
         with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one task at a time: the last one sees no others
-            import shutil  # here only: its import (bz2, lzma) is a cost of every supervisor's start
-
             shutil.rmtree(self.dir, ignore_errors=True)
             if not running_tasks(self.root):
-                from dtf_server import fence  # here only: every launcher command imports this module
-
                 fence.remove(self.root)  # the TF ports' firewall rules go with the cluster
                 shutil.rmtree(self.root, ignore_errors=True)

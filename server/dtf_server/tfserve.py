@@ -5,7 +5,8 @@ runtime (gRPC, the eager service, every op's kernel) executes them. All of that 
 libraries that `tensorflow.python.training.server_lib` loads (`_pywrap_tensorflow_internal`,
 `libtensorflow_cc`, `libtensorflow_framework`). `import tensorflow` loads much more for the Python
 API: Keras's lazy loader, tf.lite, MLIR, the profiler, dtensor, h5py, PIL, and about 4,000 modules.
-On a 2-core host that is 5 s of CPU before the server starts; the lean import below is 0.8 s.
+The lean import below loads the shared libraries and the few modules around them only: a small
+part of `import tensorflow`'s CPU, which every server pays before it serves.
 
 What the lean import leaves out, checked against TensorFlow 2.21 (`TF_GetAllOpList` in both): one
 op, `AudioMicrofrontend` (tf.lite's experimental audio front end, loaded from its own library), and
@@ -83,7 +84,8 @@ def server_lib(full: bool = False) -> tuple[Any, str]:
 def serve(job: str, index: int, port: int, ready: str, full: bool = False) -> None:
     lib, how = server_lib(full)
     # A cluster spec holding only this task is enough: the coordinator sends its own cluster
-    # definition to every task when it connects (FACTS.md).
+    # definition to every task when it connects (CreateContext's server_def:
+    # tensorflow/core/distributed_runtime/eager/eager_service_impl.cc).
     cluster = lib.ClusterSpec({job: {index: f"localhost:{port}"}})
     server = lib.Server(cluster, job_name=job, task_index=index, protocol="grpc", start=True)
     write_json(ready, {"pid": os.getpid(), "target": server.target, "time": time.time(), "import": how})

@@ -1,5 +1,5 @@
 """A supervisor runs its server in a fork of itself where the server's command is its own
-launcher's `serve` or `fake` on its own python (dtf_server.commands.in_process, supervisor.fork_server):
+launcher's `serve` or `fake` on its own python (dtf_server.start.in_process, supervisor.fork_server):
 the real launcher, started as `up` starts it, with fake servers."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from dtf.files import shipping
 from dtf.hosts.netutil import listen_ports
-from dtf_server import commands, protocol
+from dtf_server import protocol, start
 from dtf_server.protocol import TaskSpec
 
 
@@ -30,23 +30,23 @@ def test_only_this_launchers_server_commands_on_this_python_run_in_a_fork(monkey
     launcher = str(_launcher(tmp_path))
     monkeypatch.setattr(sys, "argv", [launcher, "start"])
     fake = [launcher, "fake", "--job", "ps", "--index", "0", "--port", "1", "--ready", "r.json"]
-    forked = commands.in_process([sys.executable, *fake])
+    forked = start.in_process([sys.executable, *fake])
     assert forked is not None and forked[1] == "fake"
     # The python found on the PATH, as exec would find it.
     monkeypatch.setenv("PATH", f"/nonexistent:{os.path.dirname(sys.executable)}")
-    assert commands.in_process([os.path.basename(sys.executable), *fake]) is not None
+    assert start.in_process([os.path.basename(sys.executable), *fake]) is not None
     # Anything else is a process of its own: another python (a managed environment's: another
     # interpreter, other packages), another launcher, another command, no command, and a command
     # with `gpus`' variables before it (dtf.cluster.gpus.env_prefix: in its /proc/PID/environ).
-    assert commands.in_process(["env", "CUDA_VISIBLE_DEVICES=0", sys.executable, *fake]) is None
+    assert start.in_process(["env", "CUDA_VISIBLE_DEVICES=0", sys.executable, *fake]) is None
     other = tmp_path / "python3"
     other.symlink_to(sys.executable)
-    assert commands.in_process([str(other), *fake]) is None
-    assert commands.in_process([sys.executable, str(tmp_path / "launcher-000000000000.pyz"), *fake[1:]]) is None
-    assert commands.in_process([sys.executable, launcher, "supervise-program", "--dir", "d"]) is None
-    assert commands.in_process([sys.executable, "-S", *fake]) is None
-    assert commands.in_process(["env", "A=1"]) is None
-    assert commands.in_process([]) is None
+    assert start.in_process([str(other), *fake]) is None
+    assert start.in_process([sys.executable, str(tmp_path / "launcher-000000000000.pyz"), *fake[1:]]) is None
+    assert start.in_process([sys.executable, launcher, "supervise-program", "--dir", "d"]) is None
+    assert start.in_process([sys.executable, "-S", *fake]) is None
+    assert start.in_process(["env", "A=1"]) is None
+    assert start.in_process([]) is None
 
 
 def _proc(pid: int, what: str) -> bytes:
@@ -193,10 +193,10 @@ def test_a_server_forked_from_a_launcher_without_site_has_the_sites_packages(tmp
     them). The server's code here prints sys.path instead of serving."""
     launcher = str(_launcher(tmp_path))
     code = ("import sys; sys.path.insert(0, sys.argv[1]); sys.argv = sys.argv[1:]\n"
-            "from dtf_server import commands\n"
+            "from dtf_server import commands, start\n"
             "before = list(sys.path)\n"
             "commands.main = lambda argv: print(sorted(set(sys.path) - set(before))) or 0\n"
-            "run, name = commands.in_process([sys.executable, sys.argv[0], 'serve', '--job', 'ps'])\n"
+            "run, name = start.in_process([sys.executable, sys.argv[0], 'serve', '--job', 'ps'])\n"
             "print(name, run())\n")
     bare = subprocess.run([sys.executable, "-S", "-c", code, launcher], capture_output=True, text=True, timeout=60)
     site = subprocess.run([sys.executable, "-c", "import site, sys; print(sorted(site.getsitepackages()))"],
@@ -208,9 +208,8 @@ def test_a_server_forked_from_a_launcher_without_site_has_the_sites_packages(tmp
 
 
 def test_a_forked_server_dies_with_its_supervisor_however_it_dies(tmp_path: Path):
-    """PR_SET_PDEATHSIG, set through _ctypes (procs.die_with_parent: `import ctypes` was 4-8 ms
-    of every server's start): a supervisor killed with SIGKILL, which runs nothing of its own on
-    the way out, takes its server with it."""
+    """PR_SET_PDEATHSIG (procs.die_with_parent): a supervisor killed with SIGKILL, which runs
+    nothing of its own on the way out, takes its server with it."""
     code = ("import os, sys, time\n"
             "sys.path.insert(0, sys.argv[1])\n"
             "from dtf_server.supervisor import exited, fork_server\n"
@@ -230,11 +229,9 @@ def test_a_forked_server_dies_with_its_supervisor_however_it_dies(tmp_path: Path
           or _proc(server, "stat").decode().rsplit(")", 1)[1].split()[0] == "Z", "gone with its supervisor")
 
 
-def test_die_with_parent_sets_the_parent_death_signal_without_ctypes():
-    code = ("import sys\n"
-            "from dtf_server.procs import die_with_parent\n"
+def test_die_with_parent_sets_the_parent_death_signal():
+    code = ("from dtf_server.procs import die_with_parent\n"
             "die_with_parent(15)\n"
-            "assert 'ctypes' not in sys.modules, 'ctypes imported'\n"
             "import ctypes\n"
             "value = ctypes.c_int(0)\n"
             "ctypes.CDLL(None).prctl(2, ctypes.byref(value))\n"  # 2: PR_GET_PDEATHSIG

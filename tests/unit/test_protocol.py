@@ -3,6 +3,7 @@ ships as one deterministic zipapp, uploads are atomic."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import socket
@@ -218,10 +219,10 @@ def test_check_start_starts_only_a_host_that_passes_its_check(tmp_path: Path):
 
 
 def test_the_mesh_check_in_a_start_waits_for_a_server_still_starting_and_names_what_it_never_reached():
-    """`start --reach` (dtf_server.commands.reach, again=True): the other hosts' servers may
+    """`start --reach` (dtf_server.network.reach, again=True): the other hosts' servers may
     still be starting: a port that listens only later is reached; one that never listens is
     named, with the last reason, once its time is up. Without `again`, one try each."""
-    from dtf_server.commands import reach
+    from dtf_server.network import reach
 
     late, never = listen_ports(2, "127.0.0.1")
     server = socket.socket()
@@ -249,23 +250,23 @@ def test_the_mesh_check_in_a_start_waits_for_a_server_still_starting_and_names_w
 def test_a_refused_target_is_named_so_when_a_loaded_host_oversleeps_its_time(monkeypatch: pytest.MonkeyPatch):
     """On a loaded host a try can outlast the time left: the target is still named with its last
     reason (refused), not "no answer" (CI saw it on 2 shared cores)."""
-    from dtf_server import commands
+    from dtf_server import network
 
     (never,) = listen_ports(1, "127.0.0.1")
-    real_connect = commands.connect
+    real_connect = network.connect
 
     def slow(sock: socket.socket, address: tuple[str, int]) -> int:
         time.sleep(0.5)
         return real_connect(sock, address)
 
-    monkeypatch.setattr(commands, "connect", slow)
-    assert commands.reach([f"127.0.0.1:{never}"], 0.3, again=True) == {f"127.0.0.1:{never}": "Connection refused"}
+    monkeypatch.setattr(network, "connect", slow)
+    assert network.reach([f"127.0.0.1:{never}"], 0.3, again=True) == {f"127.0.0.1:{never}": "Connection refused"}
 
 
 def test_a_target_that_never_answers_is_named_once_its_time_is_up():
     """A listener whose queue is full drops the SYNs (as a firewall that drops them would): the
     check gives up at its deadline, names it so, and still reports the target that answered."""
-    from dtf_server.commands import reach
+    from dtf_server.network import reach
 
     full = socket.socket()
     full.bind(("127.0.0.1", 0))
@@ -300,7 +301,7 @@ def test_the_mesh_check_tries_many_refusing_targets_at_a_bounded_rate(monkeypatc
     seconds (at least every REACH_PAUSE): 29 targets each tried every 50 ms were 580 refused
     connects a second per host, most of a 30-host `up`'s CPU on shared cores. An upper bound
     only: a slow machine tries less often, never more."""
-    from dtf_server import commands
+    from dtf_server import network
 
     tries: list[str] = []
 
@@ -308,12 +309,12 @@ def test_the_mesh_check_tries_many_refusing_targets_at_a_bounded_rate(monkeypatc
         tries.append(f"{address[0]}:{address[1]}")
         return errno.ECONNREFUSED
 
-    monkeypatch.setattr(commands, "connect", refuse)
+    monkeypatch.setattr(network, "connect", refuse)
     targets = [f"10.0.0.{i}:2222" for i in range(40)]
     seconds = 1.0
-    missed = commands.reach(targets, seconds, again=True)
+    missed = network.reach(targets, seconds, again=True)
     assert missed == dict.fromkeys(targets, "Connection refused")
-    pause = max(commands.REACH_PAUSE, len(targets) / commands.REACH_RATE)  # 0.4 s
+    pause = max(network.REACH_PAUSE, len(targets) / network.REACH_RATE)  # 0.4 s
     assert len(tries) <= len(targets) * (seconds / pause + 1), len(tries)  # 3 each: 120 (every 50 ms: 800)
     assert min(tries.count(t) for t in targets) >= 1
 
@@ -364,12 +365,12 @@ def test_listen_port_is_free_and_below_the_outgoing_connections_range(monkeypatc
 
 
 def test_records_behave_as_frozen_dataclasses():
-    """protocol.record stands in for @dataclass(frozen=True) (see its comment): the same
-    constructor, defaults, equality, hash, repr and immutability."""
+    """The replies are frozen dataclasses: constructor, defaults, equality, hash, repr and
+    immutability, and asdict as encode writes them."""
     a, b = TaskStopped(True), TaskStopped(was_running=True, killed=False, gone=True)
     assert a == b and hash(a) == hash(b) and a != TaskStopped(False) and a != (True, False, True)
     assert repr(a) == "TaskStopped(was_running=True, killed=False, gone=True)"
-    with pytest.raises(protocol.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         a.killed = True  # type: ignore[misc]
     with pytest.raises(AttributeError):
         del a.gone  # type: ignore[misc]
@@ -381,10 +382,10 @@ def test_records_behave_as_frozen_dataclasses():
             TaskStopped(**bad)
     with pytest.raises(TypeError):
         TaskStopped(True, was_running=True)  # type: ignore[misc]
-    assert protocol.fields(TaskStopped) == ("was_running", "killed", "gone")
+    assert [f.name for f in dataclasses.fields(TaskStopped)] == ["was_running", "killed", "gone"]
     nested = StopReply(tasks={"ps:0": a}, cleaned=CleanReply(removed=["x"]))
-    assert protocol.asdict(nested) == {"tasks": {"ps:0": {"was_running": True, "killed": False, "gone": True}},
-                                       "cleaned": {"removed": ["x"], "in_use": False}}
+    assert dataclasses.asdict(nested) == {"tasks": {"ps:0": {"was_running": True, "killed": False, "gone": True}},
+                                        "cleaned": {"removed": ["x"], "in_use": False}}
 
 
 def test_tf_version_is_read_from_the_dist_info_names_on_sys_path(tmp_path, monkeypatch):
@@ -410,7 +411,7 @@ def test_tf_version_is_read_from_the_dist_info_names_on_sys_path(tmp_path, monke
 
 
 def test_a_host_passes_its_check_with_the_gpus_it_is_given_or_without_a_driver():
-    from dtf_server.commands import check_passes
+    from dtf_server.start import check_passes
 
     def host(gpus: int | None) -> CheckReply:
         return CheckReply(python="3", executable="p", tensorflow="2.21.0", busy=[], client_address=None,
@@ -442,20 +443,6 @@ def test_the_hosts_platform_is_what_the_platform_module_says():
 
     libc, version = platform.libc_ver()
     assert platform_info() == (platform.machine(), platform.system(), f"{libc} {version}" if libc and version else "")
-
-
-def test_the_launchers_connections_leave_the_idna_codec_unloaded():
-    """A str host makes getaddrinfo import the idna codec (8 ms of every launcher's start on every
-    host): the launcher hands it ASCII hosts as bytes (procs.lookup_host)."""
-    import subprocess
-    import sys
-
-    code = ("import sys; from dtf_server import commands, procs; "
-            "commands.reach(['127.0.0.1:1', 'localhost:1'], 0.1); procs.port_open(1); "
-            "print('encodings.idna' in sys.modules)")
-    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
-                       env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "server")})
-    assert r.stdout.strip() == "False", r.stderr
 
 
 def test_dtfs_own_package_ships_as_a_zip_beside_the_launcher_for_collective_copies(

@@ -158,7 +158,7 @@ def out_dir(hp: HostPlan, task: TaskPlan) -> str:
 
 def host_program_wait() -> float:
     """Seconds the launcher's `run --spawned` waits for a job step's copies."""
-    from dtf_server.commands import RUN_STEP_WAIT
+    from dtf_server.collective import RUN_STEP_WAIT
 
     return RUN_STEP_WAIT
 

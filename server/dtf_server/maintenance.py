@@ -1,0 +1,182 @@
+"""The launcher's everyday commands on a running cluster: `status` (is each task alive, serving,
+restarted how often), `top` (a stream of what each task uses), `renew` (the lease), `stop` (TERM
+each task's process group, KILL after a grace; with `--clean`, `down` in one call) and `clean`
+(remove what dtf put in the cluster's directory)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from argparse import Namespace
+from typing import Any
+
+from dtf_server import fence, layout, sample
+from dtf_server.layout import parse_name
+from dtf_server.procs import ours, port_open, read_json, server_record
+from dtf_server.protocol import (
+    CleanReply,
+    RenewReply,
+    StatusReply,
+    StopReply,
+    TaskSample,
+    TaskStatus,
+    TaskStopped,
+    TopSample,
+    encode,
+)
+from dtf_server.supervisor import read_lease, renew, running_tasks
+
+
+def task_status(root: str, job: str, index: int) -> TaskStatus:
+    tdir = layout.task_dir(root, job, index)
+    record = read_json(os.path.join(tdir, layout.PID))
+    if record is None:
+        return TaskStatus.dead("never started")
+    sup = read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}
+    alive = ours(record)  # the supervisor
+    server_alive = alive and ours(server_record(sup))
+    port = record.get("port")
+    phase = sup.get("state", "starting") if alive else "dead"
+    reason = None
+    if phase == "failed":
+        reason = f"gave up after {sup.get('restarts')} restart(s); last exit: {sup.get('last_exit')}"
+    elif not alive:
+        reason = "supervisor is gone"
+    return TaskStatus(
+        alive=alive, phase=phase, pid=record["pid"],
+        server_pid=sup.get("server_pid") if server_alive else None,
+        uptime=round(time.time() - sup["server_started"], 1) if server_alive else None,
+        serving=bool(server_alive and port and port_open(port)),
+        restarts=sup.get("restarts", 0), last_exit=sup.get("last_exit"), reason=reason)
+
+
+def cmd_status(args: Namespace) -> StatusReply:
+    lease = renew(args.dir, None) if args.renew else read_lease(args.dir)
+    return StatusReply(tasks={t: task_status(args.dir, *parse_name(t)) for t in args.task}, lease=lease)
+
+
+def cmd_top(args: Namespace) -> None:
+    """Print one TopSample line every `--interval` seconds until stdout's reader is gone (EPIPE:
+    `dtf top` quit, or its SSH connection closed), the cluster's directory is gone, or `--for`
+    seconds passed. It never renews the
+    lease: a view left open does not keep an abandoned cluster alive."""
+    tasks = [(t, *parse_name(t)) for t in args.task]
+    before: dict[str, sample.Usage] = {}
+    then = sample.clock()
+    end = then + args.for_seconds
+    while True:
+        statuses = {name: task_status(args.dir, job, index) for name, job, index in tasks}
+        leaders = {name: s.pid for name, s in statuses.items() if s.alive and s.pid is not None}
+        now_usage = sample.usage(leaders)
+        now = sample.clock()
+        samples = {}
+        for name, status in statuses.items():
+            u = now_usage.get(name)
+            if u is None:
+                samples[name] = TaskSample(status)
+                continue
+            cpu, net_in, net_out = sample.rates(before.get(name), u, now - then)
+            train = read_json(layout.in_task(args.dir, *parse_name(name), layout.TRAIN))
+            samples[name] = TaskSample(status, cpu=cpu, rss=u.rss, net_in=net_in, net_out=net_out,
+                                       train=train if status.alive else None)
+        before, then = now_usage, now
+        try:
+            print(encode(TopSample(tasks=samples, time=time.time(), lease=read_lease(args.dir))), flush=True)
+        except BrokenPipeError:
+            return
+        if now >= end or not os.path.isdir(args.dir):  # the cluster is gone (`dtf down`, a lapsed lease)
+            return
+        time.sleep(max(0.0, min(args.interval - (sample.clock() - now), end - now)))
+
+
+def cmd_renew(args: Namespace) -> RenewReply:
+    return RenewReply(lease=renew(args.dir, args.ttl))
+
+
+def cmd_stop(args: Namespace) -> StopReply:
+    # Per running task: its process group (the supervisor's pid) and the processes to see gone,
+    # supervisor and server.
+    groups: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+    for t in args.task:
+        tdir = layout.task_dir(args.dir, *parse_name(t))
+        record = read_json(os.path.join(tdir, layout.PID))
+        server = server_record(read_json(os.path.join(tdir, layout.SUPERVISOR)) or {})
+        members = [r for r in (record, server) if r is not None and ours(r)]
+        if record and members:
+            groups[t] = (record["pid"], members)
+    killed: set[str] = set()
+
+    def alive(t: str) -> bool:
+        return any(ours(m) for m in groups[t][1])
+
+    def signal_group(t: str, sig: int) -> None:
+        # The group outlives its leader while any member lives, and Linux never hands out a pid
+        # that is still a group's id: a group with a live member of ours is still ours.
+        if alive(t):
+            try:
+                os.killpg(groups[t][0], sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while any(alive(t) for t in groups) and time.monotonic() < deadline:
+            time.sleep(0.01)  # (a supervisor and its server go soon after TERM: `down` waits on this)
+
+    for t in groups:
+        signal_group(t, signal.SIGTERM)
+    wait(args.grace)
+    for t in groups:
+        if alive(t):
+            signal_group(t, signal.SIGKILL)
+            killed.add(t)
+    wait(5)
+    stopped = {t: TaskStopped(was_running=t in groups, killed=t in killed, gone=t not in groups or not alive(t))
+               for t in args.task}
+    cleaned = None
+    if args.clean and all(s.gone for s in stopped.values()):
+        cleaned = cmd_clean(Namespace(dir=args.dir, keep_logs=args.keep_logs, if_unused=False))
+    return StopReply(tasks=stopped, cleaned=cleaned)
+
+
+
+def cmd_clean(args: Namespace) -> CleanReply:
+    """What `down` ends with on every host (`stop --clean`): the firewall rules first, then the
+    tasks' files and the launchers. A directory another dtf's tasks use (`--if-unused`) is left
+    alone; a task whose server still runs is refused."""
+    removed: list[str] = []
+    if not os.path.isdir(args.dir):
+        return CleanReply(removed=removed)
+    if args.if_unused and running_tasks(args.dir):
+        return CleanReply(removed=removed, in_use=True)  # another dtf's tasks live here: not ours
+    if os.path.exists(os.path.join(args.dir, layout.FENCE)):  # the firewall rules first: they outlive no cluster
+        fenced = fence.remove(args.dir)
+        if fenced.error:
+            raise SystemExit(f"cannot remove the TF ports' firewall rules: {fenced.error}")
+    for name in sorted(os.listdir(args.dir)):
+        path = os.path.join(args.dir, name)
+        if os.path.isdir(path) and not os.path.islink(path) and name != "__pycache__":
+            if ours(read_json(os.path.join(path, layout.PID))):
+                raise SystemExit(f"refusing to clean {path}: its server is still running")
+            for entry in os.listdir(path):
+                if args.keep_logs and entry == layout.LOG:
+                    continue
+                target = os.path.join(path, entry)
+                if os.path.isdir(target) and not os.path.islink(target):
+                    shutil.rmtree(target)  # written by the server (a relative path in a program)
+                else:
+                    os.unlink(target)
+                removed.append(target)
+            if not os.listdir(path):
+                os.rmdir(path)
+        elif (layout.is_launcher(name) or layout.is_helpers(name) or name in (layout.LEASE, layout.EXPIRE_LOCK)
+              or ".tmp-" in name):
+            os.unlink(path)  # every launcher version (and dtf's package), and uploads that never completed
+            removed.append(path)
+    if os.path.isdir(pycache := os.path.join(args.dir, "__pycache__")):
+        shutil.rmtree(pycache, ignore_errors=True)
+    if not os.listdir(args.dir):
+        os.rmdir(args.dir)
+    return CleanReply(removed=removed)
