@@ -32,6 +32,23 @@ def _v2_root() -> Path | None:
     return None
 
 
+def _hierarchy(version: int | None) -> Path | None:
+    """The hierarchy to account CPU in: version 1 or 2, or (None) v1's cpuacct where it is mounted."""
+    if version == 1 or (version is None and V1.is_dir()):
+        return V1 if V1.is_dir() else None
+    return _v2_root()
+
+
+def unavailable(version: int | None = None) -> str | None:
+    """Why no group can be made here (no hierarchy, or one this process may not write), or None."""
+    hierarchy = _hierarchy(version)
+    if hierarchy is None:
+        return "neither cgroup v1's cpuacct nor cgroup v2 is mounted"
+    if not os.access(hierarchy, os.W_OK):
+        return f"{hierarchy} is not writable here"
+    return None
+
+
 class CpuGroup:
     def __init__(self, path: Path, v1: bool) -> None:
         self.path, self.v1 = path, v1
@@ -73,12 +90,10 @@ class CpuGroups:
 
     def __init__(self, version: int | None = None) -> None:
         """version: 1 or 2 to insist on one (None: v1 where its cpuacct hierarchy is mounted)."""
-        v2 = _v2_root()
-        self.v1 = version == 1 or (version is None and V1.is_dir())
-        hierarchy = V1 if self.v1 else v2
-        if hierarchy is None or not hierarchy.is_dir():
-            raise RuntimeError("no cgroup hierarchy to account CPU in: neither cgroup v1's cpuacct "
-                               "nor cgroup v2 is mounted")
+        hierarchy = _hierarchy(version)
+        if hierarchy is None:
+            raise RuntimeError(f"no cgroup hierarchy to account CPU in: {unavailable(version)}")
+        self.v1 = hierarchy == V1
         self.root = hierarchy
         self.parent = hierarchy / f"dtfbench-{os.getpid()}"
         self.groups: list[CpuGroup] = []

@@ -39,6 +39,7 @@ import collections
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -129,13 +130,13 @@ class Meter:
 
 def floor(meter: Meter, hosts: Sequence[str], code: str = "pass", *options: str) -> Figure:
     """One `ssh HOST PYTHON -c CODE` per host, all started at once (PYTHON: the hosts' python,
-    the inventory's)."""
+    the inventory's). ssh hands the remote shell one line: the code is quoted for it."""
     lab = meter.lab
     failed = []
 
     def run() -> None:
         procs = [meter.popen(["ssh", "-F", str(lab.ssh_config), "-i", str(lab.key), "-o", "BatchMode=yes",
-                              *options, h, sys.executable, "-c", code],
+                              *options, h, sys.executable, "-c", shlex.quote(code)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for h in hosts]
         for h, p in zip(hosts, procs):
             _, err = p.communicate(timeout=600)
