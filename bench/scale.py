@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from common import REPO, as_installed  # (puts tests/ on the path)
 from cpugroups import CpuGroup, CpuGroups
@@ -99,9 +100,10 @@ class Meter:
             self.hosts[h.name] = groups.make(h.name)
             self.hosts[h.name].add(h.proc.pid)
 
-    def popen(self, argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
-        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, text=True,
-                                preexec_fn=self.laptop.join, **kwargs)  # type: ignore[call-overload]
+    def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[str]:
+        """A process of the laptop's, born in its group (and so everything it starts)."""
+        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, text=True, preexec_fn=self.laptop.join,
+                                **kwargs)
 
     def measure(self, hosts: Sequence[str], run: Callable[[], object]) -> Figure:
         laptop0 = self.laptop.usage_ns()
