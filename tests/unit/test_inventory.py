@@ -803,6 +803,16 @@ def test_an_inventory_knows_where_each_value_is_written() -> None:
     assert flow.position("ssh_config") == Position("inv.yaml", 1, 17)
 
 
+def test_a_missing_ssh_config_is_reported_where_the_inventory_names_it(tmp_path: Path) -> None:
+    from dtf.hosts.transport import check_ssh_config
+
+    inv = loads(f"{{cluster: demo, ssh_config: {tmp_path}/nope, hosts: [{{host: a, workers: 1}}]}}\n", "inv.yaml")
+    assert inv.ssh_config is not None
+    with pytest.raises(InventoryError) as e:
+        check_ssh_config(inv.position("ssh_config"), inv.ssh_config)
+    assert e.value.lines() == [f"inv.yaml:1:17: ssh_config: {tmp_path}/nope: No such file or directory"]
+
+
 def test_the_model_is_imported_without_yaml() -> None:
     """What only reads a cluster's record (the plan holds HostSpecs) never loads PyYAML; `load` does."""
     code = ("import sys\nimport dtf.cluster.inventory, dtf.cluster.plan, dtf.cluster.state\n"
