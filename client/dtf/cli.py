@@ -198,7 +198,7 @@ def _slurm_allocation(inv: Inventory, inventory: Path, wait: float, connect_time
         if inv.ssh_config:  # (meanwhile: the file's mistakes at its line, not as ssh's failure)
             from dtf.hosts.transport import check_ssh_config
 
-            check_ssh_config(inventory, inv.ssh_config)
+            check_ssh_config(inv.position("ssh_config"), inv.ssh_config)
         from dtf.hostops import lifecycle
 
         return lifecycle.slurm_allocation(inv, inventory, wait=wait, say=ui.say, connect_timeout=connect_timeout,

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from dtf.cli import app
 from dtf.cluster import state
+from dtf.cluster.inventory import load
 from dtf.cluster.plan import Plan
 from dtf.errors import InventoryError
 from dtf.files.shipping import launcher_name
@@ -212,13 +213,14 @@ def test_a_slurm_inventorys_ssh_config_is_checked_by_openssh_alone(tmp_path: Pat
     config = tmp_path / "cfg"
     config.write_text("Host login\n  HostName 10.0.0.1\n")
     code = (f"import sys; from pathlib import Path; from dtf.hosts.transport import check_ssh_config\n"
-            f"check_ssh_config(Path({str(inv)!r}), {str(config)!r}, paramiko_reads=False)\n"
+            f"from dtf.cluster.inventory import load\n"
+            f"check_ssh_config(load(Path({str(inv)!r})).position('ssh_config'), {str(config)!r}, paramiko_reads=False)\n"
             f"assert 'paramiko' not in sys.modules, 'paramiko imported'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     config.write_text("Host login\n  Bogus yes\n")
     with pytest.raises(InventoryError) as e:
-        check_ssh_config(inv, str(config), paramiko_reads=False)
+        check_ssh_config(load(inv).position("ssh_config"), str(config), paramiko_reads=False)
     assert str(e.value) == f"{inv}:2:1: ssh_config: {config}: cannot parse it: line 2: Bad configuration option: bogus"
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from dtf.cluster.inventory import (
     DEFAULT_WORKDIR,
     HostSpec,
     Inventory,
+    Position,
     load,
     loads,
 )
@@ -785,45 +788,44 @@ def test_network_and_firewall_keys() -> None:
     assert e.value.lines() == ["inv.yaml:1:1: netwrk: unknown key (did you mean 'network'?)"]
 
 
-def _tree(node: yaml.Node) -> object:
-    """A node tree as plain data: kind, tag, value and where each node begins and ends."""
-    where = (node.start_mark.line, node.start_mark.column, node.end_mark.line, node.end_mark.column)
-    if isinstance(node, yaml.ScalarNode):
-        return ("scalar", node.tag, node.value, node.style or None, where)  # (plain: libyaml says "")
-    if isinstance(node, yaml.SequenceNode):
-        return ("seq", node.tag, [_tree(n) for n in node.value], where)
-    assert isinstance(node, yaml.MappingNode)
-    return ("map", node.tag, [(_tree(k), _tree(v)) for k, v in node.value], where)
+def test_an_inventory_knows_where_each_value_is_written() -> None:
+    """Each value's position, by the name its errors give it: a key's for a mapping's entry, an
+    item's for a list's; what is not written is at the file's start."""
+    inv = loads("cluster: demo\nssh_config: /dev/null\nhosts:\n  - host: a\n    ps: [2300, 2301]\n"
+                "    workers: 1\n  - {host: b, workers: 1}\nsync:\n  - data\n", "inv.yaml")
+    assert inv.position("ssh_config") == Position("inv.yaml", 2, 1)
+    assert inv.position("hosts[0]") == Position("inv.yaml", 4, 5)
+    assert inv.position("hosts[0].ps[1]") == Position("inv.yaml", 5, 16)
+    assert inv.position("hosts[1].workers") == Position("inv.yaml", 7, 15)
+    assert inv.position("sync[0]") == Position("inv.yaml", 9, 5)
+    assert inv.position("defaults") == Position("inv.yaml", 1, 1)
+    flow = loads("{cluster: demo, ssh_config: /dev/null, hosts: [{host: a, workers: 1}]}\n", "inv.yaml")
+    assert flow.position("ssh_config") == Position("inv.yaml", 1, 17)
 
 
-_YAML_SCALARS = st.one_of(st.integers(-10**6, 10**6), st.booleans(), st.none(), st.floats(allow_nan=False),
-                          st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12))
-_YAML_DATA = st.recursive(_YAML_SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text("abcxyz_-", min_size=1, max_size=6), inner, max_size=4)),
-    max_leaves=20)
+def test_a_missing_ssh_config_is_reported_where_the_inventory_names_it(tmp_path: Path) -> None:
+    from dtf.hosts.transport import check_ssh_config
+
+    inv = loads(f"{{cluster: demo, ssh_config: {tmp_path}/nope, hosts: [{{host: a, workers: 1}}]}}\n", "inv.yaml")
+    assert inv.ssh_config is not None
+    with pytest.raises(InventoryError) as e:
+        check_ssh_config(inv.position("ssh_config"), inv.ssh_config)
+    assert e.value.lines() == [f"inv.yaml:1:17: ssh_config: {tmp_path}/nope: No such file or directory"]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_YAML_DATA, st.sampled_from([None, True, False]))
-def test_libyaml_composes_the_same_nodes_as_pyyaml(data: object, flow: bool | None) -> None:
-    """An ASCII inventory is composed by libyaml where PyYAML has it (inventory._compose): the
-    same nodes, tags, values, styles and marks as PyYAML's own parser, on which every message's
-    line and column rest."""
-    from dtf.cluster.inventory import _compose
-
-    assert yaml.__with_libyaml__, "PyYAML without libyaml: inventories are composed in Python only"
-    text = yaml.safe_dump(data, default_flow_style=flow)
-    for extra in (text, "# a comment\n" + text.replace("\n", "  # and another\n", 1)):
-        node = _compose(extra)
-        expected = yaml.compose(extra, Loader=yaml.SafeLoader)
-        assert (node is None) == (expected is None)
-        if node is not None and expected is not None:
-            assert _tree(node) == _tree(expected)
+def test_the_model_is_imported_without_yaml() -> None:
+    """What only reads a cluster's record (the plan holds HostSpecs) never loads PyYAML; `load` does."""
+    code = ("import sys\nimport dtf.cluster.inventory, dtf.cluster.plan, dtf.cluster.state\n"
+            "assert 'yaml' not in sys.modules, 'yaml imported'\n"
+            "dtf.cluster.inventory.loads('cluster: c\\nhosts: [{host: a, workers: 1}]\\n')\n"
+            "assert 'yaml' in sys.modules\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
 
 
-def test_the_example_inventories_compose_alike_in_libyaml_and_pyyaml() -> None:
-    from dtf.cluster.inventory import _compose
-
-    for path in sorted((Path(__file__).parents[2] / "inventory").glob("*.yaml")):
-        text = path.read_text()
-        assert _tree(_compose(text)) == _tree(yaml.compose(text, Loader=yaml.SafeLoader)), path  # type: ignore[arg-type]
+def test_a_file_is_read_anew_each_time(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text("cluster: one\nhosts: [{host: a, workers: 1}]\n")
+    assert load(path).cluster == "one"
+    path.write_text("cluster: two\nhosts: [{host: a, workers: 1}]\n")
+    assert load(path).cluster == "two"

@@ -157,3 +157,16 @@ def test_restart_policy_and_lease_reach_the_start_command():
     assert argv[argv.index("--restart-limit") + 1] == "0"
     assert argv[argv.index("--restart-backoff") + 1] == "2.5"
     assert p.hosts[0].status_argv()[4:6] == ["--dir", "~/.dtf/demo"] and "--renew" in p.hosts[0].status_argv()
+
+
+def test_the_plan_keeps_where_the_inventory_names_ssh_config():
+    """A record's plan says where its inventory's ssh_config is (checked again at `dtf train
+    --collective`); one written before it did says the file's start."""
+    p = plan(INV.replace("hosts:\n", "ssh_config: ~/cfg\nhosts:\n"))
+    assert (p.ssh_config_line, p.ssh_config_column) == (3, 1)
+    again = Plan.from_dict(json.loads(json.dumps(p.to_dict())))
+    assert again == p and again.ssh_config_position("/abs/inv.yaml") == inventory.Position("/abs/inv.yaml", 3, 1)
+    data = p.to_dict()
+    del data["ssh_config_line"], data["ssh_config_column"]
+    assert Plan.from_dict(data).ssh_config_position("/abs/inv.yaml") == inventory.Position("/abs/inv.yaml", 1, 1)
+    assert (plan().ssh_config_line, plan().ssh_config_column) == (0, 0)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtf.cluster import gpus
-from dtf.cluster.inventory import DEFAULT_PYTHON, HostSpec, Inventory
+from dtf.cluster.inventory.model import DEFAULT_PYTHON, HostSpec, Inventory, Position
 from dtf.cluster.slurm import Allocation
 from dtf.files import environment, shipping
 from dtf_server import layout
@@ -279,6 +279,13 @@ class Plan:
     firewall: str = "none"  # inventory.FIREWALLS: "members" closes the TF ports to non-members
     sync: tuple[SyncItem, ...] = ()  # sent to every host at `up`: not a change of the cluster
     slurm: Allocation | None = None  # the hosts are this Slurm job's nodes, reached through its login host
+    # Where the inventory names ssh_config (for its errors after `up`: check_ssh_config); 0: unknown.
+    ssh_config_line: int = 0
+    ssh_config_column: int = 0
+
+    def ssh_config_position(self, inventory: str) -> Position:
+        """Where `inventory`, the file this plan was made from, names ssh_config."""
+        return Position(inventory, self.ssh_config_line or 1, self.ssh_config_column or 1)
 
     @property
     def ttl(self) -> float:
@@ -353,7 +360,8 @@ class Plan:
                    ssh_config=data["ssh_config"], hosts=tuple(hosts),
                    network=data.get("network", "direct"), firewall=data.get("firewall", "none"),
                    sync=tuple(SyncItem(**item) for item in data.get("sync", ())),
-                   slurm=Allocation.from_dict(data["slurm"]) if data.get("slurm") else None)
+                   slurm=Allocation.from_dict(data["slurm"]) if data.get("slurm") else None,
+                   ssh_config_line=data.get("ssh_config_line", 0), ssh_config_column=data.get("ssh_config_column", 0))
 
 
 def default_address(spec: HostSpec) -> str:
@@ -418,9 +426,11 @@ def make_plan(
     base = os.path.dirname(os.path.abspath(inventory.path))
     sync = tuple(SyncItem(s.name, os.path.normpath(os.path.join(base, os.path.expanduser(s.path))), s.line,
                           s.column) for s in inventory.sync)
+    at = inventory.position("ssh_config") if inventory.ssh_config else None
     return Plan(cluster=inventory.cluster, inventory=inventory.path,
                 ssh_config=inventory.ssh_config, hosts=tuple(hosts),
-                network=network or inventory.network, firewall=inventory.firewall, sync=sync, slurm=slurm)
+                network=network or inventory.network, firewall=inventory.firewall, sync=sync, slurm=slurm,
+                ssh_config_line=at.line if at else 0, ssh_config_column=at.column if at else 0)
 
 
 _HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdir", "address",

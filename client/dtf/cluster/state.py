@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtf.errors import NoCluster, StateBusy
 
-if TYPE_CHECKING:  # the plan imports the inventory parser (yaml): `dtf --help` needs neither
+if TYPE_CHECKING:  # the plan and the synced trees: `dtf --help` needs neither
     from dtf.cluster.plan import Plan
     from dtf.files.sync import Synced
 

@@ -507,7 +507,7 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
     if record.plan.ssh_config:  # the copies' followers and output copies read it with paramiko
         from dtf.hosts.transport import check_ssh_config
 
-        check_ssh_config(Path(record.inventory), record.plan.ssh_config, paramiko_reads=True)
+        check_ssh_config(record.plan.ssh_config_position(record.inventory), record.plan.ssh_config, paramiko_reads=True)
     with contextlib.ExitStack() as stack:
         stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
                                         connect_timeout=connect_timeout))

@@ -58,7 +58,7 @@ def load_plan(inventory_path: Path, ttl: float | None = None, server: str = "ten
     if slurm is not None:
         inv = inv.with_nodes(slurm.nodes)
     if inv.ssh_config and not config_checked:
-        check_ssh_config(inventory_path, inv.ssh_config)
+        check_ssh_config(inv.position("ssh_config"), inv.ssh_config)
     try:
         plan = make_plan(inv, resolve=resolver(inv.ssh_config, inv.hosts), local_python=sys.executable,
                          ttl=DEFAULT_TTL if ttl is None else ttl, server=server, network=network, slurm=slurm)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dtf.cluster.inventory import HostSpec
+from dtf.cluster.inventory import HostSpec, Position
 from dtf.hosts.netutil import CONNECT_TIMEOUT, port_open
 from dtf.hosts.openssh import ssh_argv, ssh_binary
 from dtf.hosts.shell import expand_local, render
@@ -670,12 +670,13 @@ def resolver(ssh_config: str | None, specs: Sequence[HostSpec] = ()) -> Callable
     return resolve
 
 
-def check_ssh_config(inventory_path: Path, ssh_config: str, paramiko_reads: bool = False) -> None:
-    """The inventory's ssh_config must be a file its readers can parse: say so at the inventory's
-    `ssh_config:` line, not with a traceback later. Its readers: OpenSSH, where there is an `ssh`
-    (every connection and the hosts' TF addresses are its: `ssh -F FILE -G` reads the whole file,
-    8 ms), and paramiko where there is no `ssh`, or where `paramiko_reads` (collective mode's
-    followers and file copies are paramiko's): not at `up`, whose paramiko import was 0.15-0.25 s."""
+def check_ssh_config(where: Position, ssh_config: str, paramiko_reads: bool = False) -> None:
+    """The inventory's ssh_config must be a file its readers can parse: say so `where` the inventory
+    names it (Inventory.position, Plan.ssh_config_position), not with a traceback later. Its
+    readers: OpenSSH, where there is an `ssh` (every connection and the hosts' TF addresses are
+    its: `ssh -F FILE -G` reads the whole file), and paramiko where there is no `ssh`, or where
+    `paramiko_reads` (collective mode's followers and file copies are paramiko's): not at `up`,
+    which has no other use for paramiko."""
     from dtf.errors import InventoryError, Problem
     from dtf.hosts.openssh import ssh_binary
 
@@ -703,11 +704,6 @@ def check_ssh_config(inventory_path: Path, ssh_config: str, paramiko_reads: bool
             reason = e.strerror or str(e)
         except Exception as e:  # paramiko's own parse errors
             reason = f"cannot parse it: {e}"
-    if reason is None:
-        return
-    try:
-        text = inventory_path.read_text(errors="replace")
-    except OSError:  # (moved since `up`: the line is not known)
-        text = ""
-    line = next((i for i, s in enumerate(text.splitlines(), 1) if s.startswith("ssh_config")), 1)
-    raise InventoryError([Problem(str(inventory_path), line, 1, "ssh_config", f"{ssh_config}: {reason}")])
+    if reason is not None:
+        problem = Problem(where.file, where.line, where.column, "ssh_config", f"{ssh_config}: {reason}")
+        raise InventoryError([problem])
