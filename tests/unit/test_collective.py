@@ -228,11 +228,10 @@ def test_a_failure_while_another_host_is_silent_names_that_host(monkeypatch: pyt
 def test_the_start_deadline_stops_all_and_names_who_never_joined(monkeypatch: pytest.MonkeyPatch) -> None:
     run, calls = fake_run(monkeypatch, {"worker:0": [(0.0, follow.Joined("worker:0"))],
                                         "worker:1": [(0.0, follow.Joined("worker:1"))]}, join_timeout=0.5)
-    t0 = time.monotonic()
     with pytest.raises(collective.StartDeadline, match=r"start deadline \(0.5s, --join-timeout\) passed: "
                                                         r"worker:2 \(h2\) is not reachable"):
         run.watch(threading.Event())
-    assert calls == ["diagnose worker:2", "stop"] and time.monotonic() - t0 < 10
+    assert calls == ["diagnose worker:2", "stop"]
 
 
 def test_ctrl_c_stops_every_copy(monkeypatch: pytest.MonkeyPatch) -> None:
