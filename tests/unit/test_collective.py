@@ -242,6 +242,28 @@ def test_ctrl_c_stops_every_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.interrupted and calls == ["stop"] and result.failure is None
 
 
+def test_a_cluster_taken_down_stops_the_watch_not_the_copies(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`dtf down` stops the copies itself: the watch stops none, names no failure, and says why."""
+    run, calls = fake_run(monkeypatch, {})
+    asked = threading.Event()
+
+    def taken_down() -> bool:
+        asked.set()
+        return True
+
+    def follow_task(plan: Any, task: Any, events: queue.Queue[Any], stop: threading.Event, *rest: Any) -> None:
+        events.put(follow.Joined(task.name))
+        asked.wait(60)
+        events.put(follow.Ended(task.name, -15, "killed by SIGTERM"))  # (`dtf down`'s stop)
+
+    monkeypatch.setattr(follow, "follow_task", follow_task)
+    run.taken_down = taken_down
+    result = run.watch(threading.Event())
+    assert result.taken_down and result.failure is None and calls == []
+    assert "cluster 'c' is being taken down (`dtf down`)" in capsys.readouterr().err
+
+
 def test_collective_imports_no_tensorflow() -> None:
     code = "import sys, dtf.collective.run, dtf.collective.follow; print('tensorflow' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
