@@ -22,16 +22,15 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from dtf.cluster.plan import TaskPlan
+from dtf.cluster.plan import Plan, TaskPlan
 from dtf.collective import follow
 from dtf.errors import DtfError
 from dtf.program import noise
-
-if TYPE_CHECKING:
-    from dtf.collective.run import CollectiveRun
+from dtf.program.train import NoFigures, RunFigures
 
 FINISH_GRACE = 60.0  # seconds the other copies get to end once the chief ended well
 LAST_LINES = 5
@@ -90,6 +89,24 @@ def end_reason(event: follow.Ended | follow.Lost) -> str:
     return event.reason if isinstance(event, follow.Ended) else f"host lost: {event.reason}"
 
 
+class Run(Protocol):
+    """What a watch asks of its run (dtf.collective.run.CollectiveRun)."""
+
+    plan: Plan
+    workers: list[TaskPlan]
+    join_timeout: float
+    grace: float
+    host_lost: float
+    connect_timeout: float
+    verbose: bool
+    figures: RunFigures | NoFigures
+    taken_down: Callable[[], bool]
+
+    def stop(self, what: str) -> dict[str, str]: ...
+
+    def diagnose(self, pending: list[TaskPlan]) -> tuple[str, bool]: ...
+
+
 class State(enum.Enum):
     JOINING = "joining"  # not every copy has joined the others: the start deadline applies
     RUNNING = "running"  # every copy joined
@@ -101,7 +118,7 @@ class Watch:
     """Follow every copy of `run` until all have ended; stop them all at the first failure, at the
     start deadline, on Ctrl-C (`interrupted`), or when the cluster is taken down."""
 
-    def __init__(self, run: CollectiveRun, interrupted: threading.Event) -> None:
+    def __init__(self, run: Run, interrupted: threading.Event) -> None:
         self.run, self.interrupted = run, interrupted
         self.workers = run.workers
         self.by_name = {t.name: t for t in self.workers}
