@@ -60,10 +60,12 @@ test-fakes: bytecode
 unit: bytecode
 	$(BIN)/python -m pytest -q tests/unit
 
-# Linter, and the type checker (strict on the client and on the host package alike).
+# Linter, and the type checker (strict on the client and on the host package alike); shellcheck
+# for the sh programs dtf runs on a Slurm cluster (ruff reads their Python beside them).
 lint: venv
 	$(BIN)/ruff check client server tests bench
 	$(BIN)/mypy -p dtf -p dtf_server
+	$(BIN)/shellcheck client/dtf/cluster/scripts/*.sh
 
 bench: venv
 	$(BIN)/python bench/provision.py

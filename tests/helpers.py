@@ -116,6 +116,30 @@ def wait_until(what, timeout: float = 20.0, every: float = 0.1):
     return value
 
 
+def within(timeout: float, what):
+    """what()'s answer (or its exception), which must come within `timeout` seconds, else the test
+    fails: the generous deadline of a call that a fault would make hang. A daemon thread runs it,
+    so a call that hangs does not hold the test run's exit."""
+    box: list = []
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            box.append((True, what()))
+        except BaseException as e:  # (handed to the test's own thread)
+            box.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name="within", daemon=True).start()
+    if not done.wait(timeout):
+        pytest.fail(f"no answer within {timeout:g}s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
 def leftovers(lab) -> dict[str, list]:
     """Processes still running from any lab host's dtf workdir (one look at /proc for all hosts)."""
     return {name: p for name, p in lab.processes_of_hosts().items() if p}

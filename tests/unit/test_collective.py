@@ -228,11 +228,10 @@ def test_a_failure_while_another_host_is_silent_names_that_host(monkeypatch: pyt
 def test_the_start_deadline_stops_all_and_names_who_never_joined(monkeypatch: pytest.MonkeyPatch) -> None:
     run, calls = fake_run(monkeypatch, {"worker:0": [(0.0, follow.Joined("worker:0"))],
                                         "worker:1": [(0.0, follow.Joined("worker:1"))]}, join_timeout=0.5)
-    t0 = time.monotonic()
     with pytest.raises(collective.StartDeadline, match=r"start deadline \(0.5s, --join-timeout\) passed: "
                                                         r"worker:2 \(h2\) is not reachable"):
         run.watch(threading.Event())
-    assert calls == ["diagnose worker:2", "stop"] and time.monotonic() - t0 < 10
+    assert calls == ["diagnose worker:2", "stop"]
 
 
 def test_ctrl_c_stops_every_copy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,6 +240,28 @@ def test_ctrl_c_stops_every_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     threading.Timer(0.3, flag.set).start()
     result = run.watch(flag)
     assert result.interrupted and calls == ["stop"] and result.failure is None
+
+
+def test_a_cluster_taken_down_stops_the_watch_not_the_copies(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`dtf down` stops the copies itself: the watch stops none, names no failure, and says why."""
+    run, calls = fake_run(monkeypatch, {})
+    asked = threading.Event()
+
+    def taken_down() -> bool:
+        asked.set()
+        return True
+
+    def follow_task(plan: Any, task: Any, events: queue.Queue[Any], stop: threading.Event, *rest: Any) -> None:
+        events.put(follow.Joined(task.name))
+        asked.wait(60)
+        events.put(follow.Ended(task.name, -15, "killed by SIGTERM"))  # (`dtf down`'s stop)
+
+    monkeypatch.setattr(follow, "follow_task", follow_task)
+    run.taken_down = taken_down
+    result = run.watch(threading.Event())
+    assert result.taken_down and result.failure is None and calls == []
+    assert "cluster 'c' is being taken down (`dtf down`)" in capsys.readouterr().err
 
 
 def test_collective_imports_no_tensorflow() -> None:

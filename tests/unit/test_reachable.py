@@ -20,6 +20,7 @@ from dtf.hostops import start
 from dtf.hostops.parallel import HostOps
 from dtf.hostops.start import Starter
 from dtf.hosts.transport import Transport
+from helpers import within
 
 
 class Through:
@@ -83,12 +84,11 @@ def test_dropped_direct_probes_hold_up_neither_the_start_nor_the_exit(slurm: boo
         return False
 
     monkeypatch.setattr(start, "port_open", port_open)
-    monkeypatch.setattr(start, "DIRECT_PROBE", 60.0)
+    monkeypatch.setattr(start, "DIRECT_PROBE", 3600.0)
     s, hp = starter(network, slurm=slurm)
     t = Through()
-    t0 = time.monotonic()
-    assert s._reachable(cast(Transport, t), hp, hp.tasks) is False
-    assert time.monotonic() - t0 < 30 and sorted(t.asked) == ["10.0.0.1:2222", "10.0.0.1:2223"]
+    assert within(60, lambda: s._reachable(cast(Transport, t), hp, hp.tasks)) is False
+    assert sorted(t.asked) == ["10.0.0.1:2222", "10.0.0.1:2223"]
     assert sorted(tried) == [2222, 2223]
     dropped.set()
 
@@ -100,19 +100,17 @@ def test_a_process_ends_with_its_last_word_whatever_the_dropped_probes(tmp_path:
     program = tmp_path / "probe.py"
     program.write_text(textwrap.dedent("""
         import sys, threading, time
-        sys.path.insert(0, sys.argv[1])
+        sys.path[:0] = [sys.argv[1], sys.argv[1] + "/.."]  # (test_reachable imports tests/helpers)
         import test_reachable as tr
         from dtf.hostops import start
-        start.DIRECT_PROBE = 60.0
+        start.DIRECT_PROBE = 3600.0
         start.port_open = lambda host, port, timeout: threading.Event().wait(timeout) and False
         s, hp = tr.starter("auto", slurm=True)
         print(s._reachable(tr.Through(), hp, hp.tasks), flush=True)
     """))
-    t0 = time.monotonic()
     r = subprocess.run([sys.executable, str(program), str(Path(__file__).parent)], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120)  # (not the hour of DIRECT_PROBE)
     assert (r.returncode, r.stdout.strip()) == (0, "False"), r.stderr
-    assert time.monotonic() - t0 < 40  # (not the 60 s of DIRECT_PROBE)
 
 
 def test_an_ssh_hosts_slow_direct_answer_still_counts(monkeypatch: pytest.MonkeyPatch) -> None:

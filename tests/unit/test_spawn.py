@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from dtf.cluster.inventory import HostSpec
 from dtf.hosts import spawn
 from dtf.hosts.spawn import _wait_exited
 from dtf.hosts.tunnel import Master
+from helpers import within
 
 FAKE_SSH = r'''
 import os, socket, sys, time
@@ -228,7 +228,7 @@ def test_an_early_master_that_is_not_the_one_up_would_start_is_ended_first(
     assert "ConnectTimeout=33" in " ".join(other.argv or [])
 
 
-@pytest.mark.parametrize("handshake", [0.0, 5.0])
+@pytest.mark.parametrize("handshake", [0.0, 3600.0])
 def test_an_early_master_no_up_took_is_ended_at_the_commands_end(
         ssh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handshake: float) -> None:
     """Whether its handshake is over (a master runs: closed) or not (the ssh is killed): nothing is
@@ -242,9 +242,7 @@ def test_an_early_master_no_up_took_is_ended_at_the_commands_end(
     if not handshake:
         early.wait(timeout=10)
         assert spawn.listening(m.path)
-    t0 = time.monotonic()
-    spawn.abandon()
-    assert time.monotonic() - t0 < 3
+    within(60, spawn.abandon)  # (waiting out the handshake would hang)
     assert early.poll() is not None and not spawn.listening(m.path)
     assert not Path(m.path).exists() and not Path(m.path + ".log").exists()
 

@@ -1,5 +1,6 @@
 """The Slurm commands dtf runs on a cluster's login host, as argv lists, and how it reads their
-answers. Pure: no I/O (dtf.hostops.slurm runs them).
+answers. Pure: no I/O (dtf.hostops.slurm runs them) but reading the programs some of them run,
+package data in dtf/cluster/scripts (sh and Python that `make lint` checks: shellcheck and ruff).
 
 What dtf asks for is an allocation that holds its nodes and runs nothing of its own (`salloc
 --no-shell`: Slurm grants it at once where the nodes are free, where a batch job waits for the
@@ -10,38 +11,35 @@ on its first node watches the cluster's lease (`watch_argv`).
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 import shlex
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from dtf.cluster.inventory import HostSpec, Inventory
+
+
+@functools.cache
+def script(name: str) -> str:
+    """The text of a program in dtf/cluster/scripts, without its leading comment (its documentation
+    and shellcheck's directives, which need not travel with every command)."""
+    lines = (resources.files("dtf.cluster") / "scripts" / name).read_text(encoding="utf-8").splitlines(keepends=True)
+    while lines and lines[0].startswith("#"):
+        lines.pop(0)
+    return "".join(lines)
+
 
 # The lease watch of the allocation dtf submits: a job step on its first node that cancels the job
 # once the cluster's lease there lapsed: no dtf command used the cluster for its ttl (`dtf up
 # --ttl`: the laptop is gone), so an abandoned cluster gives its nodes back. The supervisors remove
 # the cluster's files once the lease lapsed, so files gone after a lease that had lapsed are a lapse
 # too; files gone while the lease was fresh are `dtf down` at work, which cancels the job itself
-# once every node is clean (ending it sooner would cut the other nodes' clean). A lease file written
-# before the watch began is an earlier job's (a job ended by its lapse may end before its
-# supervisors removed the files): ignored, or the new job would end at once.
+# once every node is clean (ending it sooner would cut the other nodes' clean). The program:
+# scripts/lease_watch.py.
 HOLD_POLL = 2.0  # seconds
-_HOLD = """import json, os, sys, time
-begun = time.time()
-last = None
-while True:
-    try:
-        lease = json.load(open(sys.argv[1]))
-        written = os.stat(sys.argv[1]).st_mtime
-    except (OSError, ValueError):
-        lease = None
-    if lease is not None and written >= begun - 1:
-        last = lease
-    if last is not None and last["ttl"] and time.time() > last["renewed"] + last["ttl"]:
-        os.execvp("scancel", ["scancel", os.environ["SLURM_JOB_ID"]])
-    time.sleep(float(sys.argv[2]))
-"""
 
 
 def quote_arg(arg: str) -> str:
@@ -57,10 +55,10 @@ def watch_script(inv: Inventory, poll: float = HOLD_POLL) -> str:
     lease = posixpath.join(node.workdir, inv.cluster, "lease.json")
     # A python that is not there (`up` says so in its check) must not end the job: hold. The
     # process holding is exec'd, never waited for (it execs scancel itself): the SIGTERM of the
-    # job's end reaches it, not a shell, whose wait held the job's end 3.7 s on the lab.
+    # job's end reaches it, not a shell, whose wait would hold the job's end.
     py = quote_arg(python)
     return (f"command -v {py} >/dev/null 2>&1 || exec sleep infinity; "
-            f"exec {py} -c {shlex.quote(_HOLD)} {quote_arg(lease)} {poll:g}")
+            f"exec {py} -c {shlex.quote(script('lease_watch.py'))} {quote_arg(lease)} {poll:g}")
 
 
 def watch_argv(inv: Inventory, job: str, node: str) -> list[str]:
@@ -198,156 +196,38 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
     return f"slurm job {job} {what} ({'; '.join(detail)}): {tail}"
 
 
-# One command on the login host per look at a job that `up` waits for (a round trip each: what
-# the laptop pays per command, not Slurm): squeue every PAUSE seconds, for up to SECONDS (by the
-# login host's clock: a loaded slurmctld makes each squeue slower, not the look longer than
-# that and one squeue), until the job leaves the pending states; once it runs, its nodes in
-# Slurm's order and their records (NodeAddr), in the same answer, and THEN (sh: the lease watch's
-# step, watch_command) started detached, WATCH_DELAY seconds later, its $first the job's first
-# node (exit 4 if it cannot).
-# `--submit`: salloc first (its argv after `--`), left in the background (it waits there while
-# the job pends, and exits once it is granted or cancelled), its job id read from its first words
-# (within ID_SECONDS; its error, if it ends without one), on the answer's first line; a laptop
-# gone before the answer (an interrupted `up`: the answer cannot be written) leaves no job: it is
-# cancelled. Answer: [JOB ID], the squeue line (empty: squeue no longer lists the job), then for a
-# running job `---` and `scontrol --oneliner show node` of its nodes: one line each, in Slurm's
-# order (scontrol walks the node list as `scontrol show hostnames` does: one command fewer).
-# START (with --submit; sh, dtf.hosts.slurmstep.EarlySteps): once the job runs on START_NODES
-# nodes, each node's start begun at once, its job id in $job, node I's name and address (as
-# parse_node_addresses reads them) in $NI and $AI, the upload (this command's stdin, read first)
-# in "$d/up"; the answer goes on with BEGUN_MARK, a blank line every HEARTBEAT seconds while
-# the steps start (the laptop gone, the write fails: the job is cancelled), then each node's
-# (EarlySteps.take).
+# One command on the login host per look at a job that `up` waits for, submitting it first or
+# not (scripts/wait.sh, wait_argv): squeue every WAIT_PAUSE seconds for up to WAIT_SECONDS until
+# the job leaves the pending states; once it runs, its nodes and their addresses in the same
+# answer, the lease watch started, and (with START) every node's start begun. ID_SECONDS: what
+# salloc gets to say its job id.
 WAIT_SECONDS, WAIT_PAUSE, ID_SECONDS = 1.0, 0.1, 20
-# THEN (the lease watch) starts this long after the job runs: its srun, slurmstepd and python (0.1 s
-# of CPU on the lab) would share the login host's and the first node's cores with the nodes' own
-# start, which `up` waits for. The watch acts on a lease that ends minutes or hours later; it takes
-# as its own a lease written from 1 s before it began (_HOLD), which `up`'s last write, once the
-# servers serve, is.
+# THEN (the lease watch) starts this long after the job runs: its srun, slurmstepd and python
+# would share the login host's and the first node's cores with the nodes' own start, which `up`
+# waits for. The watch acts on a lease that ends minutes or hours later; it takes as its own a
+# lease written from 1 s before it began (scripts/lease_watch.py), which `up`'s last write, once
+# the servers serve, is.
 WATCH_DELAY = 0.5
-_WAIT = r"""set -e
-NL='
-'
-ms() { t=$(date +%s%N); echo $((t / 1000000)); }
-if [ "$1" = --submit ]; then
-  shift 4
-  if [ -n "$START" ]; then
-    d=$(mktemp -d)
-    trap 'rm -rf "$d"' EXIT
-    exec 3<&0  # (an asynchronous list's stdin is /dev/null but for its own redirection)
-    cat <&3 >"$d/up" &  # while salloc asks
-    upload=$!
-    exec 3<&-
-  fi
-  said=$(mktemp)
-  ( trap '' HUP; exec "$@" ) >"$said" 2>&1 </dev/null &
-  salloc=$!
-  # Read with the shell's own `read`, the deadline counted in 10 ms sleeps (at least ID_MS, later
-  # on a loaded host): a look costs a sleep, not a sed and a date each.
-  tries=$((ID_MS / 10))
-  while :; do
-    alive=1
-    kill -0 "$salloc" 2>/dev/null || alive=  # (before the read: all it said is in the file then)
-    job=
-    while IFS= read -r said_line; do
-      case $said_line in
-        "salloc: Granted job allocation "[0-9]*|"salloc: Pending job allocation "[0-9]*)
-          job=${said_line#salloc: * job allocation }; job=${job%%[!0-9]*}; break ;;
-      esac
-    done <"$said"
-    [ -z "$job" ] || break
-    tries=$((tries - 1))
-    if [ -z "$alive" ] || [ "$tries" -le 0 ]; then
-      kill "$salloc" 2>/dev/null || true
-      echo "$(grep . "$said" | tail -n 1 || echo "salloc said no job id")" >&2
-      rm -f "$said"
-      exit 1
-    fi
-    sleep 0.01
-  done
-  rm -f "$said"
-  # A `dtf up` interrupted before it read the id (Ctrl-C) closed this session: the job is
-  # nobody's then. What this command writes fails once the laptop has gone: cancel it then.
-  trap '' PIPE
-  submitted=1
-  echo "JOB $job" || { scancel "$job"; exit 1; }
-else
-  job=$1
-  shift
-fi
-end=$(($(ms) + MS))
-while :; do
-  line=$(squeue --noheader --jobs="$job" --format='%T|%r|%N|%M|%L' 2>&1) || {
-    case $line in *"Invalid job id"*) line= ;; *) echo "squeue failed: $line" >&2; exit 1 ;; esac
-  }
-  case $line in PENDING*|CONFIGURING*|REQUEUED*|RESIZING*) ;; *) break ;; esac
-  [ "$(ms)" -lt "$end" ] || break
-  sleep "$PAUSE"
-done
-out=$(
-  echo "$line"
-  case $line in RUNNING*)
-    nodes=${line#*|*|}; nodes=${nodes%%|*}
-    shown=$(scontrol --oneliner show node "$nodes")
-    first=
-    case $shown in NodeName=*) first=${shown#NodeName=}; first=${first%%[ $NL]*} ;; esac
-    if [ -n "$THEN" ] && [ -n "$first" ]; then
-      eval "setsid -f sh -c 'sleep \$0; exec \"\$@\"' $WATCH_DELAY $THEN" >/dev/null 2>&1 </dev/null ||
-        { echo "cannot start the lease watch" >&2; exit 4; }
-    fi
-    echo ---
-    echo "$shown" ;;
-  esac
-)
-printf '%s\n' "$out" || { [ -z "${submitted:-}" ] || scancel "$job"; exit 1; }
-[ -n "$START" ] || exit 0
-case $line in RUNNING*) ;; *) exit 0 ;; esac
-i=0
-while IFS= read -r l; do
-  case $l in NodeName=*) ;; *) continue ;; esac
-  n=${l#NodeName=}; n=${n%%[ 	]*}; a=
-  case $l in *[' 	']NodeAddr=*) a=${l#*[' 	']NodeAddr=}; a=${a%%[ 	]*} ;; esac
-  eval "N$i=\$n; A$i=\${a:-\$n}"
-  i=$((i + 1))
-done <<EOF
-$out
-EOF
-[ "$i" -eq "$START_NODES" ] || exit 0
-echo "$BEGUN" || { scancel "$job"; exit 1; }
-wait "$upload"
-eval "$START"
-( while sleep "$HEARTBEAT" >/dev/null 2>&1; do echo || { scancel "$job"; exit 0; }; done ) &
-beat=$!
-wait $begun || true
-kill "$beat" 2>/dev/null || true
-i=0
-while [ "$i" -lt "$START_NODES" ]; do
-  rc=1
-  read -r rc <"$d/r$i" || true
-  echo "=== node $i $rc" || { scancel "$job"; exit 1; }
-  while IFS= read -r l || [ -n "$l" ]; do printf 'o %s\n' "$l"; done <"$d/o$i"
-  while IFS= read -r l || [ -n "$l" ]; do printf 'e %s\n' "$l"; done <"$d/e$i"
-  i=$((i + 1))
-done || { scancel "$job"; exit 1; }
-"""
 HEARTBEAT = 0.2
-BEGUN_MARK = "=== dtf-start\n"  # (_WAIT's line before the steps' answers)
+BEGUN_MARK = "=== dtf-start\n"  # (wait.sh's line before the steps' answers)
 
 
 def wait_argv(job: str | None = None, submit: list[str] | None = None, seconds: float = WAIT_SECONDS,
               pause: float = WAIT_PAUSE, then: str | None = None, start: str = "", nodes: int = 0) -> list[str]:
     """Look at `job` until it leaves the pending states (squeue `pause` apart, for up to `seconds`),
-    or submit it first (`submit`: the salloc argv) and look at it: one command (see _WAIT). `then`:
-    sh to start, detached, once the job runs (watch_command). `start` (with `submit`): sh that
-    begins the steps of the job's `nodes` nodes once it runs (_WAIT's START: EarlySteps.script)."""
+    or submit it first (`submit`: the salloc argv) and look at it: one command (scripts/wait.sh).
+    `then`: sh to start, detached, once the job runs (watch_command). `start` (with `submit`): sh
+    that begins the steps of the job's `nodes` nodes once it runs (wait.sh's START:
+    EarlySteps.script)."""
     assert not start or submit is not None
-    script = (f"MS={round(max(0.0, seconds) * 1000)}; PAUSE={pause:g}; ID_MS={ID_SECONDS * 1000}; "
-              f"WATCH_DELAY={WATCH_DELAY:g}; THEN={shlex.quote(then or '')}; START={shlex.quote(start)}; "
-              f"START_NODES={nodes:d}; HEARTBEAT={HEARTBEAT:g}; BEGUN={shlex.quote(BEGUN_MARK.strip())}\n{_WAIT}")
+    settings = {"MS": str(round(max(0.0, seconds) * 1000)), "PAUSE": f"{pause:g}", "ID_MS": str(ID_SECONDS * 1000),
+                "WATCH_DELAY": f"{WATCH_DELAY:g}", "THEN": then or "", "START": start, "START_NODES": f"{nodes:d}",
+                "HEARTBEAT": f"{HEARTBEAT:g}", "BEGUN": BEGUN_MARK.strip()}
+    program = "; ".join(f"{name}={shlex.quote(value)}" for name, value in settings.items()) + "\n" + script("wait.sh")
     if submit is not None:
-        return ["sh", "-c", script, "sh", "--submit", "-", "-", "--", *submit]
+        return ["sh", "-c", program, "sh", "--submit", "-", "-", "--", *submit]
     assert job is not None
-    return ["sh", "-c", script, "sh", job]
+    return ["sh", "-c", program, "sh", job]
 
 
 @dataclass(frozen=True)
@@ -374,29 +254,12 @@ def parse_wait(out: str) -> Waited:
     return Waited(job, state, tuple(addresses), addresses)
 
 
-# scancel, then squeue every PAUSE seconds until the queue no longer lists the job (squeue prints
-# nothing for it, or no longer knows it): on the login host, one command, not a round trip a look.
-# Exits 3 with squeue's last answer if it is still listed after TRIES looks; scancel's own failure
-# exits 1 with its message.
-_CANCEL = """scancel "$1" || exit 1
-n=0
-while :; do
-  if out=$(squeue --noheader --jobs="$1" --format=%T 2>&1); then
-    [ -z "$out" ] && exit 0
-  else
-    case "$out" in *"Invalid job id"*) exit 0;; esac
-  fi
-  n=$((n+1))
-  [ "$n" -ge "$2" ] && { echo "$out" >&2; exit 3; }
-  sleep "$3"
-done
-"""
 CANCEL_PAUSE = 0.05
 
 
 def cancel_argv(job: str, seconds: float, pause: float = CANCEL_PAUSE) -> list[str]:
-    """Cancel `job` and wait until the queue no longer lists it, for at most `seconds` (_CANCEL)."""
-    return ["sh", "-c", _CANCEL, "sh", job, str(max(1, round(seconds / pause))), f"{pause:g}"]
+    """Cancel `job` and wait until the queue no longer lists it, for at most `seconds` (scripts/cancel.sh)."""
+    return ["sh", "-c", script("cancel.sh"), "sh", job, str(max(1, round(seconds / pause))), f"{pause:g}"]
 
 
 def step_argv(job: str, node: str, argv: list[str] | tuple[str, ...], name: str = "dtf") -> list[str]:

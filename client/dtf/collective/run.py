@@ -13,6 +13,7 @@ What happens, in order:
    unless `verbose`.
 4. A start deadline: every copy must have joined (dtf.program.hooks.collective) within `join_timeout`,
    else dtf stops them all and names the tasks that never joined, and why when it can tell.
+   (Steps 4 and 5 are dtf.collective.watch: one attempt followed through named states.)
 5. The first copy that fails (or whose host is lost) stops all of them (TERM, then KILL), and
    dtf names it with its host and its last lines. With attempts left and a failure that was not
    the program's own (a copy killed, a host lost), all copies start again; tf-keras
@@ -29,16 +30,12 @@ from __future__ import annotations
 import contextlib
 import json
 import posixpath
-import queue
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +43,15 @@ from dtf.cluster import gpus
 from dtf.cluster.plan import HostPlan, Plan, TaskPlan
 from dtf.cluster.state import Record
 from dtf.collective import follow, remote_files
-from dtf.errors import DtfError, HostFailure, UsageError
+from dtf.collective.watch import Attempt, Watch, say
+
+# How an attempt ends, named here too (callers and tests know them as dtf.collective.run's).
+from dtf.collective.watch import Failure as Failure
+from dtf.collective.watch import StartDeadline as StartDeadline
+from dtf.collective.watch import exit_code as exit_code
+from dtf.collective.watch import lost_or_killed as lost_or_killed
+from dtf.collective.watch import prefix as prefix
+from dtf.errors import HostFailure, UsageError
 from dtf.files import shipping, sync
 from dtf.hostops import launcher, status, stop, syncing
 from dtf.hostops.lease import LeaseKeeper
@@ -55,7 +60,6 @@ from dtf.hostops.parallel import HostOps
 from dtf.hostops.start import Starter
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError
-from dtf.program import noise
 from dtf.program.train import NoFigures, RunFigures
 from dtf_server import layout
 from dtf_server import program as host_program
@@ -63,37 +67,7 @@ from dtf_server.protocol import ReachReply, StartReply, TaskSpec
 
 JOIN_TIMEOUT = 300.0  # seconds every copy gets to import TensorFlow and join the others
 STOP_GRACE = 10.0  # seconds between TERM and KILL when the copies are stopped
-FINISH_GRACE = 60.0  # seconds the other copies get to end once the chief ended well
-LAST_LINES = 5
 REACH_TIMEOUT = 3.0
-
-
-class StartDeadline(DtfError):
-    """Not every copy joined within the start deadline."""
-
-
-@dataclass(frozen=True)
-class Failure:
-    task: str
-    host: str
-    reason: str  # "exited with code 1", "killed by SIGKILL", "host lost: ..."
-    last_lines: tuple[str, ...]
-    lost: bool  # a copy killed or a host lost, not the program's own error: worth an attempt again
-
-    def describe(self) -> str:
-        tail = " | ".join(line.strip() for line in self.last_lines if line.strip())
-        return f"{self.task} ({self.host}) failed first: {self.reason}" + (f"; last lines: {tail}" if tail else "")
-
-
-@dataclass
-class Attempt:
-    """How one run of every copy ended."""
-
-    chief_code: int | None = None
-    failure: Failure | None = None
-    interrupted: bool = False
-    taken_down: bool = False
-    ended: dict[str, follow.Ended | follow.Lost] = field(default_factory=dict)
 
 
 # -- the plan of a collective run (pure) --------------------------------------------------------
@@ -163,10 +137,6 @@ def host_program_wait() -> float:
     return RUN_STEP_WAIT
 
 
-def prefix(task: TaskPlan) -> str:
-    return f"[{task.name} {task.host}] "
-
-
 def check_plan(plan: Plan) -> list[str]:
     """The notes to print: ps tasks are not used (an inventory always has a worker); on Slurm, GPUs
     that SlurmClusterResolver would split otherwise than dtf."""
@@ -181,18 +151,6 @@ def check_plan(plan: Plan) -> list[str]:
         if note:
             notes.append(f"--collective: {note}")
     return notes
-
-
-def lost_or_killed(event: follow.Ended | follow.Lost) -> bool:
-    """A copy that did not end by itself: killed by a signal, or its host lost."""
-    return isinstance(event, follow.Lost) or event.code is None or event.code < 0
-
-
-def exit_code(code: int | None) -> int:
-    """A copy's exit status as a shell reports it (a signal N: 128 + N)."""
-    if code is None:
-        return 137
-    return 128 - code if code < 0 else code
 
 
 def never_joined(plan: Plan, pending: list[TaskPlan], serving: dict[str, bool],
@@ -210,11 +168,6 @@ def never_joined(plan: Plan, pending: list[TaskPlan], serving: dict[str, bool],
         else:
             whys.append(f"{t.name} ({t.host}) waited for the others")
     return "; ".join(whys)
-
-
-# -- running -------------------------------------------------------------------------------
-def say(message: str) -> None:
-    print(f"dtf: {message}", file=sys.stderr, flush=True)
 
 
 class CollectiveRun:
@@ -375,122 +328,9 @@ class CollectiveRun:
                     unreachable.setdefault(targets[address].name, []).append(host)
         return never_joined(self.plan, pending, serving, unreachable), bool(unreachable)
 
-    # -- one attempt -----------------------------------------------------------------------------
     def watch(self, interrupted: threading.Event) -> Attempt:
-        """Follow every copy until all have ended; stop them all at the first failure, at the
-        start deadline, on Ctrl-C, or when the cluster is taken down."""
-        events: queue.Queue[follow.Event] = queue.Queue()
-        stop_following = threading.Event()
-        by_name = {t.name: t for t in self.workers}
-        threads = [threading.Thread(target=follow.follow_task, name=f"dtf-follow-{t.name}", daemon=True,
-                                    args=(self.plan, t, events, stop_following, self.connect_timeout,
-                                          self.host_lost)) for t in self.workers]
-        for th in threads:
-            th.start()
-        result = Attempt()
-        last: dict[str, deque[str]] = {t.name: deque(maxlen=LAST_LINES) for t in self.workers}
-        # What is printed and quoted is the program's own output, as under `dtf train`: a copy's
-        # log holds TensorFlow's C++ chatter too, and its last lines are often nothing else.
-        chatter = {t.name: noise.NoiseFilter() for t in self.workers}
-        joined: set[str] = set()
-        copies = {t.name: {"host": t.host, "joined": False, "state": "starting"} for t in self.workers}
-
-        def show(task: str, **changes: Any) -> None:  # for `dtf top` (dtf.program.figures' run.json)
-            copies[task].update(changes)
-            self.figures.update(copies=copies)
-
-        self.figures.update(copies=copies)
-        silent_since: dict[str, float] = {}  # tasks whose host has said nothing for follow.SILENT
-        deadline = time.monotonic() + self.join_timeout
-        chief_done: float | None = None
-        stopping: threading.Thread | None = None
-        stopped_at = 0.0
-        checked = time.monotonic()
-        start_error: str | None = None
-
-        def stop_all(why: str) -> None:
-            nonlocal stopping, stopped_at
-            if stopping is None:
-                say(f"stopping every copy: {why}")
-                stopping = threading.Thread(target=self.stop, args=("stop",), daemon=True)
-                stopping.start()
-                stopped_at = time.monotonic()
-
-        try:
-            while len(result.ended) < len(self.workers):
-                try:
-                    ev: follow.Event | None = events.get(timeout=0.2)
-                except queue.Empty:
-                    ev = None
-                now = time.monotonic()
-                if isinstance(ev, follow.Line):
-                    if self.verbose or chatter[ev.task].keeps(ev.text):
-                        last[ev.task].append(ev.text)
-                        print(prefix(by_name[ev.task]) + ev.text, flush=True)
-                elif isinstance(ev, follow.Joined):
-                    joined.add(ev.task)
-                    show(ev.task, joined=True, state="running")
-                elif isinstance(ev, follow.Silent):
-                    silent_since[ev.task] = now - ev.seconds
-                elif isinstance(ev, follow.Heard):
-                    silent_since.pop(ev.task, None)
-                elif isinstance(ev, (follow.Ended, follow.Lost)) and ev.task not in result.ended:
-                    result.ended[ev.task] = ev
-                    show(ev.task, state=ev.reason if isinstance(ev, follow.Ended) else f"host lost: {ev.reason}")
-                    task = by_name[ev.task]
-                    ok = isinstance(ev, follow.Ended) and ev.code == 0
-                    if task.index == 0 and isinstance(ev, follow.Ended):
-                        result.chief_code = exit_code(ev.code)
-                        chief_done = now if ok else chief_done
-                    if not ok and stopping is None and not result.interrupted and not result.taken_down:
-                        reason = ev.reason if isinstance(ev, follow.Ended) else f"host lost: {ev.reason}"
-                        result.failure = Failure(task.name, task.host, reason, tuple(last[task.name]),
-                                                 lost_or_killed(ev))
-                        quiet = [t for t in self.workers if t.name in silent_since and t.name != task.name
-                                 and t.name not in result.ended]
-                        if quiet and not result.failure.lost:
-                            # A copy failed while another host has been silent: TensorFlow saw that
-                            # host go (its heartbeats stopped) before dtf's HOST_LOST; name the host.
-                            gone = min(quiet, key=lambda t: silent_since[t.name])
-                            result.failure = Failure(
-                                gone.name, gone.host,
-                                f"host lost: no word from {gone.host} for {now - silent_since[gone.name]:.0f}s; "
-                                f"then {task.name} ({task.host}) {reason}", tuple(last[task.name]), True)
-                        pending = [t for t in self.workers if t.name not in joined and t.name not in result.ended]
-                        if pending and not result.failure.lost:
-                            # Before all joined: did TensorFlow give up on a peer it cannot reach?
-                            why, blocked = self.diagnose(pending)
-                            if blocked:
-                                start_error = f"the copies could not join: {why}"
-                        stop_all(f"{task.name} ({task.host}) {reason}")
-                if interrupted.is_set() and not result.interrupted:
-                    result.interrupted = True
-                    stop_all("interrupted")
-                if now - checked >= 1.0:
-                    checked = now
-                    if stopping is None and self.taken_down():
-                        result.taken_down = True
-                        stopping = threading.Thread(target=lambda: None)  # `dtf down` stops them
-                        stopped_at = now
-                        say(f"cluster {self.plan.cluster!r} is being taken down (`dtf down`)")
-                if stopping is None and len(joined) < len(self.workers) and now > deadline and not chief_done:
-                    pending = [t for t in self.workers if t.name not in joined and t.name not in result.ended]
-                    if pending:
-                        why, _ = self.diagnose(pending)
-                        start_error = f"start deadline ({self.join_timeout:g}s, --join-timeout) passed: {why}"
-                        stop_all(f"start deadline ({self.join_timeout:g}s) passed")
-                if chief_done is not None and stopping is None and now - chief_done > FINISH_GRACE:
-                    stop_all(f"the chief ended {FINISH_GRACE:g}s ago")
-                if stopping is not None and now - stopped_at > self.grace + self.host_lost + 30:
-                    for t in self.workers:  # a lost host's follower may never say more
-                        result.ended.setdefault(t.name, follow.Lost(t.name, "no word after the stop"))
-        finally:
-            stop_following.set()
-            if stopping is not None:
-                stopping.join(timeout=self.grace + 60)
-        if start_error is not None and not result.interrupted:
-            raise StartDeadline(start_error)
-        return result
+        """Follow every copy until all have ended (dtf.collective.watch)."""
+        return Watch(self, interrupted).watch()
 
 
 def run_collective(record: Record, program: str, args: list[str], output: str | None, attempts: int = 1,
