@@ -10,8 +10,7 @@ One lab of as many hosts as the largest count; for each count N, a cluster of on
   checkout's development environment, the script runs again under a python without that
   environment's editable-install hook, 28 ms of every python's start);
 - `dtf up`, `dtf status`, `dtf down` with DTF_SERVER=fake (no TensorFlow), each against the floor.
-  With `--repeat` 2 or more, the first `up` of each inventory and the others are apart: from the
-  second on, `up` begins its hosts' SSH handshakes before dtf has loaded (dtf.hosts.spawn).
+  With `--repeat` 2 or more, the first `up` of each inventory and the others are apart.
 With `--bastion`, every host is reached through one ProxyJump host whose sshd keeps OpenSSH's
 defaults (MaxStartups 10:30:100); the floor through it (ssh's own ProxyJump: one connection to
 the bastion per host) is printed too, with how many of its ssh commands the bastion dropped.

@@ -25,8 +25,6 @@ from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf_server.protocol import Defaults
 
 if TYPE_CHECKING:
-    from dtf.cluster.inventory import Inventory
-    from dtf.cluster.slurm import Allocation
     from dtf.cluster.state import Record
 
 app = typer.Typer(
@@ -157,59 +155,24 @@ def up(
     if inv.slurm is not None and dry_run:
         ui.show_slurm_plan(inv)
         return
-    allocation, fresh = None, False
-    if inv.slurm is not None:
-        allocation, fresh = _slurm_allocation(inv, inventory, slurm_wait, connect_timeout, replace, ttl_seconds,
-                                              network)
     from dtf.hostops import lifecycle
 
-    try:
-        plan = lifecycle.load_plan(inventory, ttl_seconds, os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
-                                   network=network, slurm=allocation, inv=inv, config_checked=inv.slurm is not None)
+    server = os.environ.get(lifecycle.SERVER_ENV) or "tensorflow"
+    with lifecycle.allocated(inv, inventory, wait=slurm_wait, say=ui.say, connect_timeout=connect_timeout,
+                             replace=replace, view=ui.host_progress, ttl=ttl_seconds, server=server,
+                             network=network) as allocation:
+        plan = lifecycle.load_plan(inventory, ttl_seconds, server, network=network, slurm=allocation, inv=inv,
+                                   config_checked=inv.slurm is not None)
         if dry_run:
             ui.show_plan(plan)
             return
         from dtf.files import sync
 
-        ui.load_tables()  # for the table shown at the end
         with sync.packed([(item.name, item.path) for item in plan.sync]) as packs:
             ui.show_packs(packs)
             result = lifecycle.up(plan, inventory, ttl=ttl_seconds, replace=replace,
                                   connect_timeout=connect_timeout, view=ui.host_progress, packs=packs)
-    except BaseException:
-        if allocation is not None and fresh:  # an allocation made for an `up` that failed is not kept
-            from dtf.hostops.slurm import release
-
-            release(allocation, inv.ssh_config, ui.say, connect_timeout, cluster=inv.cluster)
-        raise
     ui.show_up_result(result)
-
-
-def _slurm_allocation(inv: Inventory, inventory: Path, wait: float, connect_timeout: float, replace: bool,
-                      ttl: float | None, network: str | None) -> tuple[Allocation, bool]:
-    """`up`'s allocation of a Slurm inventory (lifecycle.slurm_allocation), over the login host's
-    master opened while the rest of dtf loads: begun before the CLI (dtf.entry) or now; not with
-    `replace`, which tears the recorded cluster down first, its masters with it."""
-    from dtf import ui
-    from dtf.hostops.slurm import HeadStart
-
-    try:
-        head = None if replace else HeadStart.take(inv, connect_timeout, ttl) or HeadStart(inv, connect_timeout, ttl)
-        if inv.ssh_config:  # (meanwhile: the file's mistakes at its line, not as ssh's failure)
-            from dtf.hosts.transport import check_ssh_config
-
-            check_ssh_config(inventory, inv.ssh_config)
-        from dtf.hostops import lifecycle
-
-        return lifecycle.slurm_allocation(inv, inventory, wait=wait, say=ui.say, connect_timeout=connect_timeout,
-                                          replace=replace, view=ui.host_progress, ttl=ttl, head=head,
-                                          server=os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
-                                          network=network)
-    except BaseException:
-        # The master it opened, unless the allocation took it (it closes it then); also where a
-        # Ctrl-C came while HeadStart began, before `head` was set.
-        HeadStart.abandon_all()
-        raise
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -425,17 +388,17 @@ def down(
 
 
 def main() -> None:
+    """The `dtf` command (pyproject's [project.scripts], and `python -m dtf`)."""
     try:
         app()
     finally:
         # `train` runs the user's program in this process: its objects get the interpreter's
         # whole teardown, their finalizers with it.
         if sys.argv[1:2] != ["train"]:
-            # Python's teardown collects every object of the ~300 modules a command imported: 40-100
-            # ms of a `dtf up` or `dtf status` (measured: 10 ms after gc.freeze). What dtf made is
-            # closed by now (its with blocks ended); freezing only spares the collector that walk.
+            # What dtf made is closed by now (its with blocks ended): freezing spares Python's
+            # teardown a collection that walks every object of the modules a command imported.
             gc.freeze()
 
 
-if __name__ == "__main__":  # (`python -m dtf` begins what it can before this module loads: dtf.entry)
+if __name__ == "__main__":
     main()
