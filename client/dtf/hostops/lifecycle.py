@@ -422,6 +422,13 @@ def sync_to(name: str | None, packs: Sequence[sync.Pack], *, connect_timeout: fl
     return record, reports
 
 
+# -- the record -------------------------------------------------------------------------------
+def recorded(name: str | None) -> Record:
+    """The record of the cluster named (or of the only one up): NoCluster where there is none."""
+    with state.locked():
+        return state.load(state.resolve_name(name))
+
+
 # -- down -------------------------------------------------------------------------------------
 @dataclass
 class DownResult:
