@@ -1,6 +1,7 @@
-"""The `dtf` command. This module only parses, calls and prints: the lifecycle of a cluster
-(start with rollback, repair, teardown, the record) lives in `lifecycle`, running a program in
-`train`, what things look like in `ui`. Expected failures (DtfError) become one red line and an exit code here;
+"""The `dtf` command (`main`). This module only parses, calls and prints: the lifecycle of a
+cluster (start with rollback, a Slurm allocation's included, repair, teardown, the record) lives
+in `lifecycle`, status and logs in `hostops.status`, running a program in `train`, what things
+look like in `ui`. Expected failures (DtfError) become one red line and an exit code here;
 anything else is a bug: one line on screen, the traceback in $DTF_HOME/debug.log.
 """
 
