@@ -235,9 +235,8 @@ class Interruptible:
     """`dtf ARGS` in the background, in a process group of its own as a terminal runs it: wait
     for a line on its stderr, press Ctrl-C (SIGINT to the group), collect what it said."""
 
-    def __init__(self, *args: str, env: dict[str, str], entry: bool = False) -> None:
-        # `entry`: through the `dtf` command's entry point (dtf.entry: what begins before the CLI)
-        self.proc = subprocess.Popen([sys.executable, "-m", "dtf" if entry else "dtf.cli", *args], env=env, text=True,
+    def __init__(self, *args: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "dtf", *args], env=env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=as_in_a_terminal)

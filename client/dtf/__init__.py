@@ -1,6 +1,6 @@
 """dtf: train TensorFlow models on a cluster of SSH hosts, driven from your laptop.
 
-This package is both the `dtf` command (dtf.entry, then dtf.cli) and a small helper API for training programs:
+This package is both the `dtf` command (dtf.cli) and a small helper API for training programs:
 
     import dtf
     strategy = dtf.strategy()          # ParameterServerStrategy on the cluster of `dtf train`
@@ -50,10 +50,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from typing import TYPE_CHECKING
 
-# typing's and pathlib's, without their imports here (17 ms of every `dtf` command's start, the
-# `dtf up` of a Slurm inventory begins its SSH handshake after this module: dtf.entry, dtf.hosts.spawn)
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any

@@ -1,5 +1,5 @@
-"""`python -m dtf`: the `dtf` command (dtf.entry)."""
+"""`python -m dtf`: the `dtf` command."""
 
-from dtf.entry import main
+from dtf.cli import main
 
 main()

@@ -1,6 +1,7 @@
-"""The `dtf` command. This module only parses, calls and prints: the lifecycle of a cluster
-(start with rollback, repair, teardown, the record) lives in `lifecycle`, running a program in
-`train`, what things look like in `ui`. Expected failures (DtfError) become one red line and an exit code here;
+"""The `dtf` command (`main`). This module only parses, calls and prints: the lifecycle of a
+cluster (start with rollback, a Slurm allocation's included, repair, teardown, the record) lives
+in `lifecycle`, status and logs in `hostops.status`, running a program in `train`, what things
+look like in `ui`. Expected failures (DtfError) become one red line and an exit code here;
 anything else is a bug: one line on screen, the traceback in $DTF_HOME/debug.log.
 """
 
@@ -14,20 +15,15 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
 from dtf.cluster import state
 from dtf.cluster.durations import parse_duration
-from dtf.errors import ClusterDown, DtfError, ExitCode, HostFailure, UsageError
+from dtf.errors import DtfError, ExitCode, UsageError
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf_server.protocol import Defaults
-
-if TYPE_CHECKING:
-    from dtf.cluster.inventory import Inventory
-    from dtf.cluster.slurm import Allocation
-    from dtf.cluster.state import Record
 
 app = typer.Typer(
     help="Train TensorFlow models on a cluster of SSH hosts, driven from your laptop.",
@@ -96,11 +92,6 @@ def where(e: BaseException) -> str:
     return last if not ours or ours[-1] is frames[-1] else f"{last}, from {short(ours[-1])}"
 
 
-def _recorded(cluster: str | None) -> Record:
-    with state.locked():
-        return state.load(state.resolve_name(cluster))
-
-
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import PackageNotFoundError, version
@@ -157,59 +148,24 @@ def up(
     if inv.slurm is not None and dry_run:
         ui.show_slurm_plan(inv)
         return
-    allocation, fresh = None, False
-    if inv.slurm is not None:
-        allocation, fresh = _slurm_allocation(inv, inventory, slurm_wait, connect_timeout, replace, ttl_seconds,
-                                              network)
     from dtf.hostops import lifecycle
 
-    try:
-        plan = lifecycle.load_plan(inventory, ttl_seconds, os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
-                                   network=network, slurm=allocation, inv=inv, config_checked=inv.slurm is not None)
+    server = os.environ.get(lifecycle.SERVER_ENV) or "tensorflow"
+    with lifecycle.allocated(inv, inventory, wait=slurm_wait, say=ui.say, connect_timeout=connect_timeout,
+                             replace=replace, view=ui.host_progress, ttl=ttl_seconds, server=server,
+                             network=network) as allocation:
+        plan = lifecycle.load_plan(inventory, ttl_seconds, server, network=network, slurm=allocation, inv=inv,
+                                   config_checked=inv.slurm is not None)
         if dry_run:
             ui.show_plan(plan)
             return
         from dtf.files import sync
 
-        ui.load_tables()  # for the table shown at the end
         with sync.packed([(item.name, item.path) for item in plan.sync]) as packs:
             ui.show_packs(packs)
             result = lifecycle.up(plan, inventory, ttl=ttl_seconds, replace=replace,
                                   connect_timeout=connect_timeout, view=ui.host_progress, packs=packs)
-    except BaseException:
-        if allocation is not None and fresh:  # an allocation made for an `up` that failed is not kept
-            from dtf.hostops.slurm import release
-
-            release(allocation, inv.ssh_config, ui.say, connect_timeout, cluster=inv.cluster)
-        raise
     ui.show_up_result(result)
-
-
-def _slurm_allocation(inv: Inventory, inventory: Path, wait: float, connect_timeout: float, replace: bool,
-                      ttl: float | None, network: str | None) -> tuple[Allocation, bool]:
-    """`up`'s allocation of a Slurm inventory (lifecycle.slurm_allocation), over the login host's
-    master opened while the rest of dtf loads: begun before the CLI (dtf.entry) or now; not with
-    `replace`, which tears the recorded cluster down first, its masters with it."""
-    from dtf import ui
-    from dtf.hostops.slurm import HeadStart
-
-    try:
-        head = None if replace else HeadStart.take(inv, connect_timeout, ttl) or HeadStart(inv, connect_timeout, ttl)
-        if inv.ssh_config:  # (meanwhile: the file's mistakes at its line, not as ssh's failure)
-            from dtf.hosts.transport import check_ssh_config
-
-            check_ssh_config(inv.position("ssh_config"), inv.ssh_config)
-        from dtf.hostops import lifecycle
-
-        return lifecycle.slurm_allocation(inv, inventory, wait=wait, say=ui.say, connect_timeout=connect_timeout,
-                                          replace=replace, view=ui.host_progress, ttl=ttl, head=head,
-                                          server=os.environ.get(lifecycle.SERVER_ENV) or "tensorflow",
-                                          network=network)
-    except BaseException:
-        # The master it opened, unless the allocation took it (it closes it then); also where a
-        # Ctrl-C came while HeadStart began, before `head` was set.
-        HeadStart.abandon_all()
-        raise
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -243,6 +199,7 @@ def train(
 ) -> None:
     """Run PROGRAM here as the chief of the cluster (or, --collective, on the hosts); its exit
     code (the chief's) is dtf's."""
+    from dtf.hostops import lifecycle
     from dtf.program.hooks import packing as packing_hook
     from dtf.program.hooks import wrap as wrap_hook
     from dtf.program.train import run_program
@@ -257,12 +214,12 @@ def train(
         from dtf.collective.run import run_collective
         from dtf.program.train import taken_down
 
-        record = _recorded(cluster)
+        record = lifecycle.recorded(cluster)
         raise typer.Exit(run_collective(record, str(program), list(args or []), str(output) if output else None,
                                         attempts=attempts, join_timeout=join_timeout,
                                         connect_timeout=connect_timeout, taken_down=lambda: taken_down(record),
                                         verbose=verbose))
-    code = run_program(_recorded(cluster), str(program), list(args or []),
+    code = run_program(lifecycle.recorded(cluster), str(program), list(args or []),
                        str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
                        connect_timeout=connect_timeout, verbose=verbose, hook_env=hook_env)
     raise typer.Exit(code)
@@ -289,12 +246,12 @@ def sync_(
                                                           f"pass --as NAME")
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
-    cluster = _recorded(cluster).cluster  # no cluster: say so before packing anything
+    cluster = lifecycle.recorded(cluster).cluster  # no cluster: say so before packing anything
     with sync.packed([(name, str(path))]) as packs:
         ui.show_packs(packs)
         _, reports = lifecycle.sync_to(cluster, packs, connect_timeout=connect_timeout, view=ui.host_progress)
     for report in reports:
-        ui.out.print(report.line(), markup=False)
+        ui.say(report.line())
 
 
 @app.command()
@@ -306,23 +263,13 @@ def status(
 ) -> None:
     """Show every task: host, role, index, address, pid, alive or dead, uptime (checked live)."""
     from dtf import ui
-    from dtf.hostops import status
-    from dtf.hostops.parallel import HostOps
+    from dtf.hostops.status import cluster_status
 
-    record = _recorded(cluster)
-    job = None
-    if record.plan.slurm is not None:
-        from dtf.hostops.slurm import allocation_state
-
-        job, ended = allocation_state(record.plan.slurm, record.cluster, record.plan.ssh_config, record.plan.ttl,
-                                      connect_timeout)
-        if ended is not None:  # the nodes are not ours (or not there) any more: nothing to ask them
-            ui.show_status(record, [], json_out, job, ended)
-            raise ClusterDown(f"cluster {record.cluster!r}: {ended}" + (" (`dtf down` forgets it)" if
-                                                                       job.state != "RUNNING" else ""))
-    ui.load_tables()
-    rows = ui.status_rows(status.states(HostOps(record.plan, connect_timeout=connect_timeout)))
-    ui.show_status(record, rows, json_out, job)
+    found = cluster_status(cluster, connect_timeout=connect_timeout)
+    rows = ui.status_rows(found.states)
+    ui.show_status(found.record, rows, json_out, found.job, found.ended)
+    if found.ended is not None:
+        raise found.ended_error()
     if any(r["state"] != "alive" for r in rows):
         raise typer.Exit(int(ExitCode.CLUSTER_DOWN))
 
@@ -341,6 +288,7 @@ def top(
     view's life: the hosts push a sample every interval."""
     from dtf import top as view
     from dtf import ui
+    from dtf.hostops import lifecycle
     from dtf.hostops.parallel import HostOps
     from dtf.hostops.watch import Watch
     from dtf.program import figures
@@ -351,10 +299,10 @@ def top(
         raise UsageError("dtf top: not a terminal: pass --once or --json for one snapshot")
     from rich.console import Console
 
-    record = _recorded(cluster)
+    record = lifecycle.recorded(cluster)
     plan = record.plan
     live_dir = figures.live_dir(state.home(), plan.cluster)
-    # Not ui.out: a soft-wrapping console squeezes the table to 80 columns.
+    # Not ui.console(): a soft-wrapping console squeezes the table to 80 columns.
     console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
     with Watch(HostOps(plan, connect_timeout=connect_timeout), interval) as watch:
         if not (once or json_out):
@@ -366,7 +314,7 @@ def top(
     if json_out:
         import json
 
-        ui.out.print_json(json.dumps(doc))
+        ui.console().print_json(json.dumps(doc))
     else:
         console.print(view.view(doc, height=console.size.height if console.is_terminal else 10**6))
     if any(r["state"] != "alive" for r in doc["tasks"]):
@@ -382,23 +330,9 @@ def logs(
     cluster: str | None = ClusterOpt,
 ) -> None:
     """Print a task's log from its host."""
-    from dtf.hostops.parallel import HostOps
-    from dtf.hosts.transport import HostError
+    from dtf.hostops.status import tail_log
 
-    plan = _recorded(cluster).plan
-    t = plan.task(task)
-    if t is None:
-        raise UsageError(f"cluster {plan.cluster!r} has no task {task!r} "
-                         f"(tasks: {', '.join(x.name for x in plan.tasks())})")
-    hp = plan.host_of(t)
-    argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), t.log]
-    try:
-        with HostOps(plan).transport(hp) as conn:  # a Slurm node's: a job step, through the login host
-            conn.run(hp.renew_argv(), timeout=15)  # reading a log is using the cluster
-            code = conn.stream(argv)
-    except HostError as e:
-        raise HostFailure("dtf logs", {hp.name: str(e)})
-    raise typer.Exit(code)
+    raise typer.Exit(tail_log(cluster, task, lines=lines, follow=follow))
 
 
 @app.command()
@@ -418,24 +352,24 @@ def down(
 
     result = lifecycle.down(cluster, keep_logs=keep_logs, grace=grace, connect_timeout=connect_timeout,
                             view=ui.host_progress, purge=purge, say=ui.say)
-    ui.out.print(f"cluster {result.cluster} is down: {result.stopped} server(s) stopped on "
-                 f"{len(result.outcomes)} host(s) in {result.seconds:.1f}s", markup=False)
+    ui.say(f"cluster {result.cluster} is down: {result.stopped} server(s) stopped on "
+           f"{len(result.outcomes)} host(s) in {result.seconds:.1f}s")
     if purge:
         ui.show_purged(result.outcomes)
 
 
 def main() -> None:
+    """The `dtf` command (pyproject's [project.scripts], and `python -m dtf`)."""
     try:
         app()
     finally:
         # `train` runs the user's program in this process: its objects get the interpreter's
         # whole teardown, their finalizers with it.
         if sys.argv[1:2] != ["train"]:
-            # Python's teardown collects every object of the ~300 modules a command imported: 40-100
-            # ms of a `dtf up` or `dtf status` (measured: 10 ms after gc.freeze). What dtf made is
-            # closed by now (its with blocks ended); freezing only spares the collector that walk.
+            # What dtf made is closed by now (its with blocks ended): freezing spares Python's
+            # teardown a collection that walks every object of the modules a command imported.
             gc.freeze()
 
 
-if __name__ == "__main__":  # (`python -m dtf` begins what it can before this module loads: dtf.entry)
+if __name__ == "__main__":
     main()

@@ -1,15 +1,14 @@
-"""How dtf looks in a terminal: per-host progress, summary tables, one-line errors (rich).
+"""How dtf looks in a terminal: per-host progress, summary tables, one-line errors.
 
-rich is imported where a table, a live view or markup is printed, not by every command: a plain
-line is written as rich would write it (`Console.print`, below), and most commands (`down`,
-`train`, `logs`) print nothing else; importing rich cost each of them 40 ms.
+rich prints what needs it (tables, the live view, styled lines, JSON); a plain line is written
+as it is (`say`). rich is imported where it prints, not by every command.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
-import os
 import shlex
 import sys
 import time
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from dtf.hosts.shell import render
 
 if TYPE_CHECKING:  # annotations only: every dtf command imports this module, few need these
-    from rich.console import Console as RichConsole
+    from rich.console import Console
     from rich.table import Table
 
     from dtf.cluster.inventory import Inventory
@@ -37,67 +36,22 @@ if TYPE_CHECKING:  # annotations only: every dtf command imports this module, fe
 # break a reader bumps it.
 STATUS_SCHEMA = 1
 
-# What rich removes from a line it prints (rich.control.strip_control_codes): bell, backspace,
-# vertical tab, form feed, carriage return.
-_CONTROL = dict.fromkeys((7, 8, 11, 12, 13))
 
 
-def load_tables() -> None:
-    """Import what a table needs (rich: 40 ms) in a thread, for a command that prints one after
-    waiting on its hosts (`up`, `status`): the import fits in the wait. Not a daemon thread: an
-    exit soon after waits for the import to end, not through it."""
-    import importlib
-    import threading
-
-    def load() -> None:
-        for module in ("rich.console", "rich.table"):
-            importlib.import_module(module)
-
-    threading.Thread(target=load, name="dtf-load-tables").start()
+def say(line: str, stderr: bool = False) -> None:
+    """One plain line on stdout (or stderr), as it is: no markup, no wrapping."""
+    stream = sys.stderr if stderr else sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
 
 
-class Console:
-    """rich's Console for stdout or stderr, made at its first use. `print(text, markup=False)`
-    of one string writes it itself, as that Console would: no highlighting, emoji codes (a path
-    like /srv/:smile: is printed as written) or wrapping, control codes removed. The stream is
-    looked up at each print: rich's live view replaces it while it shows."""
+@functools.cache
+def console(stderr: bool = False) -> Console:
+    """rich's Console for stdout (or stderr), made at its first use. It looks the stream up at
+    each print: rich's live view replaces it while it shows, and tests capture it."""
+    from rich.console import Console
 
-    def __init__(self, stderr: bool = False) -> None:
-        self.stderr = stderr
-        self._rich: RichConsole | None = None
-
-    @property
-    def rich(self) -> RichConsole:
-        if self._rich is None:
-            from rich.console import Console as RichConsole
-
-            self._rich = RichConsole(stderr=self.stderr, highlight=False, soft_wrap=True, emoji=False)
-        return self._rich
-
-    def print(self, *objects: Any, markup: bool | None = None, **options: Any) -> None:
-        if markup is False and not options and len(objects) == 1 and isinstance(objects[0], str):
-            stream = sys.stderr if self.stderr else sys.stdout
-            stream.write(objects[0].translate(_CONTROL) + "\n")
-            stream.flush()
-            return
-        self.rich.print(*objects, markup=markup, **options)
-
-    def print_json(self, text: str) -> None:
-        self.rich.print_json(text)
-
-    @property
-    def is_terminal(self) -> bool:
-        """rich's answer; without rich, where nothing in the environment could change it
-        (TTY_COMPATIBLE, FORCE_COLOR) and the stream is not a terminal: False."""
-        stream = sys.stderr if self.stderr else sys.stdout
-        if self._rich is None and not ({"TTY_COMPATIBLE", "FORCE_COLOR"} & os.environ.keys()) \
-                and not (hasattr(stream, "isatty") and stream.isatty()):
-            return False
-        return self.rich.is_terminal
-
-
-out = Console()
-err = Console(stderr=True)
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, emoji=False)
 
 
 def escape(text: str) -> str:
@@ -108,9 +62,9 @@ def escape(text: str) -> str:
 
 def error(lines: list[str]) -> None:
     first, *rest = lines
-    err.print(f"[bold red]dtf: error:[/] {escape(first)}", markup=True)  # values may hold [brackets]
+    console(stderr=True).print(f"[bold red]dtf: error:[/] {escape(first)}")  # values may hold [brackets]
     for line in rest:
-        err.print(line, markup=False)
+        say(line, stderr=True)
 
 
 # The live view of a step on many hosts: a row per host up to this many hosts, else a row per step
@@ -159,10 +113,10 @@ def host_progress(hosts: list[str], title: str) -> Iterator[Progress]:
     def table() -> Table:
         return progress_table(title, steps, time.monotonic() - t0)
 
-    if err.is_terminal:
+    if console(stderr=True).is_terminal:
         from rich.live import Live
 
-        with Live(table(), console=err.rich, refresh_per_second=8, transient=False) as live:
+        with Live(table(), console=console(stderr=True), refresh_per_second=8, transient=False) as live:
             def update(host: str, step: str) -> None:
                 steps[host] = step
                 live.update(table())
@@ -170,45 +124,40 @@ def host_progress(hosts: list[str], title: str) -> Iterator[Progress]:
     else:
         def update(host: str, step: str) -> None:
             steps[host] = step
-            err.print(f"  {host}: {step}", markup=False)
+            say(f"  {host}: {step}", stderr=True)
         yield update
 
 
 def show_plan(plan: Plan) -> None:
-    out.print(f"cluster {plan.cluster} (from {plan.inventory}): {len(plan.hosts)} host(s), "
-              f"{len(plan.tasks())} task(s)", markup=False)
+    say(f"cluster {plan.cluster} (from {plan.inventory}): {len(plan.hosts)} host(s), "
+        f"{len(plan.tasks())} task(s)")
     for hp in plan.hosts:
         target = "local processes" if hp.spec.connection == "local" else "ssh " + " ".join(
             filter(None, [f"-l {hp.spec.user}" if hp.spec.user else "",
                           f"-p {hp.spec.port}" if hp.spec.port else "",
                           f"-i {hp.spec.identity_file}" if hp.spec.identity_file else "", hp.spec.host]))
-        out.print(f"\nhost {hp.name} ({target})", markup=False)
-        out.print(f"  upload   {hp.launcher}", markup=False)
-        out.print(f"  check    {render(hp.check_argv())}", markup=False)
+        say(f"\nhost {hp.name} ({target})")
+        say(f"  upload   {hp.launcher}")
+        say(f"  check    {render(hp.check_argv())}")
         if hp.env_dir is not None:
-            out.print(f"  env      {hp.env_dir} on {hp.base_python}, unless complete there: "
-                      + ", ".join(hp.requirements), markup=False)
-        out.print(f"  start    {render(hp.start_argv)}", markup=False)
+            say(f"  env      {hp.env_dir} on {hp.base_python}, unless complete there: "
+                + ", ".join(hp.requirements))
+        say(f"  start    {render(hp.start_argv)}")
         for t in hp.tasks:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in hp.env)
-            out.print(f"  {t.name:<10} {t.address:<24} {env} {render(t.serve_argv)}", markup=False)
-            out.print(f"  {'':<10} log {t.log}", markup=False)
+            say(f"  {t.name:<10} {t.address:<24} {env} {render(t.serve_argv)}")
+            say(f"  {'':<10} log {t.log}")
     for item in plan.sync:
-        out.print(f"\nsync     {item.path} to every host as {item.name!r} (WORKDIR/.cache/sync/HASH; "
-                  f"skipped where a host has it)", markup=False)
-    out.print("\nTF_CONFIG cluster (the chief is added by `dtf train`): "
-              + json.dumps(plan.cluster_spec()), markup=False)
-    out.print(network_plan(plan), markup=False)
+        say(f"\nsync     {item.path} to every host as {item.name!r} (WORKDIR/.cache/sync/HASH; "
+            f"skipped where a host has it)")
+    say("\nTF_CONFIG cluster (the chief is added by `dtf train`): "
+        + json.dumps(plan.cluster_spec()))
+    say(network_plan(plan))
     if plan.firewall == "members":
-        out.print("firewall: members: on each host, before its servers start, the TF ports accept "
-                  "connections only from " + ", ".join(plan.members()) + " and loopback"
-                  + (" and this machine's address as the host sees it" if plan.network == "direct" else "")
-                  + " (root or passwordless sudo needed)", markup=False)
-
-
-def say(line: str) -> None:
-    """One line of progress (a Slurm job's state while `up` waits for it, its cancellation)."""
-    out.print(line, markup=False)
+        say("firewall: members: on each host, before its servers start, the TF ports accept "
+            "connections only from " + ", ".join(plan.members()) + " and loopback"
+            + (" and this machine's address as the host sees it" if plan.network == "direct" else "")
+            + " (root or passwordless sudo needed)")
 
 
 def show_slurm_plan(inv: Inventory) -> None:
@@ -221,18 +170,16 @@ def show_slurm_plan(inv: Inventory) -> None:
     target = "ssh " + " ".join(filter(None, [f"-l {login.user}" if login.user else "",
                                              f"-p {login.port}" if login.port else "",
                                              f"-i {login.identity_file}" if login.identity_file else "", login.host]))
-    out.print(f"cluster {inv.cluster} (from {inv.path}): a Slurm allocation, through the login host ({target})",
-              markup=False)
+    say(f"cluster {inv.cluster} (from {inv.path}): a Slurm allocation, through the login host ({target})")
     if spec.submits:
-        out.print(f"  submit   {render(slurm.salloc_argv(inv))}", markup=False)
-        out.print("           (cancelled by `dtf down`, and by Ctrl-C or --slurm-wait while it pends; a job step "
-                  "on its first node cancels it when the cluster's lease lapses there)", markup=False)
+        say(f"  submit   {render(slurm.salloc_argv(inv))}")
+        say("           (cancelled by `dtf down`, and by Ctrl-C or --slurm-wait while it pends; a job step "
+            "on its first node cancels it when the cluster's lease lapses there)")
     else:
-        out.print(f"  use      job {spec.job}, an allocation you made: never cancelled by dtf", markup=False)
-    out.print("  each node's tasks: a job step, " + render(slurm.step_argv(spec.job or "ID", "NODE", ["..."])),
-              markup=False)
+        say(f"  use      job {spec.job}, an allocation you made: never cancelled by dtf")
+    say("  each node's tasks: a job step, " + render(slurm.step_argv(spec.job or "ID", "NODE", ["..."])))
     for line in slurm.layout_lines(inv):
-        out.print(line, markup=False)
+        say(line)
 
 
 def network_plan(plan: Plan) -> str:
@@ -264,8 +211,8 @@ def exposure(record: Record) -> str:
 
 
 def columns(headers: list[str], rows: list[list[str]]) -> str:
-    """A plain table: each column as wide as its widest cell, two spaces apart. rich's Table took
-    80 ms of CPU for `up`'s 100 rows (more on a loaded laptop), printed once every host is done."""
+    """A plain table: each column as wide as its widest cell, two spaces apart (`up`'s cluster,
+    which a script may read, and which has a row per task however many)."""
     widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (headers, *rows))
 
@@ -273,14 +220,14 @@ def columns(headers: list[str], rows: list[list[str]]) -> str:
 def show_up(plan: Plan, outcomes: dict[str, Outcome[HostStarted]], seconds: float) -> None:
     rows = [[t.name, t.host, t.address, str(outcomes[t.host].value.pids.get(t.name, "")),
              f"{outcomes[t.host].seconds:.1f}s"] for t in plan.tasks()]
-    out.print(f"cluster {plan.cluster} is up ({seconds:.1f}s)", markup=False)
-    out.print(columns(["task", "host", "address", "pid", "host ready in"], rows), markup=False)
+    say(f"cluster {plan.cluster} is up ({seconds:.1f}s)")
+    say(columns(["task", "host", "address", "pid", "host ready in"], rows))
     for hp in plan.hosts:
         env = outcomes[hp.name].value.env
         if env is not None:
             from dtf.hostops.environments import env_summary
 
-            out.print(f"{hp.name}: managed environment {env.dir}: {env_summary(env)}", markup=False)
+            say(f"{hp.name}: managed environment {env.dir}: {env_summary(env)}")
 
 
 def show_purged(outcomes: dict[str, Outcome[HostStopped]]) -> None:
@@ -290,9 +237,9 @@ def show_purged(outcomes: dict[str, Outcome[HostStopped]]) -> None:
         if purged is None:
             continue
         if purged.error:
-            err.print(f"{host}: {purged.error}", markup=False)
+            say(f"{host}: {purged.error}", stderr=True)
         else:
-            out.print(f"{host}: cache removed ({purged.size / 1e6:.0f} MB freed)", markup=False)
+            say(f"{host}: cache removed ({purged.size / 1e6:.0f} MB freed)")
 
 
 def show_packs(packs: list[Pack]) -> None:
@@ -302,9 +249,9 @@ def show_packs(packs: list[Pack]) -> None:
     for p in packs:
         warning = large_warning(p)
         if warning:
-            err.print(f"[yellow]dtf: warning:[/] {escape(warning)}", markup=True)
+            console(stderr=True).print(f"[yellow]dtf: warning:[/] {escape(warning)}")
         for skipped in p.skipped:
-            err.print(f"dtf: {p.name}: not sent: {skipped}", markup=False)
+            say(f"dtf: {p.name}: not sent: {skipped}", stderr=True)
 
 
 def show_up_result(result: UpResult) -> None:
@@ -312,16 +259,16 @@ def show_up_result(result: UpResult) -> None:
     cluster = result.record.cluster
     if result.started:
         show_up(result.record.plan, result.outcomes, result.seconds)
-        out.print(exposure(result.record), markup=False)
+        say(exposure(result.record))
     elif result.restarted:
         restarted = ", ".join(f"{task} (was {was})" for task, was in result.restarted)
-        out.print(f"cluster {cluster}: restarted {restarted} in {result.seconds:.1f}s; "
-                  f"{result.serving} task(s) kept running", markup=False)
+        say(f"cluster {cluster}: restarted {restarted} in {result.seconds:.1f}s; "
+            f"{result.serving} task(s) kept running")
     else:
         lease = f"; idle timeout now {result.new_ttl:g}s" if result.new_ttl is not None else ""
-        out.print(f"cluster {cluster} is already up: {result.serving} tasks serving{lease}", markup=False)
+        say(f"cluster {cluster} is already up: {result.serving} tasks serving{lease}")
     for report in result.synced:
-        out.print(report.line(), markup=False)
+        say(report.line())
 
 
 def status_rows(states: list[TaskState]) -> list[dict[str, Any]]:
@@ -354,17 +301,17 @@ def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: 
                  "reason": job.reason, "time_used": job.used, "time_left": job.left, "nodes": list(plan.slurm.nodes),
                  "ended": ended}
     if as_json:
-        out.print_json(json.dumps({"schema": STATUS_SCHEMA, "cluster": plan.cluster, "network": record.network,
-                                   "firewall": plan.firewall, "tasks": rows,
-                                   **({"slurm": slurm} if slurm else {})}))
+        console().print_json(json.dumps({"schema": STATUS_SCHEMA, "cluster": plan.cluster,
+                                         "network": record.network, "firewall": plan.firewall, "tasks": rows,
+                                         **({"slurm": slurm} if slurm else {})}))
         return
     if ended is not None:
         return
     if slurm is not None and job is not None:
         whose = "submitted by dtf" if slurm["submitted_by_dtf"] else "yours"
-        out.print(f"slurm job {slurm['job']} ({whose}): " + (
+        say(f"slurm job {slurm['job']} ({whose}): " + (
             f"{job.state}, time used {job.used}, left {job.left}" if not job.gone else
-            "no longer in the queue: its tasks ended with it (`dtf down` forgets it)"), markup=False)
+            "no longer in the queue: its tasks ended with it (`dtf down` forgets it)"))
     from rich.table import Table
 
     tab = Table(title=f"cluster {plan.cluster} (network: {record.network}, firewall: {plan.firewall})",
@@ -376,9 +323,9 @@ def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: 
         uptime = f"{r['uptime']:.0f}s" if r["uptime"] is not None else "-"
         tab.add_row(r["host"], r["job"], str(r["index"]), r["address"], str(r["server_pid"] or "-"),
                     f"[{color}]{r['state']}[/]", uptime, str(r["restarts"]), r["last_exit"] or "-")
-    out.print(tab)
+    console().print(tab)
     for r in rows:
         if r["error"] and r["state"] != "unknown":
-            err.print(f"{r['task']} ({r['host']}): {r['error']}", markup=False)
+            say(f"{r['task']} ({r['host']}): {r['error']}", stderr=True)
     for host, error in dict.fromkeys((r["host"], r["error"]) for r in rows if r["state"] == "unknown"):
-        err.print(f"{host}: {error}", markup=False)
+        say(f"{host}: {error}", stderr=True)

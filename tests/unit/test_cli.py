@@ -259,10 +259,8 @@ def test_an_ssh_inventorys_addresses_are_openssh_s_and_up_does_not_import_parami
     assert r.stdout.splitlines() == ["10.0.0.1:2222 10.0.0.2:2222 10.0.0.9:2222", "[[], ['hop']] []"]
 
 
-def test_up_reads_its_hosts_ssh_settings_while_the_cli_loads_and_once(tmp_path: Path):
-    """`dtf up` begins its hosts' `ssh -G` as soon as it has read the inventory (dtf.entry), in a
-    thread; the plan then takes what they said, waiting for those still running: one `ssh -G`
-    per host in all, however the two meet."""
+def test_up_reads_its_hosts_ssh_settings_once(tmp_path: Path):
+    """The plan reads its hosts' `ssh -G` side by side: one `ssh -G` per host in all."""
     if shutil.which("ssh") is None:
         if os.environ.get("CI") == "true":
             pytest.fail("no ssh (CI=true: `apt-get install openssh-client`: .ci/run does it)")
@@ -281,8 +279,6 @@ def test_up_reads_its_hosts_ssh_settings_while_the_cli_loads_and_once(tmp_path: 
                 runs.append(argv[-1])
             popen(self, argv, *a, **k)
         subprocess.Popen.__init__ = counted
-        from dtf import entry
-        entry.begin_early(["up", {str(inv)!r}])
         from dtf.hostops.lifecycle import load_plan
         plan = load_plan(Path({str(inv)!r}))
         print(" ".join(t.address for t in plan.tasks()))

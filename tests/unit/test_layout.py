@@ -24,7 +24,7 @@ LAYERS = [
     ("dtf.hostops", {"dtf.hostops"}),
     ("dtf.program", {"dtf.program", "dtf"}),
     ("dtf.collective", {"dtf.collective"}),
-    ("the command line", {"dtf.ui", "dtf.top", "dtf.cli", "dtf.entry", "dtf.__main__"}),
+    ("the command line", {"dtf.ui", "dtf.top", "dtf.cli", "dtf.__main__"}),
 ]
 
 

@@ -18,8 +18,8 @@ def _spec(host: str) -> HostSpec:
 
 
 def test_a_hosts_settings_being_read_are_waited_for_not_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """`up` begins its hosts' `ssh -G` in a thread while the CLI loads (begin_prefetch); the plan's
-    own prefetch then waits for the ones still running instead of starting its own."""
+    """A host whose `ssh -G` another thread runs is waited for: a second prefetch of the same hosts
+    starts none of its own."""
     log, barrier = tmp_path / "runs", tmp_path / "go"
     ssh = tmp_path / "ssh"  # `ssh -G HOST`: logged, then held until the barrier is there (20 s at most)
     ssh.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n"

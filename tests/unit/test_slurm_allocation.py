@@ -4,20 +4,15 @@ every way out of the wait (deadline, Ctrl-C, a job that fails) cancels what it s
 from __future__ import annotations
 
 import shutil
-import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from dtf.cluster.inventory import loads
 from dtf.errors import ExitCode, HostFailure
 from dtf.hostops import slurm as slurm_ops
-from dtf.hosts import spawn
-from dtf.hosts.control import ControlTransport
-from dtf.hosts.transport import COMMAND_TIMEOUT, HostError, Result, Transport
+from dtf.hosts.transport import COMMAND_TIMEOUT, Result, Transport
 
 INV = "cluster: c\nslurm: {login: login1, nodes: 2, partition: p, workers: 1}\n"
 
@@ -169,82 +164,10 @@ def test_an_existing_job_is_never_submitted_nor_cancelled(login: Callable[..., L
     assert not [a for a in t.ran if a[0] in ("salloc", "scancel", "then") or a[:2] == ["sh", "-c"]]
 
 
-class ControlLogin(Login, ControlTransport):
-    """The scripted login host, as the master transport `login_master` gives where there is an
-    ssh: opened (the handshake) once, slowly, in the head start's thread."""
-
-    def __init__(self, squeue: list[str], fail: str | None = None) -> None:
-        Login.__init__(self, squeue)
-        self.master = SimpleNamespace(path="/nonexistent/dtf-ctl-test", argv=None)  # type: ignore[assignment]
-        self.fail, self.opened_in = fail, []
-
-    def open(self) -> None:
-        if self.opened_in:  # the master runs: a use of it (ControlTransport.open)
-            return
-        time.sleep(0.05)
-        if self.fail:
-            raise HostError(self.fail)
-        self.opened_in.append(threading.current_thread().name)
-
-
-@pytest.fixture
-def head_login(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[ControlLogin, list[str]]]:
-    """A ControlLogin as the login host's master, and the clusters whose masters were closed."""
-    monkeypatch.setattr(slurm_ops, "POLL_MAX", 0.01)
-
-    def make(squeue: list[str], fail: str | None = None,
-             running: bool = False) -> tuple[ControlLogin, list[str]]:
-        t = ControlLogin(squeue, fail)
-        closed: list[str] = []
-        made: list[ControlLogin] = []
-
-        def login_master(*a: object, **kw: object) -> ControlLogin:
-            made.append(t)
-            assert len(made) == 1, "the login host's master is asked for once"
-            return t
-
-        monkeypatch.setattr(slurm_ops, "login_master", login_master)
-        monkeypatch.setattr(slurm_ops, "close_masters", closed.append)
-        monkeypatch.setattr(spawn, "listening", lambda path: running)
-        return t, closed
-
-    return make
-
-
-def test_the_head_start_opens_the_login_master_in_its_thread_and_up_goes_on_over_it(
-        head_login: Callable[..., tuple[ControlLogin, list[str]]]) -> None:
-    t, closed = head_login(["RUNNING|None|n[1-2]|0:01|59:59\n"])
-    inv = loads(INV)
-    head = slurm_ops.HeadStart(inv)
-    alloc = slurm_ops.allocate(inv, wait=30, say=lambda line: None, head=head)
-    assert alloc.nodes == ("n1", "n2") and t.ran[0][0] == "salloc"
-    assert t.opened_in == ["dtf-login-master"] and closed == []
-
-
-def test_a_head_start_that_failed_fails_the_allocation_at_the_login_host_without_a_second_try(
-        head_login: Callable[..., tuple[ControlLogin, list[str]]]) -> None:
-    t, closed = head_login(["RUNNING|None|n[1-2]|0:01|59:59\n"], fail="authentication refused for root@login1")
-    inv = loads(INV)
-    with pytest.raises(HostFailure) as info:
-        slurm_ops.allocate(inv, wait=30, say=lambda line: None, head=slurm_ops.HeadStart(inv))
-    assert info.value.lines()[-1].endswith("login1: authentication refused for root@login1")
-    assert t.ran == [] and closed == ["c"]
-
-
-@pytest.mark.parametrize("running", [False, True])
-def test_an_abandoned_head_start_closes_the_master_it_opened_and_only_that(
-        head_login: Callable[..., tuple[ControlLogin, list[str]]], running: bool) -> None:
-    """An `up` that ends before its allocation (a mistake found meanwhile, Ctrl-C) leaves no master
-    behind; a master that ran already is a running cluster's, and stays."""
-    t, closed = head_login([], running=running)
-    slurm_ops.HeadStart(loads(INV)).abandon()
-    assert t.opened_in == ["dtf-login-master"]
-    assert closed == ([] if running else ["c"])
-
-
-def test_an_up_whose_ssh_config_is_wrong_leaves_no_master_of_its_head_start(
-        head_login: Callable[..., tuple[ControlLogin, list[str]]], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_up_whose_ssh_config_is_wrong_opens_no_master(login: Callable[..., Login], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inventory's ssh_config is checked before the login host is asked anything: its mistake
+    at its line, and no master opened."""
     from typer.testing import CliRunner
 
     from dtf.cli import app
@@ -252,102 +175,12 @@ def test_an_up_whose_ssh_config_is_wrong_leaves_no_master_of_its_head_start(
     if shutil.which("ssh") is None:
         pytest.skip("no ssh: ssh_config is read by paramiko alone")
     monkeypatch.setenv("DTF_HOME", str(tmp_path / "home"))
-    t, closed = head_login([])
+    asked: list[object] = []
+    monkeypatch.setattr(slurm_ops, "login_master", lambda *a, **kw: asked.append(a))
     (tmp_path / "ssh_config").write_text("Host login1\n  NoSuchOption yes\n")
     inv = tmp_path / "inv.yaml"
     inv.write_text(f"ssh_config: {tmp_path / 'ssh_config'}\n" + INV)
     r = CliRunner().invoke(app, ["up", str(inv)])
     assert r.exit_code == int(ExitCode.INVENTORY), r.output
     assert "inv.yaml:1:1: ssh_config:" in r.output and "line 2: Bad configuration option" in r.output
-    assert closed == ["c"] and t.ran == []
-
-
-@pytest.mark.parametrize("argv, expected", [
-    (["up", "inv.yaml"], ("inv.yaml", None, None)),
-    (["up", "--ttl", "2h", "inv.yaml", "--connect-timeout=4"], ("inv.yaml", 4.0, 7200.0)),
-    (["up", "inv.yaml", "--network", "ssh", "--slurm-wait=30"], ("inv.yaml", None, None)),
-    (["up", "inv.yaml", "--ttl", "never"], ("inv.yaml", None, 0.0)),
-    (["up"], None),
-    (["up", "inv.yaml", "--dry-run"], None),
-    (["up", "inv.yaml", "--replace"], None),
-    (["up", "--help"], None),
-    (["up", "a.yaml", "b.yaml"], None),
-    (["up", "inv.yaml", "--ttl"], None),
-    (["up", "inv.yaml", "--ttl", "soon"], None),
-    (["up", "inv.yaml", "-x"], None),
-    (["status"], None),
-    (["--version", "up", "inv.yaml"], None),
-])
-def test_only_a_plain_up_begins_before_the_cli(argv: list[str], expected: object) -> None:
-    from dtf.entry import up_arguments
-
-    assert up_arguments(argv) == expected
-
-
-def run_entry(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    from dtf import entry
-
-    monkeypatch.setattr("sys.argv", ["dtf", *argv])
-    with pytest.raises(SystemExit) as info:
-        entry.main()
-    return int(info.value.code or 0)
-
-
-def test_dtf_up_takes_over_the_master_begun_before_the_cli(
-        head_login: Callable[..., tuple[ControlLogin, list[str]]], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """`dtf up` of a Slurm inventory: the login host's master is begun by dtf.entry, before the CLI
-    loads, and the `up` goes on over it (login_master is asked once: head_login); the allocation
-    that fails then closes it, as one begun by `up` itself."""
-    monkeypatch.setenv("DTF_HOME", str(tmp_path / "home"))
-    t, closed = head_login(["FAILED|NonZeroExitCode|||0:00\n"])
-    inv = tmp_path / "inv.yaml"
-    inv.write_text(INV)
-    assert run_entry(["up", str(inv), "--connect-timeout", "7"], monkeypatch) == int(ExitCode.HOSTS)
-    assert "job 42 is FAILED (NonZeroExitCode)" in capsys.readouterr().err
-    assert t.opened_in == ["dtf-login-master"] and t.ran[0][0] == "salloc"
-    assert closed == ["c"]
-
-
-def test_a_master_begun_before_the_cli_for_an_up_that_never_takes_it_is_closed(
-        head_login: Callable[..., tuple[ControlLogin, list[str]]], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("DTF_HOME", str(tmp_path / "home"))
-    t, closed = head_login([])
-    inv = tmp_path / "inv.yaml"
-    inv.write_text(INV)
-    assert run_entry(["up", str(inv), "--network", "carrier-pigeon"], monkeypatch) == int(ExitCode.USAGE)
-    assert "--network: expected one of" in capsys.readouterr().err
-    assert t.opened_in == ["dtf-login-master"] and t.ran == [] and closed == ["c"]
-
-
-def test_a_ctrl_c_while_the_entry_begins_its_work_comes_once_that_is_done(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """Not inside an import (a KeyboardInterrupt there can leave an import lock held by the main
-    thread, which the head start's thread then waits for forever): begin_early's work ends, then
-    the interrupt is raised; the command says so and exits 130; SIGINT's handler is Python's again."""
-    import os
-    import signal
-
-    from dtf import entry
-
-    done = []
-
-    def work(path: str, timeout: float | None, ttl: float | None) -> None:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # (the handler runs between these: it only records)
-        done.append(path)
-
-    monkeypatch.setattr(entry, "_begin_early", work)
-    # SIGINT's handler as in a `dtf` process (a pytest-xdist worker has its own)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        assert run_entry(["up", "inv.yaml"], monkeypatch) == 130
-        assert done == ["inv.yaml"] and capsys.readouterr().err == "dtf: error: interrupted\n"
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        # where whoever started dtf ignores SIGINT, it stays ignored
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        entry.begin_early(["up", "inv.yaml"])
-        assert done == ["inv.yaml", "inv.yaml"] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    assert asked == []

@@ -1,5 +1,4 @@
-"""Durations as dtf's command line writes them (`dtf up --ttl 30m`): pure, and light to import (the
-`dtf` command's entry reads `up`'s --ttl before its CLI has loaded: dtf.entry)."""
+"""Durations as dtf's command line writes them (`dtf up --ttl 30m`): pure."""
 
 from __future__ import annotations
 

@@ -38,7 +38,6 @@ from dtf.hostops.start import HostStarted, Starter
 from dtf.hostops.stop import STOP_GRACE, HostStopped
 
 if TYPE_CHECKING:
-    from dtf.hostops.slurm import HeadStart
     from dtf.hosts.slurmstep import EarlySteps
 
 SERVER_ENV = "DTF_SERVER"  # what serves each task: `tensorflow` (default), or `fake[:options]` for tests
@@ -116,18 +115,45 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
     return UpResult(record, started=True, outcomes=outcomes, seconds=time.monotonic() - t0, synced=reports)
 
 
+@contextlib.contextmanager
+def allocated(inv: Inventory, inventory_path: Path, *, wait: float, say: Callable[[str], None],
+              connect_timeout: float, replace: bool = False, view: ProgressView = no_view,
+              ttl: float | None = None, server: str = "tensorflow", network: str | None = None
+              ) -> Iterator[Allocation | None]:
+    """`up`'s Slurm allocation (`slurm_allocation`), for the block that starts the cluster on it;
+    None for an inventory of hosts. The inventory's ssh_config is checked first (its mistakes at
+    their line, not as ssh's failure). An allocation made for this `up` is released (cancelled,
+    its masters closed) when the block raises, Ctrl-C included: one is kept only for a cluster
+    that started."""
+    if inv.slurm is None:
+        yield None
+        return
+    if inv.ssh_config:
+        from dtf.hosts.transport import check_ssh_config
+
+        check_ssh_config(inv.position("ssh_config"), inv.ssh_config)
+    allocation, fresh = slurm_allocation(inv, inventory_path, wait=wait, say=say, connect_timeout=connect_timeout,
+                                         replace=replace, view=view, ttl=ttl, server=server, network=network)
+    try:
+        yield allocation
+    except BaseException:
+        if fresh:
+            from dtf.hostops.slurm import release
+
+            release(allocation, inv.ssh_config, say, connect_timeout, cluster=inv.cluster)
+        raise
+
+
 def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: Callable[[str], None],
                      connect_timeout: float, replace: bool = False, view: ProgressView = no_view,
-                     ttl: float | None = None, head: HeadStart | None = None, server: str = "tensorflow",
-                     network: str | None = None) -> tuple[Allocation, bool]:
+                     ttl: float | None = None, server: str = "tensorflow", network: str | None = None
+                     ) -> tuple[Allocation, bool]:
     """The allocation `up` runs a Slurm inventory's cluster on: the recorded cluster's, while its
     job runs and the inventory asks for the same one (an `up` again repairs it), else a new one
     (True: made now, so an `up` that fails cancels it). An inventory that asks for another
     allocation than the running one is refused (ClusterChanged); `replace` takes the recorded
-    cluster down (its job with it) and starts anew. `head`: the login host's master, opened while
-    `up` loaded (slurm_ops.HeadStart; not with `replace`, whose teardown closes the masters).
-    A new one's command begins the nodes' starts (`early_steps`: `server`, `network` and `ttl`
-    are the plan's)."""
+    cluster down (its job with it) and starts anew. A new one's command begins the nodes' starts
+    (`early_steps`: `server`, `network` and `ttl` are the plan's)."""
     from dtf.cluster import slurm
     from dtf.hostops import slurm as slurm_ops
     from dtf.hosts.transport import HostError
@@ -141,7 +167,7 @@ def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: 
                          view=view, say=say)
         elif recorded is not None:
             try:
-                with slurm_ops.login_transport(inv, connect_timeout, ttl, head) as t:
+                with slurm_ops.login_transport(inv, connect_timeout, ttl) as t:
                     job = slurm_ops.job_state(t, recorded.job)
             except HostError as e:
                 raise HostFailure("dtf up (Slurm)", {recorded.login.host: str(e)})
@@ -157,8 +183,7 @@ def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: 
                 say(f"job {recorded.job} of cluster {inv.cluster} is no longer in the queue "
                     f"(its tasks ended with it): starting the cluster anew")
     early = early_steps(inv, inventory_path, ttl, server, network)
-    return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout, ttl=ttl, head=head,
-                              early=early), True
+    return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout, ttl=ttl, early=early), True
 
 
 def early_steps(inv: Inventory, inventory_path: Path, ttl: float | None, server: str, network: str | None
@@ -395,6 +420,13 @@ def sync_to(name: str | None, packs: Sequence[sync.Pack], *, connect_timeout: fl
         record = record_synced(now, reports)
         state.save(record)
     return record, reports
+
+
+# -- the record -------------------------------------------------------------------------------
+def recorded(name: str | None) -> Record:
+    """The record of the cluster named (or of the only one up): NoCluster where there is none."""
+    with state.locked():
+        return state.load(state.resolve_name(name))
 
 
 # -- down -------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ Nothing here prints: progress goes through a callback, so the CLI decides how it
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -28,6 +29,10 @@ Progress = Callable[[str, str], None]  # (host, what it is doing now)
 ProgressView = Callable[[list[str], str], AbstractContextManager[Progress]]
 
 T = TypeVar("T")
+
+# Hosts at once in the steps of many hosts where a host waits for nothing but itself (`up`'s start,
+# status, stop...); DTF_TURNS changes it.
+TURNS = 32
 
 
 @dataclass
@@ -119,11 +124,10 @@ class HostOps:
     @staticmethod
     def turns() -> int:
         """How many hosts at once the steps that wait for nothing but their host take (up's
-        check-start and mesh check, status, the lease's renewal, stop and down): spawn.TURNS, or
-        DTF_TURNS. As many masters at most begin early, before the CLI has loaded (dtf.hosts.spawn)."""
-        from dtf.hosts.spawn import at_once
-
-        return at_once()
+        check-start and mesh check, status, the lease's renewal, stop and down): TURNS, or
+        DTF_TURNS."""
+        value = os.environ.get("DTF_TURNS", "")
+        return int(value) if value.isdigit() and int(value) > 0 else TURNS
 
     def close_control(self) -> None:
         """Close the masters of the plan's cluster (`dtf down`, a failed `up`)."""

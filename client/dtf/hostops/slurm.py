@@ -9,18 +9,17 @@ Nothing here prints: what the wait looks like goes through `say`.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from typing import ClassVar
+from typing import TYPE_CHECKING
 
 from dtf.cluster import slurm
 from dtf.cluster.inventory import HostSpec, Inventory
+from dtf.cluster.plan import DEFAULT_TTL
 from dtf.cluster.slurm import Allocation, JobState
 from dtf.errors import HostFailure
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError, Result, SSHTransport, Transport
-from dtf_server.protocol import Defaults
 
 # While a job pends: squeue often at first, on the login host (a free partition starts a job in a
 # second or two: slurm.wait_argv's looks), then a look a second or so (a long wait must not load
@@ -28,11 +27,9 @@ from dtf_server.protocol import Defaults
 POLL_MAX = 1.0
 CANCEL_TIMEOUT = 60.0  # seconds a cancelled job gets to leave the queue
 QUERY_TIMEOUT = 30.0  # seconds for one Slurm command on the login host
-DEFAULT_TTL = Defaults.TTL  # dtf.cluster.plan's (its import is 30 ms: `up` begins the login handshake sooner)
 
 Say = Callable[[str], None]
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from dtf.hosts.control import ControlTransport
     from dtf.hosts.slurmstep import EarlySteps
@@ -55,119 +52,17 @@ def login_master(login: HostSpec, cluster: str, ssh_config: str | None, connect_
                                                            connect_timeout, ttl))
 
 
-class HeadStart:
-    """The login host's master (login_master), opened in a thread from the moment a Slurm inventory
-    is read: by dtf.entry, before the CLI has loaded (`begin_early`, for `up` to `take`), or by
-    `up`. The SSH handshake (0.2-0.3 s on the lab) overlaps the loading of the CLI and of the rest
-    of dtf, where `up` would otherwise begin it 0.2 s later, at its allocation. `transport()`
-    waits for it: the master, or the error its start met (raised then, where `up` would have met
-    it); `abandon()`, for an `up` that ends before its allocation has the master: closes a master
-    this opened (one already running is the cluster's, and stays). Without an `ssh` binary there
-    is no master to open: `transport()` gives the paramiko transport."""
-
-    _early: HeadStart | None = None  # begun by dtf.entry, before the CLI; not yet taken by `up`
-    _live: ClassVar[list[HeadStart]] = []  # begun, not yet handed on nor abandoned (abandon_all ends them)
-
-    def __init__(self, inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None) -> None:
-        self.cluster = inv.cluster
-        self._args = login_args(inv, connect_timeout, ttl)
-        self._transport: SSHTransport | None = None
-        self._error: BaseException | None = None
-        self._opened = False  # a master this started (none ran), not handed on yet
-        self._loaded = threading.Event()
-        # Set once _open is over. Waited on rather than the thread's join: a join that a Ctrl-C
-        # interrupts can mark the thread stopped while it still runs (CPython's Thread.join, as
-        # seen here: the abandon's join then returned at once, before the master was up, and the
-        # master it went on to start stayed).
-        self._finished = threading.Event()
-        self._thread = threading.Thread(target=self._open, name="dtf-login-master", daemon=True)
-        HeadStart._live.append(self)  # (before the wait below: a Ctrl-C there still finds it)
-        self._thread.start()
-        # What the thread imports before it starts ssh (~20 ms) would share the interpreter with
-        # the caller's own imports, and start the handshake that much later: let it go first.
-        self._loaded.wait(1.0)
-
-    def _open(self) -> None:
-        try:
-            from dtf.hosts import spawn
-            from dtf.hosts.control import ControlTransport
-
-            t = login_master(*self._args)
-            self._loaded.set()
-            if isinstance(t, ControlTransport):
-                path = t.master.path
-                self._opened = spawn.begun(path) or not spawn.listening(path)
-                t.open()
-            self._transport = t
-        except BaseException as e:  # raised by transport(), in `up`'s own thread
-            self._error = e
-        finally:
-            self._loaded.set()
-            self._finished.set()
-
-    @classmethod
-    def begin_early(cls, inv: Inventory, connect_timeout: float, ttl: float | None) -> None:
-        """Begin before the CLI has loaded (dtf.entry), for `up` to take."""
-        cls._early = cls(inv, connect_timeout, ttl)
-
-    @classmethod
-    def take(cls, inv: Inventory, connect_timeout: float, ttl: float | None) -> HeadStart | None:
-        """The head start begun early, if it opens what this `up` would (the same login host, ssh
-        config, cluster, timeout and ttl): `up`'s now. One begun otherwise is abandoned."""
-        head, cls._early = cls._early, None
-        if head is None:
-            return None
-        if head._args == login_args(inv, connect_timeout, ttl):
-            return head
-        head.abandon()
-        return None
-
-    @classmethod
-    def abandon_all(cls) -> None:
-        """The command is over: abandon a head start begun early that no `up` took, and any other
-        whose master was never handed on (an `up` interrupted while it waited for it)."""
-        cls._early = None
-        while cls._live:
-            cls._live[-1].abandon()
-
-    def transport(self) -> SSHTransport:
-        """The login host's transport, once open: its user's from now on (`allocate` closes the
-        master when it fails)."""
-        self._finished.wait()
-        self._done()
-        if self._error is not None:
-            raise self._error
-        assert self._transport is not None
-        self._opened = False
-        return self._transport
-
-    def abandon(self) -> None:
-        """Close the master this opened, unless `transport()` handed it on. Its handshake is
-        waited for (as long as the master's own start waits for ssh, at most)."""
-        _, _, _, connect_timeout, _ = self._args
-        self._finished.wait(connect_timeout + 30)
-        self._done()
-        if self._opened:
-            close_masters(self.cluster)
-
-    def _done(self) -> None:
-        if self in HeadStart._live:
-            HeadStart._live.remove(self)
-
-
 def login_args(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT,
                ttl: float | None = None) -> tuple[HostSpec, str, str | None, float, float]:
-    """login_master's arguments for an inventory's `up` (the master a HeadStart opens is `up`'s
-    when they are the same)."""
+    """login_master's arguments for an inventory's `up`."""
     assert inv.slurm is not None
     return inv.slurm.login, inv.cluster, inv.ssh_config, connect_timeout, DEFAULT_TTL if ttl is None else ttl
 
 
-def login_transport(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None,
-                    head: HeadStart | None = None) -> SSHTransport:
-    """`up`'s transport to the login host: `head`'s master, once open, else the cluster's master
-    (login_master)."""
-    return head.transport() if head is not None else login_master(*login_args(inv, connect_timeout, ttl))
+def login_transport(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None
+                    ) -> SSHTransport:
+    """`up`'s transport to the login host: the cluster's master (login_master)."""
+    return login_master(*login_args(inv, connect_timeout, ttl))
 
 
 def close_masters(cluster: str) -> None:
@@ -196,20 +91,19 @@ def job_state(t: Transport, job: str) -> JobState:
 
 
 def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = CONNECT_TIMEOUT,
-             ttl: float | None = None, head: HeadStart | None = None, early: EarlySteps | None = None
-             ) -> Allocation:
+             ttl: float | None = None, early: EarlySteps | None = None) -> Allocation:
     """The running allocation of a Slurm inventory: submitted now, or the inventory's `job`.
     HostFailure (the login host, with the reason) if it cannot be had within `wait` seconds;
     what was submitted is cancelled then, and on Ctrl-C. Over the cluster's master to the login
-    host (`login_master`, or `head`'s: the same, opened sooner), which `up` goes on using; closed
-    here if it fails. `early`: the nodes' starts, begun by the command that submits the job where
-    Slurm grants it at once (the nodes' start_kept take their answers)."""
+    host (`login_master`), which `up` goes on using; closed here if it fails. `early`: the
+    nodes' starts, begun by the command that submits the job where Slurm grants it at once (the
+    nodes' start_kept take their answers)."""
     spec = inv.slurm
     assert spec is not None
     login = spec.login.host
     job = spec.job
     try:
-        with login_transport(inv, connect_timeout, ttl, head) as t:
+        with login_transport(inv, connect_timeout, ttl) as t:
             waited: slurm.Waited | None = None
             begun = ""  # the steps' answers follow (EarlySteps): that the job runs was said
             # The lease watch of a job dtf submits: started by the look that finds it running.

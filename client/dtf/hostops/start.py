@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dtf.cluster.plan import HostPlan, TaskPlan
 from dtf.files import environment, shipping
@@ -22,7 +23,6 @@ from dtf.hosts.transport import Conversation, HostError, Result, Transport
 from dtf_server.procs import tf_version
 from dtf_server.protocol import CheckReply, FenceReply, StartReply
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from dtf.hosts.slurmstep import KeptStart
 

@@ -1,11 +1,16 @@
 """What the hosts say about a plan's tasks: `status` asks every host, and `task_states` turns the
-replies into one state per task (the one place that does: `TaskStatus.state` decides)."""
+replies into one state per task (the one place that does: `TaskStatus.state` decides);
+`cluster_status` is `dtf status` (a Slurm cluster's job first), `tail_log` is `dtf logs`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dtf.cluster import state
 from dtf.cluster.plan import HostPlan, Plan, TaskPlan
+from dtf.cluster.slurm import JobState
+from dtf.cluster.state import Record
+from dtf.errors import ClusterDown, HostFailure, UsageError
 from dtf.hostops.launcher import LauncherMissing, ask, root_exists
 from dtf.hostops.parallel import HostOps, Outcome
 from dtf_server.protocol import StatusReply, TaskStatus
@@ -57,3 +62,57 @@ def status(ops: HostOps) -> dict[str, Outcome[StatusReply]]:
 def states(ops: HostOps) -> list[TaskState]:
     """Every task's state, as its host reports it now."""
     return task_states(ops.plan, status(ops))
+
+
+@dataclass
+class StatusResult:
+    """What `dtf status` found: every task's state, and a Slurm cluster's job (`ended`: why the
+    job no longer runs; the nodes were not asked then)."""
+
+    record: Record
+    states: list[TaskState]
+    job: JobState | None = None
+    ended: str | None = None
+
+    def ended_error(self) -> ClusterDown:
+        assert self.ended is not None and self.job is not None
+        forget = " (`dtf down` forgets it)" if self.job.state != "RUNNING" else ""
+        return ClusterDown(f"cluster {self.record.cluster!r}: {self.ended}{forget}")
+
+
+def cluster_status(name: str | None, *, connect_timeout: float) -> StatusResult:
+    """`dtf status`: a Slurm cluster's job first (its nodes are asked only while it runs), then
+    every host, asked now."""
+    with state.locked():
+        record = state.load(state.resolve_name(name))
+    job = None
+    if record.plan.slurm is not None:
+        from dtf.hostops.slurm import allocation_state
+
+        job, ended = allocation_state(record.plan.slurm, record.cluster, record.plan.ssh_config, record.plan.ttl,
+                                      connect_timeout)
+        if ended is not None:
+            return StatusResult(record, [], job, ended)
+    return StatusResult(record, states(HostOps(record.plan, connect_timeout=connect_timeout)), job)
+
+
+def tail_log(name: str | None, task: str, *, lines: int, follow: bool) -> int:
+    """`dtf logs`: the task's log, from its host (a Slurm node's through a job step), copied to
+    this process's stdout as it comes (Transport.stream); tail's exit code. Reading a log is a use
+    of the cluster: the lease is renewed first."""
+    from dtf.hosts.transport import HostError
+
+    with state.locked():
+        plan = state.load(state.resolve_name(name)).plan
+    t = plan.task(task)
+    if t is None:
+        raise UsageError(f"cluster {plan.cluster!r} has no task {task!r} "
+                         f"(tasks: {', '.join(x.name for x in plan.tasks())})")
+    hp = plan.host_of(t)
+    argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), t.log]
+    try:
+        with HostOps(plan).transport(hp) as conn:
+            conn.run(hp.renew_argv(), timeout=15)
+            return conn.stream(argv)
+    except HostError as e:
+        raise HostFailure("dtf logs", {hp.name: str(e)})

@@ -1,7 +1,6 @@
 """Reaching hosts: `transport` runs commands and moves files on one host (SSH through Fabric and
 paramiko, or local processes, behind one interface), `control` runs them over one OpenSSH
-master per host kept for the cluster's life, `spawn` starts a master's ssh (and begins the login
-host's before dtf has loaded, from what the last `up` of the same inventory ran), `openssh` is
+master per host kept for the cluster's life, `spawn` starts and closes a master's ssh, `openssh` is
 the OpenSSH client's command line, `slurmstep` reaches a node of a Slurm allocation (job steps through its login host),
 `tunnel` carries the laptop's TensorFlow connections through SSH masters (network: ssh),
 `knownhosts` keeps dtf's known_hosts, `shell` quotes command lines and `netutil` probes and picks

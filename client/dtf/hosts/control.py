@@ -176,10 +176,10 @@ class ControlTransport(SSHTransport):
         return target
 
     def open(self) -> None:
-        if spawn.answering(self.master.path):
+        if listening(self.master.path):
             return
         with self.master.lock:
-            if spawn.answering(self.master.path):
+            if listening(self.master.path):
                 return
             try:
                 self.master.start()

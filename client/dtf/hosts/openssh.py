@@ -63,7 +63,8 @@ def _settings_argv(ssh: str, spec: HostSpec, ssh_config: str | None) -> tuple[st
 
 def prefetch(ssh: str, specs: list[HostSpec], ssh_config: str | None) -> None:
     """Read the settings of every host at once (one `ssh -G` each, side by side), for `settings`.
-    A host whose `ssh -G` another thread runs (`begin_prefetch`) is waited for, not asked again."""
+    A host whose `ssh -G` another thread runs (a master's jump hosts, asked side by side) is waited
+    for, not asked again."""
     import subprocess
     import time
 
@@ -100,15 +101,6 @@ def prefetch(ssh: str, specs: list[HostSpec], ssh_config: str | None) -> None:
         done.set()
     for event in set(theirs.values()):
         event.wait(SETTINGS_TIMEOUT)
-
-
-def begin_prefetch(specs: list[HostSpec], ssh_config: str | None) -> None:
-    """`prefetch` the ssh hosts' settings in a thread: `dtf up` (dtf.entry), while the CLI loads
-    (0.2-0.4 s on one core), for the plan's addresses and the masters' jump hosts."""
-    ssh = ssh_binary()
-    hosts = [spec for spec in specs if spec.connection == "ssh" and not spec.address]
-    if ssh is not None and hosts:
-        threading.Thread(target=prefetch, args=(ssh, hosts, ssh_config), name="dtf-ssh-settings").start()
 
 
 def _parse(out: str) -> dict[str, str]:

@@ -183,13 +183,7 @@ class Master:
         argv = ssh_argv(self.ssh, self.spec, self.ssh_config, self.connect_timeout, *via,
                         "-o", "ControlMaster=yes", "-o", f"ControlPath={self.path}",
                         "-o", f"ControlPersist={self.persist}", *back, "-N", "-f", alive=self.alive_interval)
-        # The same ssh begun before dtf had loaded (dtf.hosts.spawn: the last `up` of an unchanged
-        # inventory ran it), else our own. Recorded for the next `up` to begin, unless it goes
-        # through another master (a jump host's, which is recorded itself where it goes direct):
-        # begun early, it would find that master not there yet.
-        if through is None:
-            spawn.record(self.path, argv)
-        proc = spawn.take(self.path, argv) or spawn.start(argv, self.path)
+        proc = spawn.start(argv, self.path)
         try:
             code: int | None = proc.wait(timeout=self.connect_timeout + 20)
         except subprocess.TimeoutExpired:
@@ -217,10 +211,10 @@ class Master:
         """Start the master unless it runs (again, after it was lost). A socket that accepts a
         connection is a running master: 100 hosts behind one jump host ask at once, and an
         `ssh -O check` each, one after another under the lock, took seconds."""
-        if spawn.answering(self.path):
+        if spawn.listening(self.path):
             return
         with self.lock:
-            if spawn.pending(self.path) or not self.alive():
+            if not self.alive():
                 self.start()
 
     def stop(self) -> None:
