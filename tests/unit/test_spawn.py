@@ -15,8 +15,8 @@ import pytest
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts import spawn
+from dtf.hosts.masters import Master
 from dtf.hosts.spawn import _wait_exited
-from dtf.hosts.tunnel import Master
 
 FAKE_SSH = r'''
 import os, socket, sys, time
@@ -252,7 +252,7 @@ def test_an_early_master_no_up_took_is_ended_at_the_commands_end(
 def test_a_failed_early_handshake_is_the_masters_failure(
         ssh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The early ssh's own failure is what `up` reports, with ssh's words (no second try)."""
-    from dtf.hosts.tunnel import MasterFailed
+    from dtf.hosts.masters import MasterFailed
 
     inv = tmp_path / "inv.yaml"
     inv.write_text("cluster: c\n")

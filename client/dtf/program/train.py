@@ -222,8 +222,9 @@ def open_tunnel(record: Record, connect_timeout: float) -> Tunnel:
     """ssh mode: the program's gRPC channels to the tasks go through SSH (dtf.hosts.tunnel)."""
     from dtf.cluster.inventory import HostSpec
     from dtf.hosts.control import cluster_master
+    from dtf.hosts.masters import Master
     from dtf.hosts.openssh import ssh_binary
-    from dtf.hosts.tunnel import Master, Tunnel
+    from dtf.hosts.tunnel import Tunnel
 
     plan = record.plan
     if plan.slurm is not None:  # only the login host is reached by SSH: every task through it
