@@ -46,6 +46,7 @@ from dtf.hosts.base import (
 )
 from dtf.hosts.masters import Master, MasterFailed, parallel
 from dtf.hosts.mux import SSH_FAILED, MuxProcess, MuxRefused
+from dtf.hosts.mux import enabled as mux_enabled
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.shell import quote_arg, render
 from dtf.hosts.spawn import listening
@@ -272,12 +273,13 @@ class ControlTransport(Transport):
     def converse(self, argv: Sequence[str], data: bytes) -> Conversation:
         """argv over the master, `data` on its stdin, its output read a line at a time as it comes:
         asked of the master itself (dtf.hosts.mux: no ssh process per host), or where it does not
-        take it, through ssh's own mux client."""
+        take it or DTF_SSH_MUX=0, through ssh's own mux client."""
         self.open()
-        try:
-            return Conversation([], data, proc=MuxProcess(self.master.path, render(argv)))
-        except MuxRefused:
-            pass
+        if mux_enabled():
+            try:
+                return Conversation([], data, proc=MuxProcess(self.master.path, render(argv)))
+            except MuxRefused:
+                pass
         try:
             return Conversation(self.command() + [render(argv)], data)
         except OSError as e:
