@@ -232,7 +232,7 @@ def open_tunnel(record: Record, connect_timeout: float) -> Tunnel:
                       plan.cluster, connect_timeout, relay_for=plan.slurm.addresses)
     hosts = [(hp.spec, [t.address for t in hp.tasks]) for hp in plan.remote_hosts]
     ssh = ssh_binary()
-    if ssh is None:  # paramiko carries the connections (dtf.hosts.tunnel.PythonRoute)
+    if ssh is None:  # paramiko carries the connections (dtf.hosts.proxy.PythonRoute)
         return Tunnel(hosts, plan.ssh_config, state.home(), plan.cluster, connect_timeout)
     ttl = {hp.name: hp.ttl for hp in plan.remote_hosts}
 
