@@ -121,3 +121,15 @@ def test_a_conversation_that_says_nothing_in_time_is_none_and_finish_ends_it(tmp
     assert conv.readline(0.2) is None
     r = conv.finish(0.2)
     assert r.exit_code < 0 and conv.proc.poll() is not None
+
+
+@pytest.mark.parametrize("value, enabled", [(None, True), ("1", True), ("0", False), (" 0 ", False)])
+def test_the_mux_switch_is_dtf_ssh_mux(monkeypatch: pytest.MonkeyPatch, value: str | None, enabled: bool):
+    """DTF_SSH_MUX=0: a conversation goes through ssh's own mux client (the lab tests both ways)."""
+    from dtf.hosts import mux
+
+    if value is None:
+        monkeypatch.delenv(mux.SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(mux.SWITCH, value)
+    assert mux.enabled() is enabled
