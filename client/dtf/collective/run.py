@@ -502,7 +502,7 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
                         connect_timeout=connect_timeout, taken_down=taken_down, verbose=verbose)
     for note in check_plan(record.plan):
         say(note)
-    if record.plan.ssh_config:  # the copies' followers and output copies read it (OpenSSH's, or paramiko's)
+    if record.plan.ssh_config:  # the copies' followers and output copies read it (OpenSSH; paramiko without ssh)
         from dtf.hosts.transport import check_ssh_config
 
         check_ssh_config(Path(record.inventory), record.plan.ssh_config)
