@@ -19,7 +19,8 @@ import pytest
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts import control
-from dtf.hosts.tunnel import Master, PythonRoute, control_path, ssh_binary
+from dtf.hosts.masters import Master, control_path, ssh_binary
+from dtf.hosts.proxy import PythonRoute
 from helpers import Interruptible, assert_one_line_error, fake_server, ssh_processes, status_json, wait_until, within
 from lab import Lab
 from sites import CLUSTER, LabSite

@@ -214,13 +214,13 @@ def test_a_slurm_inventorys_ssh_config_is_checked_by_openssh_alone(tmp_path: Pat
     config.write_text("Host login\n  HostName 10.0.0.1\n")
     code = (f"import sys; from pathlib import Path; from dtf.hosts.transport import check_ssh_config\n"
             f"from dtf.cluster.inventory import load\n"
-            f"check_ssh_config(load(Path({str(inv)!r})).position('ssh_config'), {str(config)!r}, paramiko_reads=False)\n"
+            f"check_ssh_config(load(Path({str(inv)!r})).position('ssh_config'), {str(config)!r})\n"
             f"assert 'paramiko' not in sys.modules, 'paramiko imported'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     config.write_text("Host login\n  Bogus yes\n")
     with pytest.raises(InventoryError) as e:
-        check_ssh_config(load(inv).position("ssh_config"), str(config), paramiko_reads=False)
+        check_ssh_config(load(inv).position("ssh_config"), str(config))
     assert str(e.value) == f"{inv}:2:1: ssh_config: {config}: cannot parse it: line 2: Bad configuration option: bogus"
 
 
@@ -240,7 +240,7 @@ def test_an_ssh_inventorys_addresses_are_openssh_s_and_up_does_not_import_parami
         import subprocess, sys
         from pathlib import Path
         from dtf.hostops.lifecycle import load_plan
-        from dtf.hosts.tunnel import Master, ssh_binary
+        from dtf.hosts.masters import Master, ssh_binary
         plan = load_plan(Path({str(inv)!r}))
         print(" ".join(t.address for t in plan.tasks()))
         assert "paramiko" not in sys.modules, "paramiko imported"

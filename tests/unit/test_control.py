@@ -10,8 +10,8 @@ import pytest
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.control import cluster_prefix, hop_path, host_path, persist_for, reason
+from dtf.hosts.masters import MasterFailed
 from dtf.hosts.transport import Conversation
-from dtf.hosts.tunnel import MasterFailed
 
 SPEC = HostSpec(host="h7", line=3, connection="ssh", user="root", port=None, identity_file="~/.ssh/id_x",
                 python="python3", workdir="~", address=None, ps_ports=(), worker_ports=())
@@ -121,3 +121,15 @@ def test_a_conversation_that_says_nothing_in_time_is_none_and_finish_ends_it(tmp
     assert conv.readline(0.2) is None
     r = conv.finish(0.2)
     assert r.exit_code < 0 and conv.proc.poll() is not None
+
+
+@pytest.mark.parametrize("value, enabled", [(None, True), ("1", True), ("0", False), (" 0 ", False)])
+def test_the_mux_switch_is_dtf_ssh_mux(monkeypatch: pytest.MonkeyPatch, value: str | None, enabled: bool):
+    """DTF_SSH_MUX=0: a conversation goes through ssh's own mux client (the lab tests both ways)."""
+    from dtf.hosts import mux
+
+    if value is None:
+        monkeypatch.delenv(mux.SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(mux.SWITCH, value)
+    assert mux.enabled() is enabled

@@ -10,9 +10,8 @@ import dataclasses
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
 
 import pytest
 
@@ -20,7 +19,7 @@ from dtf.cluster import slurm
 from dtf.cluster.inventory import HostSpec
 from dtf.cluster.slurm import Allocation
 from dtf.hosts.slurmstep import EarlySteps, KeptStart, SlurmStepTransport, forget_begun, kept_result
-from dtf.hosts.transport import COMMAND_TIMEOUT, HostError, LocalTransport, Readable, Result, SSHTransport, feed_process
+from dtf.hosts.transport import HostError, LocalTransport, Result
 from helpers import wait_until, within
 
 SPEC = HostSpec(host="n1", line=1, connection="slurm", user=None, port=None, identity_file=None,
@@ -32,9 +31,7 @@ exec "$@"
 
 
 class Login(LocalTransport):
-    def feed_channel(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
-                     sent: Callable[[int], None] = lambda n: None) -> Result:
-        return feed_process(argv, source, stall, sent)
+    """The login host: a local shell (LocalTransport.run_with_input runs the command with its input)."""
 
 
 @pytest.fixture
@@ -45,7 +42,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SlurmStepTransport:
     (bin_dir / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     allocation = Allocation(job="7", submitted=True, login=SPEC, nodes=("n1",), addresses=("127.0.0.1",))
-    return SlurmStepTransport(SPEC, allocation, login=cast(SSHTransport, Login(SPEC)))  # (its feed_channel)
+    return SlurmStepTransport(SPEC, allocation, login=Login(SPEC))
 
 
 def alive(pid_file: Path) -> bool:
@@ -180,13 +177,13 @@ def answered(steps: EarlySteps, proc: subprocess.Popen[bytes]) -> int:
 
 
 class NoCommand(Login):
-    def feed_channel(self, *args: object, **kwargs: object) -> Result:
+    def run_with_input(self, *args: object, **kwargs: object) -> Result:
         raise AssertionError("a start the allocation began runs no command of its own")
 
 
 def node_of(name: str) -> SlurmStepTransport:
     spec = dataclasses.replace(SPEC, host=name)
-    return SlurmStepTransport(spec, ALLOCATION, login=cast(SSHTransport, NoCommand(spec)))
+    return SlurmStepTransport(spec, ALLOCATION, login=NoCommand(spec))
 
 
 def test_the_command_that_allocates_the_nodes_begins_their_steps_and_each_node_takes_its_answer(
@@ -298,7 +295,7 @@ def test_the_steps_made_for_placeholder_nodes_are_the_starts_up_then_asks_of_the
         for hp in plan.hosts:
             start = starter._kept_check_start(hp, local_tf_version(), None)
             assert "@dtf-" not in " ".join(start.argv) and "10.0.0" in " ".join(start.argv)  # (the mesh's targets)
-            t = SlurmStepTransport(hp.spec, allocation, login=cast(SSHTransport, NoCommand(hp.spec)))
+            t = SlurmStepTransport(hp.spec, allocation, login=NoCommand(hp.spec))
             assert t.start_kept(start).stdout == f"{nodes.index(hp.name)}\n"
     finally:
         forget_begun()

@@ -1,11 +1,11 @@
-"""The pure parts of ssh network mode (tunnel.py): jump hosts as ssh prints them (`ssh -G`)."""
+"""The pure parts of ssh network mode (dtf.hosts.masters): jump hosts as ssh prints them (`ssh -G`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from dtf.cluster.inventory import HostSpec
-from dtf.hosts.tunnel import parse_jump
+from dtf.hosts.masters import parse_jump
 
 SPEC = HostSpec(host="target", line=3, connection="ssh", user="alice", port=2200, identity_file="~/.ssh/id_x",
                 python="python3", workdir="~", address=None, ps_ports=(), worker_ports=())

@@ -230,7 +230,6 @@ class CollectiveRun:
 
         from dtf.cluster import slurm
         from dtf.hostops.slurm import detach_steps
-        from dtf.hosts.slurmstep import SlurmStepTransport
 
         allocation = self.plan.slurm
         assert allocation is not None
@@ -244,8 +243,7 @@ class CollectiveRun:
                                        gpus=slurm.gpu_options(allocation.request))
         try:
             with self.ops.transport(first) as t:
-                assert isinstance(t, SlurmStepTransport)
-                detach_steps(t.login, [argv])
+                detach_steps(t.front(), [argv])
         except HostError as e:
             raise HostFailure("starting the program (a Slurm job step)", {allocation.login.host: str(e)})
         return token
@@ -344,10 +342,10 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
                         connect_timeout=connect_timeout, taken_down=taken_down, verbose=verbose)
     for note in check_plan(record.plan):
         say(note)
-    if record.plan.ssh_config:  # the copies' followers and output copies read it with paramiko
+    if record.plan.ssh_config:  # the copies' followers and output copies read it (OpenSSH; paramiko without ssh)
         from dtf.hosts.transport import check_ssh_config
 
-        check_ssh_config(record.plan.ssh_config_position(record.inventory), record.plan.ssh_config, paramiko_reads=True)
+        check_ssh_config(record.plan.ssh_config_position(record.inventory), record.plan.ssh_config)
     with contextlib.ExitStack() as stack:
         stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
                                         connect_timeout=connect_timeout))

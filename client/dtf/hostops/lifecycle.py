@@ -487,7 +487,7 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
     ops = HostOps(plan, connect_timeout=connect_timeout, view=view)
     with ops.shown(f"dtf down {plan.cluster}"):
         outcomes = stop.down(ops, keep_logs=keep_logs, grace=grace, purge=purge)
-    from dtf.hosts.tunnel import close_masters
+    from dtf.hosts.masters import close_masters
 
     close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts]  # a killed `dtf train`'s
                   + ([plan.slurm.login] if plan.slurm is not None else []))

@@ -19,7 +19,7 @@ from dtf.cluster.plan import DEFAULT_TTL
 from dtf.cluster.slurm import Allocation, JobState
 from dtf.errors import HostFailure
 from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.transport import HostError, Result, SSHTransport, Transport
+from dtf.hosts.transport import HostError, Result, Transport, transport_for
 
 # While a job pends: squeue often at first, on the login host (a free partition starts a job in a
 # second or two: slurm.wait_argv's looks), then a look a second or so (a long wait must not load
@@ -31,12 +31,11 @@ QUERY_TIMEOUT = 30.0  # seconds for one Slurm command on the login host
 Say = Callable[[str], None]
 
 if TYPE_CHECKING:
-    from dtf.hosts.control import ControlTransport
     from dtf.hosts.slurmstep import EarlySteps
 
 
 def login_master(login: HostSpec, cluster: str, ssh_config: str | None, connect_timeout: float = CONNECT_TIMEOUT,
-                 ttl: float = DEFAULT_TTL) -> SSHTransport:
+                 ttl: float = DEFAULT_TTL) -> Transport:
     """The login host over the cluster's OpenSSH master for it (dtf.hosts.control), where there is
     an `ssh`: `up`'s allocation and every job step of its nodes share one connection, a round trip
     each, not a handshake (and no Fabric import); kept `ttl` seconds after its last use, closed
@@ -47,7 +46,7 @@ def login_master(login: HostSpec, cluster: str, ssh_config: str | None, connect_
 
     ssh = ssh_binary()
     if ssh is None:
-        return SSHTransport(login, ssh_config, connect_timeout)
+        return transport_for(login, ssh_config, connect_timeout)
     return control.ControlTransport(control.cluster_master(ssh, login, state.home(), cluster, ssh_config,
                                                            connect_timeout, ttl))
 
@@ -60,7 +59,7 @@ def login_args(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT,
 
 
 def login_transport(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None
-                    ) -> SSHTransport:
+                    ) -> Transport:
     """`up`'s transport to the login host: the cluster's master (login_master)."""
     return login_master(*login_args(inv, connect_timeout, ttl))
 
@@ -109,16 +108,13 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
             # The lease watch of a job dtf submits: started by the look that finds it running.
             watch = slurm.watch_command(inv) if spec.submits else None
             if spec.submits:
-                from dtf.hosts.control import ControlTransport
-
                 # (a command whose stdin carries the launcher: over an OpenSSH master)
-                begin = early if early is not None and isinstance(t, ControlTransport) else None
+                begin = early if early is not None and t.converses else None
                 submit = slurm.wait_argv(submit=slurm.salloc_argv(inv), seconds=min(slurm.WAIT_SECONDS, wait),
                                          then=watch, start=begin.script() if begin else "",
                                          nodes=len(begin.nodes) if begin else 0)
                 submitted = f"submitted: {slurm.job_name(inv.cluster)}, {spec.nodes} node(s)"
                 if begin is not None:  # (its lines said as they come)
-                    assert isinstance(t, ControlTransport)
                     r = _submit_and_begin(t, submit, begin, say, submitted)
                 else:
                     r = t.run(submit, timeout=QUERY_TIMEOUT + slurm.ID_SECONDS)
@@ -156,7 +152,7 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
                       addresses=tuple(addresses.get(n, n) for n in waited.nodes), request=slurm.request(inv))
 
 
-def _submit_and_begin(t: ControlTransport, argv: list[str], begin: EarlySteps, say: Say, submitted: str
+def _submit_and_begin(t: Transport, argv: list[str], begin: EarlySteps, say: Say, submitted: str
                       ) -> Result:
     """The command that submits the job and begins its nodes' steps (slurm.wait_argv's `start`),
     its answer read as it comes: the job's id said as soon as salloc gave it (`submitted`: what
@@ -249,7 +245,7 @@ def release(allocation: Allocation, ssh_config: str | None, say: Say,
             say(f"job {allocation.job} is yours (the inventory's job:): left running")
             return None
         with (login_master(allocation.login, cluster, ssh_config, connect_timeout) if cluster is not None
-              else SSHTransport(allocation.login, ssh_config, connect_timeout)) as t:
+              else transport_for(allocation.login, ssh_config, connect_timeout)) as t:
             return _cancel(t, allocation.job, say)
     except HostError as e:
         raise HostFailure("dtf down (Slurm)", {allocation.login.host: str(e)})

@@ -17,14 +17,13 @@ from dtf.hostops.environments import Environments, EnvReport
 from dtf.hostops.launcher import decode
 from dtf.hostops.parallel import HostOps, Outcome
 from dtf.hostops.reach import MESH_TIMEOUT, others, probe_all
-from dtf.hosts.control import ControlTransport
 from dtf.hosts.netutil import port_open, wait_port
 from dtf.hosts.transport import Conversation, HostError, Result, Transport
 from dtf_server.procs import tf_version
 from dtf_server.protocol import CheckReply, FenceReply, StartReply
 
 if TYPE_CHECKING:
-    from dtf.hosts.slurmstep import KeptStart
+    from dtf.hosts.kept import KeptStart
 
 CHECK_TIMEOUT = 30.0  # seconds for the launcher's upload and its check (a python start and a look around)
 REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to accept a connection
@@ -144,7 +143,6 @@ class Starter:
             with gate.turn:
                 self.ops.step(hp, "connecting")
                 t = self.ops.transport(hp)
-                assert isinstance(t, ControlTransport)
                 self._check_start_step(hp, tasks)
                 argv = hp.check_start_argv(only, tf_version, targets, reach_timeout, told=2 * gate.wait + 30)
                 self.touched.add(hp.name)
@@ -183,7 +181,7 @@ class Starter:
         self.ops.step(hp, f"uploading launcher, checking python and TensorFlow, starting {len(tasks)} server(s)")
 
     @staticmethod
-    def _said(t: ControlTransport, conv: Conversation, deadline: float, what: str) -> Result:
+    def _said(t: Transport, conv: Conversation, deadline: float, what: str) -> Result:
         """The launcher's next line that is not blank (a login script's empty line: as `t.run`'s
         output is read), as a Result; where it ended without one, its exit status and stderr
         (the master lost: HostError, as `t.run` says it). HostError past `deadline`."""
@@ -203,8 +201,6 @@ class Starter:
     def _ship_and_run(self, t: Transport, hp: HostPlan, argv: list[str], timeout: float) -> Result:
         """Upload the launcher and run one of its commands, in one round trip where the transport can."""
         self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
-        if isinstance(t, ControlTransport):
-            return t.put_and_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv, timeout=timeout)
         return t.put_then_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv, timeout=timeout)
 
     def _check(self, t: Transport, hp: HostPlan, tf_version: str | None, only: Collection[str] | None
@@ -304,16 +300,13 @@ class Starter:
         supervisor and server and ends them with the job. One step and one python per node, as
         an SSH host's start has: a step of its own per supervisor cost an `srun` and a python
         start each before any server started. The launcher travels on its stdin (`start.upload`)."""
-        from dtf.hosts.slurmstep import SlurmStepTransport
-
-        assert isinstance(t, SlurmStepTransport)
         if start.upload is not None:
             self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
         return t.start_kept(start)
 
     def _kept(self, hp: HostPlan, argv: list[str], only: Collection[str] | None, lines: int, timeout: float,
               upload: bool = False) -> KeptStart:
-        from dtf.hosts.slurmstep import KeptStart
+        from dtf.hosts.kept import KeptStart
 
         names = "+".join(task.name for task in hp.tasks_in(only))
         return KeptStart(argv, f"dtf-{self.ops.plan.cluster}-{names}"[:120], lines, timeout,

@@ -26,27 +26,31 @@ import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts import spawn
-from dtf.hosts.mux import SSH_FAILED, MuxProcess, MuxRefused
-from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.shell import quote_arg, render
-from dtf.hosts.spawn import listening
-from dtf.hosts.transport import (
+from dtf.hosts.base import (
     COMMAND_TIMEOUT,
     Conversation,
     HostError,
     LineStream,
+    Output,
     Readable,
     Result,
-    SSHTransport,
+    Transport,
     feed_process,
     process_lines,
+    process_output,
+    read_process,
     temporary_name,
 )
-from dtf.hosts.tunnel import Master, MasterFailed, _parallel
+from dtf.hosts.masters import Master, MasterFailed, parallel
+from dtf.hosts.mux import SSH_FAILED, MuxProcess, MuxRefused
+from dtf.hosts.mux import enabled as mux_enabled
+from dtf.hosts.netutil import CONNECT_TIMEOUT
+from dtf.hosts.shell import quote_arg, render
+from dtf.hosts.spawn import listening
+from dtf.hosts.trees import fetch_by_tar
 
 # put_and_converse's python on the host: read the upload from stdin to its last byte (the rest of
 # stdin is the command's), write it under a temporary name in its directory (made here: a `sh -c
@@ -150,18 +154,19 @@ def reason(failed: MasterFailed, target: str, identity: str | None, timeout: flo
     return f"SSH to {where} failed: {last}"
 
 
-class ControlTransport(SSHTransport):
+class ControlTransport(Transport):
     """SSH over the host's master (see the module's doc); commands are `ssh -S PATH HOST CMD`.
+    Every command, stream, file and check goes over the master: OpenSSH is the only SSH client
+    of a run (ParamikoTransport, dtf.hosts.paramikossh, is for where there is no `ssh`)."""
 
-    Every command, stream and check goes over the master; only `open_tcp` (a TCP connection
-    through the host, in-process) opens the paramiko connection, when it is used."""
+    converses = True
 
     def __init__(self, master: Master) -> None:
-        super().__init__(master.spec, master.ssh_config, master.connect_timeout)
+        super().__init__(master.spec)
+        self.ssh_config_path = master.ssh_config
+        self.connect_timeout = master.connect_timeout
         self.ssh = master.ssh
         self.master = master
-        self._paramiko_open = False
-        self._paramiko_lock = threading.Lock()
 
     def _target(self) -> str:
         """user@address:port as OpenSSH resolves them (`ssh -G`: read, no network), for messages."""
@@ -193,16 +198,20 @@ class ControlTransport(SSHTransport):
         """OpenSSH refused the host's revoked key: name the known_hosts line that marks it, as
         dtf.hosts.knownhosts does for the paramiko transport."""
         from dtf.hosts.knownhosts import KnownHosts, host_name
+        from dtf.hosts.paramikossh import ParamikoTransport
 
-        conn = self.connection()  # ssh_config read, no network
+        # (paramiko's reading of ssh_config, no network: only for this message)
+        conn = ParamikoTransport(self.spec, self.ssh_config_path, self.connect_timeout).connection()
         name = host_name(conn.host, int(conn.port))
         marks = [e for e in KnownHosts.from_ssh_config(conn.ssh_config).entries(name) if e.revoked]
         where = f" in {marks[0].where}" if marks else ""
         return f"the host key of {name} is marked @revoked{where}: refusing to connect"
 
     def close(self) -> None:
-        if self._paramiko_open:
-            super().close()  # the master stays: it is the cluster's
+        pass  # the master stays: it is the cluster's
+
+    def master_path(self) -> str | None:
+        return self.master.path
 
     def command(self, *options: str) -> list[str]:
         """ssh over the master; ControlMaster=no: never become a master of its own by accident."""
@@ -243,14 +252,18 @@ class ControlTransport(SSHTransport):
         if not r.ok:
             raise HostError(f"upload to {remote_dir} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
 
-    def put_and_run(self, data: bytes, remote_dir: str, filename: str, argv: Sequence[str],
-                    timeout: float = COMMAND_TIMEOUT) -> Result:
+    def run_with_input(self, argv: Sequence[str], data: bytes, timeout: float = COMMAND_TIMEOUT,
+                       named: Sequence[str] | None = None) -> Result:
+        return self.run(argv, timeout=timeout, stdin=data, named=named)
+
+    def put_then_run(self, data: bytes, remote_dir: str, filename: str, argv: Sequence[str],
+                     timeout: float = COMMAND_TIMEOUT) -> Result:
         """Upload a file and run a command, in one round trip (the launcher, then its `check`)."""
         script = f"{self._put_script(remote_dir, filename)} && exec {render(argv)}"
         return self.run(["sh", "-c", script], timeout=timeout, stdin=data, named=argv)
 
     def put_and_converse(self, data: bytes, remote_dir: str, filename: str, argv: Sequence[str]) -> Conversation:
-        """put_and_run's upload and command in one round trip, the command's stdin kept open
+        """put_then_run's upload and command in one round trip, the command's stdin kept open
         (Conversation). The host's python reads the upload itself, to the byte (`cat` would read
         to the end of stdin), writes it atomically, then runs it as `python FILE ARGS` would: argv
         is [python, remote_dir/filename, ARGS]."""
@@ -260,12 +273,13 @@ class ControlTransport(SSHTransport):
     def converse(self, argv: Sequence[str], data: bytes) -> Conversation:
         """argv over the master, `data` on its stdin, its output read a line at a time as it comes:
         asked of the master itself (dtf.hosts.mux: no ssh process per host), or where it does not
-        take it, through ssh's own mux client."""
+        take it or DTF_SSH_MUX=0, through ssh's own mux client."""
         self.open()
-        try:
-            return Conversation([], data, proc=MuxProcess(self.master.path, render(argv)))
-        except MuxRefused:
-            pass
+        if mux_enabled():
+            try:
+                return Conversation([], data, proc=MuxProcess(self.master.path, render(argv)))
+            except MuxRefused:
+                pass
         try:
             return Conversation(self.command() + [render(argv)], data)
         except OSError as e:
@@ -333,12 +347,19 @@ class ControlTransport(SSHTransport):
                 proc.stdin.close()  # type: ignore[union-attr]
                 proc.stderr.close()
 
-    def open_tcp(self, target: str, timeout: float) -> Any:
-        with self._paramiko_lock:  # probes of one host run in parallel threads
-            if not self._paramiko_open:
-                SSHTransport.open(self)
-                self._paramiko_open = True
-        return super().open_tcp(target, timeout)
+    def output(self, argv: Sequence[str]) -> Output:
+        """The command's stdout and stderr as they come (a collective copy's `follow`): a session
+        of the master. Closing it ends our ssh client."""
+        self.open()
+        return process_output(self.command("-T") + [render(argv)])
+
+    def read_output(self, argv: Sequence[str], timeout: float) -> tuple[bytes, int, str]:
+        self.open()
+        return read_process(self.command("-T") + [render(argv)], timeout)
+
+    def fetch_tree(self, remote: str, local: Path) -> int:
+        """A tar on a session's stdout (dtf.hosts.trees): over the master, no SFTP client."""
+        return fetch_by_tar(self, remote, local)
 
 
 def close_control(home: Path, cluster: str) -> int:
@@ -353,7 +374,7 @@ def close_control(home: Path, cluster: str) -> int:
     hosts = [p for p in paths if not os.path.basename(p).split("-", 1)[1].startswith("j")]
     hops = [p for p in paths if p not in hosts]
     for group in (hosts, hops):
-        _parallel([functools.partial(spawn.stop, ssh, p) for p in group])
+        parallel([functools.partial(spawn.stop, ssh, p) for p in group])
     for p in found:  # the logs too, a failed start's included
         with contextlib.suppress(OSError):
             os.unlink(p if p.endswith(".log") else p + ".log")

@@ -1,9 +1,10 @@
 """A command over an OpenSSH master, asked of the master itself (its control socket), not of an
 `ssh -S PATH HOST COMMAND` process.
 
-Every `up` runs one launcher command on each host over its master. Through an ssh process that
-is an exec of ssh (its libraries' relocations, OpenSSL's start: 7-8 ms of CPU) per host and
-command, doing nothing but ask the master over its socket and wait. This asks the same thing in
+It saves an exec of ssh per host and command: every `up` runs one launcher command on each host
+over its master, and an ssh process (its libraries' relocations, OpenSSL's start) would do nothing
+but ask the master over its socket and wait. The switch: DTF_SSH_MUX=0 in the environment makes
+dtf run `ssh -S PATH HOST COMMAND` instead (`enabled`). This asks the same thing in
 the same words: OpenSSH's multiplexing protocol (PROTOCOL.mux in OpenSSH's source, version 4,
 which every OpenSSH since 5.6 speaks), as ssh's own mux client does it (mux.c,
 mux_client_request_session): the hello, then MUX_C_NEW_SESSION with the command and no tty,
@@ -38,6 +39,12 @@ VERSION = 4
 NO_ESCAPE = 0xFFFFFFFF  # (EscapeChar none)
 HELLO_TIMEOUT = 10.0  # seconds the master has to answer the hello (it is this machine's ssh)
 SSH_FAILED = 255  # ssh's own exit status: the connection, not the command, failed
+SWITCH = "DTF_SSH_MUX"  # "0": never speak the protocol here, run ssh's own mux client
+
+
+def enabled() -> bool:
+    """Whether commands are asked of the master here (the module's doc); DTF_SSH_MUX=0: no."""
+    return os.environ.get(SWITCH, "1").strip() != "0"
 
 
 class MuxRefused(Exception):

@@ -16,18 +16,20 @@ from pathlib import Path
 
 from dtf.cluster.inventory import HostSpec
 from dtf.cluster.slurm import Allocation, step_argv
-from dtf.hosts.control import ControlTransport
-from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.transport import (
+from dtf.hosts.base import (
     COMMAND_TIMEOUT,
     HostError,
     LineStream,
+    Output,
     Readable,
     Result,
-    SSHTransport,
     Transport,
     temporary_name,
 )
+from dtf.hosts.kept import KeptStart
+from dtf.hosts.netutil import CONNECT_TIMEOUT
+from dtf.hosts.transport import transport_for
+from dtf.hosts.trees import fetch_by_tar
 
 # Write stdin to "$1/$2" atomically (as put_bytes promises): a temporary name, then a rename.
 _WRITE = 'mkdir -p "$1" && cat > "$1/$3" && mv -f "$1/$3" "$1/$2"'
@@ -80,18 +82,6 @@ def _detached(srun: str, lines: int, timeout: float, err: str, stdin: str = "") 
 
     return (f'{{ setsid -f sh -c \'"$@"; echo "{_EXIT} $?"\' sh {srun} 2>"{err}"; }}{stdin}'
             f' | timeout {max(1, round(timeout)):d} sh -c {quote(_LINES)} sh {lines:d}')
-
-
-@dataclass(frozen=True)
-class KeptStart:
-    """The arguments of a node's start_kept: the command, the step's name, the lines it answers,
-    its deadline, and the file written on its stdin first (data, dir, filename)."""
-
-    argv: list[str]
-    name: str
-    lines: int
-    timeout: float
-    upload: tuple[bytes, str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -188,11 +178,11 @@ def forget_begun() -> None:
 
 class SlurmStepTransport(Transport):
     def __init__(self, spec: HostSpec, allocation: Allocation, ssh_config: str | None = None,
-                 connect_timeout: float = CONNECT_TIMEOUT, login: SSHTransport | None = None) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT, login: Transport | None = None) -> None:
         super().__init__(spec)
         self.allocation = allocation
         # `login`: the login host's transport (the cluster's master to it: dtf.hostops.slurm.login_master)
-        self.login = login or SSHTransport(allocation.login, ssh_config, connect_timeout)
+        self.login = login or transport_for(allocation.login, ssh_config, connect_timeout)
 
     def step(self, argv: Sequence[str], name: str = "dtf") -> list[str]:
         return node_step(self.allocation.job, self.spec.host, argv, name=name)
@@ -214,8 +204,6 @@ class SlurmStepTransport(Transport):
             self._write(f, remote_dir, filename)
 
     def _write(self, source: Readable, remote_dir: str, filename: str) -> None:
-        from dtf.hosts.transport import HostError
-
         argv = ["sh", "-c", _WRITE, "sh", remote_dir, filename, temporary_name(filename)]
         r = self.feed(argv, source)
         if not r.ok:
@@ -229,9 +217,7 @@ class SlurmStepTransport(Transport):
         Over the login host's open connection (a launcher is small: no new SSH handshake); the
         deadline is the upload's (COMMAND_TIMEOUT without progress) plus `timeout`, the command's."""
         step = _written_then(argv, remote_dir, filename)
-        if isinstance(self.login, ControlTransport):  # a session of the master: a round trip
-            return self.login.run(self.step(step), timeout=COMMAND_TIMEOUT + timeout, stdin=data)
-        return self.login.feed_channel(self.step(step), io.BytesIO(data), stall=COMMAND_TIMEOUT + timeout)
+        return self.login.run_with_input(self.step(step), data, timeout=COMMAND_TIMEOUT + timeout)
 
     def start_kept(self, start: KeptStart) -> Result:
         """`start.argv` as a job step that stays (the launcher's `start --keep`: it lasts as long as
@@ -262,10 +248,7 @@ class SlurmStepTransport(Transport):
                   f'rc=$?; cat "$e" >&2; rm -f "$e"; exit $rc')
         data = upload[0] if upload is not None else b""
         stall = COMMAND_TIMEOUT + start.timeout + 5
-        if isinstance(self.login, ControlTransport):
-            r = self.login.run(["sh", "-c", script], timeout=stall, stdin=data, named=argv)
-        else:
-            r = self.login.feed_channel(["sh", "-c", script], io.BytesIO(data), stall=stall)
+        r = self.login.run_with_input(["sh", "-c", script], data, timeout=stall, named=argv)
         return _kept_outcome(r, start.name, start.lines, start.timeout)
 
     def stream(self, argv: Sequence[str]) -> int:
@@ -297,3 +280,16 @@ class SlurmStepTransport(Transport):
 
     def reaches(self, target: str, timeout: float) -> bool:
         return self.login.reaches(target, timeout)
+
+    def output(self, argv: Sequence[str]) -> Output:
+        return self.login.output(self.step(argv))
+
+    def read_output(self, argv: Sequence[str], timeout: float) -> tuple[bytes, int, str]:
+        return self.login.read_output(self.step(argv), timeout)
+
+    def fetch_tree(self, remote: str, local: Path) -> int:
+        """A tar on a job step's stdout (a node has no SFTP; dtf.hosts.trees)."""
+        return fetch_by_tar(self, remote, local)
+
+    def front(self) -> Transport:
+        return self.login

@@ -222,8 +222,9 @@ def open_tunnel(record: Record, connect_timeout: float) -> Tunnel:
     """ssh mode: the program's gRPC channels to the tasks go through SSH (dtf.hosts.tunnel)."""
     from dtf.cluster.inventory import HostSpec
     from dtf.hosts.control import cluster_master
+    from dtf.hosts.masters import Master
     from dtf.hosts.openssh import ssh_binary
-    from dtf.hosts.tunnel import Master, Tunnel
+    from dtf.hosts.tunnel import Tunnel
 
     plan = record.plan
     if plan.slurm is not None:  # only the login host is reached by SSH: every task through it
@@ -231,7 +232,7 @@ def open_tunnel(record: Record, connect_timeout: float) -> Tunnel:
                       plan.cluster, connect_timeout, relay_for=plan.slurm.addresses)
     hosts = [(hp.spec, [t.address for t in hp.tasks]) for hp in plan.remote_hosts]
     ssh = ssh_binary()
-    if ssh is None:  # paramiko carries the connections (dtf.hosts.tunnel.PythonRoute)
+    if ssh is None:  # paramiko carries the connections (dtf.hosts.proxy.PythonRoute)
         return Tunnel(hosts, plan.ssh_config, state.home(), plan.cluster, connect_timeout)
     ttl = {hp.name: hp.ttl for hp in plan.remote_hosts}
 
