@@ -276,7 +276,8 @@ def train(
 @app.command(name="sync")
 @guarded
 def sync_(
-    path: Path = typer.Argument(..., metavar="PATH", help="A local file or directory (a directory's .gitignore files apply)."),
+    path: Path = typer.Argument(..., metavar="PATH",
+                                help="A local file or directory (a directory's .gitignore files apply)."),
     as_name: str | None = typer.Option(None, "--as", help="The name dtf.synced(NAME) finds it by "
                                                           "(default: the path's last part)."),
     cluster: str | None = ClusterOpt,

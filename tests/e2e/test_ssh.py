@@ -176,12 +176,34 @@ def test_tensorflow_version_mismatch_is_refused(lab, write_inventory, home):
     assert leftovers(lab) == {}
 
 
-def test_missing_python_is_reported(lab, write_inventory, home):
+# One host: its check and start are one upload-and-run; two: hosts started in turns (a conversation).
+@pytest.mark.parametrize("n_hosts", [1, 2])
+def test_missing_python_is_reported(lab, write_inventory, home, n_hosts):
     ps, w0 = lab.ports(2)
     inv = write_inventory([{"host": "h0", "ps": [ps], "python": "/nonexistent/bin/python3"},
-                           {"host": "h1", "workers": [w0]}])
+                           {"host": "h1", "workers": [w0]}] if n_hosts == 2 else
+                          [{"host": "h0", "ps": [ps], "workers": [w0], "python": "/nonexistent/bin/python3"}])
     r = dtf("up", str(inv), home=home, timeout=120, env=FAKE)
-    assert_one_line_error(r, 4, "h0: python missing: '/nonexistent/bin/python3'")
+    assert_one_line_error(r, 4, "h0: python missing: '/nonexistent/bin/python3'", "python: managed")
+    assert "rollback failed" not in r.stderr  # the launcher it could not run is simply removed
+    assert leftovers(lab) == {}
+
+
+def test_a_host_never_reached_is_not_rolled_back(lab, write_inventory, home, tmp_path):
+    # A name ssh cannot resolve (refused locally, without asking any name server).
+    config = tmp_path / "ssh_config_unreached"
+    config.write_text(f"Host nowhere\n  HostName {lab.hosts[0].address}\n  AddressFamily inet6\n\n"
+                      f"Host *\n  Include {lab.ssh_config}\n")
+    ps, w0, w1 = lab.ports(3)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
+                           {"host": "nowhere", "workers": [w1], "workdir": "/tmp/dtf-nowhere"}])
+    inv.write_text(inv.read_text().replace(str(lab.ssh_config), str(config)))
+    r = dtf("up", str(inv), home=home, timeout=120, env=FAKE)
+    err = assert_one_line_error(r, 4, "nowhere: unreachable: cannot resolve nowhere")
+    assert "rollback failed" not in err
+    assert not [line for line in err.splitlines() if line.startswith("  nowhere: uploading")], err
+    assert [line for line in err.splitlines() if "cannot resolve" in line and "failed:" not in line] == [
+        "  nowhere: unreachable: cannot resolve nowhere: Address family for hostname not supported"]
     assert leftovers(lab) == {}
 
 
