@@ -6,13 +6,15 @@ anything else is a bug: one line on screen, the traceback in $DTF_HOME/debug.log
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
+import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -407,13 +409,31 @@ def logs(
                          f"(tasks: {', '.join(x.name for x in plan.tasks())})")
     hp = plan.host_of(t)
     argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), t.log]
+    ended_by: list[int] = []
     try:
-        with HostOps(plan).transport(hp) as conn:  # a Slurm node's: a job step, through the login host
+        # SIGTERM and SIGHUP end it as Ctrl-C does: the stream's ssh (and with it the remote tail)
+        # is stopped, not left running after dtf.
+        with HostOps(plan).transport(hp) as conn, _signals_interrupt(ended_by):
             conn.run(hp.renew_argv(), timeout=15)  # reading a log is using the cluster
             code = conn.stream(argv)
     except HostError as e:
         raise HostFailure("dtf logs", {hp.name: str(e)})
-    raise typer.Exit(code)
+    raise typer.Exit(128 + ended_by[0] if ended_by else code)
+
+
+@contextlib.contextmanager
+def _signals_interrupt(received: list[int]) -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt (the signal noted in `received`)."""
+    def interrupt(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 @app.command()

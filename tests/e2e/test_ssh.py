@@ -90,8 +90,9 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert not (home / "state" / "lab.json").exists()
 
 
-def follow_log_until_interrupted(home: Path, task: str, expect: str) -> None:
-    """`dtf logs TASK -f` prints the log and keeps following until Ctrl-C (SIGINT)."""
+def follow_log_until_interrupted(home: Path, task: str, expect: str, sig: int = signal.SIGINT) -> int:
+    """`dtf logs TASK -f` prints the log and keeps following until Ctrl-C (SIGINT), or `sig`;
+    its exit code. ssh says nothing of its own on the way out."""
     proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "logs", task, "-f"],
                             env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
@@ -103,11 +104,24 @@ def follow_log_until_interrupted(home: Path, task: str, expect: str) -> None:
             line = proc.stdout.readline()
         assert expect in line
         assert proc.poll() is None  # still following
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         proc.wait(timeout=20)
+        assert "Shared connection" not in proc.stderr.read()
+        return proc.returncode
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_logs_follow_ends_with_its_remote_tail(lab, write_inventory, home, sig):
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
+    assert dtf("up", str(inv), home=home, timeout=120, env=FAKE).returncode == 0
+    code = follow_log_until_interrupted(home, "worker:0", f"worker:0 (fake) serving on port {w0}", sig)
+    assert code == (130 if sig == signal.SIGINT else 128 + sig)
+    assert tails_left(lab, "h1") == []
+    assert dtf("down", home=home, timeout=120).returncode == 0
 
 def tails_left(lab, host: str, timeout: float = 10) -> list:
     """`tail` processes still running on that host (the remote tail gets SIGHUP when dtf's SSH
