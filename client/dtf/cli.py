@@ -28,6 +28,7 @@ from dtf_server.protocol import Defaults
 app = typer.Typer(
     help="Train TensorFlow models on a cluster of SSH hosts, driven from your laptop.",
     add_completion=False,
+    rich_markup_mode=None,
     no_args_is_help=True,
     pretty_exceptions_enable=False,  # never print locals: keys and passwords live there
 )
@@ -114,7 +115,7 @@ def main_options(
 @app.command()
 @guarded
 def up(
-    inventory: Path = typer.Argument(..., help="The inventory YAML file."),
+    inventory: Path = typer.Argument(..., metavar="INVENTORY", help="The inventory YAML file."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; touch nothing."),
     ttl: str | None = typer.Option(
         None, "--ttl", show_default=False,
@@ -133,9 +134,10 @@ def up(
     slurm_wait: float = typer.Option(600.0, "--slurm-wait",
                                      help="Slurm: seconds the allocation may pend before dtf cancels it."),
 ) -> None:
-    """Start one TensorFlow server per ps and worker task of INVENTORY, and wait until all serve.
+    """Start the cluster INVENTORY describes.
 
-    On a cluster that is already up: restart only the tasks that are not serving.
+    Starts one TensorFlow server per ps and worker task and waits until every one serves. On a
+    cluster that is already up, it restarts only the tasks that are not serving.
     """
     from dtf import ui
     from dtf.cluster.inventory import NETWORKS
@@ -172,8 +174,8 @@ def up(
                                "allow_interspersed_args": False})
 @guarded
 def train(
-    program: Path = typer.Argument(..., help="The Python program to run as the coordinator."),
-    args: list[str] = typer.Argument(None, help="Arguments passed to the program."),
+    program: Path = typer.Argument(..., metavar="PROGRAM", help="The Python program to run as the coordinator."),
+    args: list[str] = typer.Argument(None, metavar="[ARGS]...", help="Arguments passed to the program."),
     cluster: str | None = ClusterOpt,
     output: Path | None = typer.Option(None, help="Sets $DTF_OUTPUT_DIR (dtf.output_dir())."),
     attempts: int = typer.Option(3, "--attempts", min=1,
@@ -183,7 +185,7 @@ def train(
     ps_wait: float = typer.Option(120.0, "--ps-wait", help="Seconds to wait for a lost ps to serve again."),
     collective: bool = typer.Option(False, "--collective",
                                     help="Run PROGRAM on the hosts, one copy per worker task, under "
-                                         "MultiWorkerMirroredStrategy (see README: collective mode)."),
+                                         "MultiWorkerMirroredStrategy."),
     join_timeout: float = typer.Option(300.0, "--join-timeout",
                                        help="--collective: seconds every copy gets to join the others."),
     connect_timeout: float = ConnectTimeoutOpt,
@@ -197,8 +199,11 @@ def train(
                                  help="Pack steps into each closure where the program sets no "
                                       "steps_per_execution (measured at the start of fit)."),
 ) -> None:
-    """Run PROGRAM here as the chief of the cluster (or, --collective, on the hosts); its exit
-    code (the chief's) is dtf's."""
+    """Run PROGRAM as the coordinator of the cluster.
+
+    PROGRAM runs here, as the chief of the cluster (with --collective: on the hosts, one copy per
+    worker). dtf exits with the program's exit code.
+    """
     from dtf.hostops import lifecycle
     from dtf.program.hooks import packing as packing_hook
     from dtf.program.hooks import wrap as wrap_hook
@@ -228,13 +233,17 @@ def train(
 @app.command(name="sync")
 @guarded
 def sync_(
-    path: Path = typer.Argument(..., help="A local file or directory (a directory's .gitignore files apply)."),
+    path: Path = typer.Argument(..., metavar="PATH",
+                                help="A local file or directory (a directory's .gitignore files apply)."),
     as_name: str | None = typer.Option(None, "--as", help="The name dtf.synced(NAME) finds it by "
                                                           "(default: the path's last part)."),
     cluster: str | None = ClusterOpt,
     connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
-    """Send PATH to every host of the cluster (once per content: a host that has it is skipped)."""
+    """Send PATH to every host of the cluster.
+
+    A host that already has the same content is skipped.
+    """
     from dtf import ui
     from dtf.files import sync
     from dtf.hostops import lifecycle
@@ -261,7 +270,10 @@ def status(
     json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
     connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
-    """Show every task: host, role, index, address, pid, alive or dead, uptime (checked live)."""
+    """Show every task and whether it serves.
+
+    Each task's host, role, index, address, pid, state and uptime, checked live.
+    """
     from dtf import ui
     from dtf.hostops.status import cluster_status
 
@@ -283,9 +295,12 @@ def top(
     interval: float = typer.Option(1.0, "--interval", help="Seconds between two refreshes (and samples)."),
     connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
-    """A live view of every task (state, restarts, uptime, CPU, memory, network) and of the
-    training `dtf train` runs on the cluster; `q` or Ctrl-C quits. One connection per host for the
-    view's life: the hosts push a sample every interval."""
+    """Watch the cluster and its training live.
+
+    Every task's state, restarts, uptime, CPU, memory and network, and the training that
+    `dtf train` runs on the cluster. Press q or Ctrl-C to quit. Each host pushes a sample every
+    interval over one connection kept for the view's life.
+    """
     from dtf import top as view
     from dtf import ui
     from dtf.hostops import lifecycle
@@ -324,7 +339,7 @@ def top(
 @app.command()
 @guarded
 def logs(
-    task: str = typer.Argument(..., help="The task, e.g. worker:1 or ps:0."),
+    task: str = typer.Argument(..., metavar="TASK", help="The task, e.g. worker:1 or ps:0."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
     lines: int = typer.Option(100, "--lines", "-n", help="How many last lines to print."),
     cluster: str | None = ClusterOpt,
@@ -346,12 +361,20 @@ def down(
                                     "environments, wheels, synced data), which `down` keeps."),
     connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
-    """Stop every task, check none remains, remove dtf's files from the hosts, forget the cluster."""
+    """Stop the cluster and leave nothing behind.
+
+    Stops every task, checks that none remains, removes dtf's files from the hosts and forgets the
+    cluster. With no cluster up, there is nothing to do.
+    """
     from dtf import ui
     from dtf.hostops import lifecycle
 
     result = lifecycle.down(cluster, keep_logs=keep_logs, grace=grace, connect_timeout=connect_timeout,
                             view=ui.host_progress, purge=purge, say=ui.say)
+    if result is None:
+        ui.say(f"no cluster named {cluster!r} is up: nothing to take down" if cluster else
+               "no cluster is up: nothing to take down")
+        return
     ui.say(f"cluster {result.cluster} is down: {result.stopped} server(s) stopped on "
            f"{len(result.outcomes)} host(s) in {result.seconds:.1f}s")
     if purge:

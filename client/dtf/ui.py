@@ -123,8 +123,9 @@ def host_progress(hosts: list[str], title: str) -> Iterator[Progress]:
             yield update
     else:
         def update(host: str, step: str) -> None:
-            steps[host] = step
-            say(f"  {host}: {step}", stderr=True)
+            if steps.get(host) != step:  # a step said again (several callers end a host) is one line
+                steps[host] = step
+                say(f"  {host}: {step}", stderr=True)
         yield update
 
 
@@ -314,14 +315,16 @@ def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: 
             "no longer in the queue: its tasks ended with it (`dtf down` forgets it)"))
     from rich.table import Table
 
+    # Columns without borders, and only the last exit wraps: the table reads whole at 80 columns.
     tab = Table(title=f"cluster {plan.cluster} (network: {record.network}, firewall: {plan.firewall})",
-                title_justify="left")
-    for col in ("host", "role", "index", "address", "pid", "state", "uptime", "restarts", "last exit"):
-        tab.add_column(col)
+                title_justify="left", box=None, padding=(0, 2, 0, 0), header_style="bold")
+    for col in ("task", "host", "address", "pid", "state", "uptime", "restarts"):
+        tab.add_column(col, no_wrap=True)
+    tab.add_column("last exit", overflow="fold", min_width=9)
     for r in rows:
         color = {"alive": "green", "restarting": "yellow"}.get(r["state"], "red")
         uptime = f"{r['uptime']:.0f}s" if r["uptime"] is not None else "-"
-        tab.add_row(r["host"], r["job"], str(r["index"]), r["address"], str(r["server_pid"] or "-"),
+        tab.add_row(r["task"], r["host"], r["address"], str(r["server_pid"] or "-"),
                     f"[{color}]{r['state']}[/]", uptime, str(r["restarts"]), r["last_exit"] or "-")
     console().print(tab)
     for r in rows:

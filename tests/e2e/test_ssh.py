@@ -90,8 +90,9 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert not (home / "state" / "lab.json").exists()
 
 
-def follow_log_until_interrupted(home: Path, task: str, expect: str) -> None:
-    """`dtf logs TASK -f` prints the log and keeps following until Ctrl-C (SIGINT)."""
+def follow_log_until_interrupted(home: Path, task: str, expect: str, sig: int = signal.SIGINT) -> int:
+    """`dtf logs TASK -f` prints the log and keeps following until Ctrl-C (SIGINT), or `sig`;
+    its exit code. ssh says nothing of its own on the way out."""
     proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "logs", task, "-f"],
                             env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
@@ -103,11 +104,24 @@ def follow_log_until_interrupted(home: Path, task: str, expect: str) -> None:
             line = proc.stdout.readline()
         assert expect in line
         assert proc.poll() is None  # still following
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         proc.wait(timeout=20)
+        assert "Shared connection" not in proc.stderr.read()
+        return proc.returncode
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_logs_follow_ends_with_its_remote_tail(lab, write_inventory, home, sig):
+    ps, w0 = lab.ports(2)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
+    assert dtf("up", str(inv), home=home, timeout=120, env=FAKE).returncode == 0
+    code = follow_log_until_interrupted(home, "worker:0", f"worker:0 (fake) serving on port {w0}", sig)
+    assert code == (130 if sig == signal.SIGINT else 128 + sig)
+    assert tails_left(lab, "h1") == []
+    assert dtf("down", home=home, timeout=120).returncode == 0
 
 def tails_left(lab, host: str, timeout: float = 10) -> list:
     """`tail` processes still running on that host (the remote tail gets SIGHUP when dtf's SSH
@@ -174,12 +188,34 @@ def test_tensorflow_version_mismatch_is_refused(lab, write_inventory, home):
     assert leftovers(lab) == {}
 
 
-def test_missing_python_is_reported(lab, write_inventory, home):
+# One host: its check and start are one upload-and-run; two: hosts started in turns (a conversation).
+@pytest.mark.parametrize("n_hosts", [1, 2])
+def test_missing_python_is_reported(lab, write_inventory, home, n_hosts):
     ps, w0 = lab.ports(2)
     inv = write_inventory([{"host": "h0", "ps": [ps], "python": "/nonexistent/bin/python3"},
-                           {"host": "h1", "workers": [w0]}])
+                           {"host": "h1", "workers": [w0]}] if n_hosts == 2 else
+                          [{"host": "h0", "ps": [ps], "workers": [w0], "python": "/nonexistent/bin/python3"}])
     r = dtf("up", str(inv), home=home, timeout=120, env=FAKE)
-    assert_one_line_error(r, 4, "h0: python missing: '/nonexistent/bin/python3'")
+    assert_one_line_error(r, 4, "h0: python missing: '/nonexistent/bin/python3'", "python: managed")
+    assert "rollback failed" not in r.stderr  # the launcher it could not run is simply removed
+    assert leftovers(lab) == {}
+
+
+def test_a_host_never_reached_is_not_rolled_back(lab, write_inventory, home, tmp_path):
+    # A name ssh cannot resolve (refused locally, without asking any name server).
+    config = tmp_path / "ssh_config_unreached"
+    config.write_text(f"Host nowhere\n  HostName {lab.hosts[0].address}\n  AddressFamily inet6\n\n"
+                      f"Host *\n  Include {lab.ssh_config}\n")
+    ps, w0, w1 = lab.ports(3)
+    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
+                           {"host": "nowhere", "workers": [w1], "workdir": "/tmp/dtf-nowhere"}])
+    inv.write_text(inv.read_text().replace(str(lab.ssh_config), str(config)))
+    r = dtf("up", str(inv), home=home, timeout=120, env=FAKE)
+    err = assert_one_line_error(r, 4, "nowhere: unreachable: cannot resolve nowhere")
+    assert "rollback failed" not in err
+    assert not [line for line in err.splitlines() if line.startswith("  nowhere: uploading")], err
+    assert [line for line in err.splitlines() if "cannot resolve" in line and "failed:" not in line] == [
+        "  nowhere: unreachable: cannot resolve nowhere: Address family for hostname not supported"]
     assert leftovers(lab) == {}
 
 

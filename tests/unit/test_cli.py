@@ -80,11 +80,22 @@ def test_missing_inventory_file(tmp_path: Path):
 
 
 # The program exists (this file): with no cluster, that is the error, whatever the command.
-@pytest.mark.parametrize("argv", [["train", __file__], ["status"], ["logs", "ps:0"], ["down"]])
+@pytest.mark.parametrize("argv", [["train", __file__], ["status"], ["logs", "ps:0"]])
 def test_no_cluster_says_run_up_first(argv: list[str]):
     r = runner.invoke(app, argv)
     assert r.exit_code == 5
     assert r.output.strip() == "dtf: error: no cluster is up: run `dtf up INVENTORY` first"
+
+
+# A down of nothing succeeds (as `docker compose down` does): one line, exit 0.
+@pytest.mark.parametrize(("argv", "line"), [
+    (["down"], "no cluster is up: nothing to take down"),
+    (["down", "-c", "other"], "no cluster named 'other' is up: nothing to take down"),
+])
+def test_down_of_nothing_succeeds(argv: list[str], line: str):
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 0
+    assert r.output.strip() == line
 
 
 def empty_record(name: str) -> state.Record:

@@ -444,10 +444,14 @@ class DownResult:
 
 def down(name: str | None, *, keep_logs: bool, grace: float, connect_timeout: float,
          view: ProgressView = no_view, purge: bool = False,
-         say: Callable[[str], None] = lambda line: None) -> DownResult:
+         say: Callable[[str], None] = lambda line: None) -> DownResult | None:
     """Stop every task of the cluster, remove dtf's files from its hosts and forget it; with
-    `purge`, also each host's WORKDIR/.cache (managed environments, wheels, synced trees)."""
+    `purge`, also each host's WORKDIR/.cache (managed environments, wheels, synced trees).
+    None where there is no such cluster: taking down what is not up has nothing to do."""
     with state.locked():
+        recorded = state.names()
+        if (name not in recorded) if name else not recorded:
+            return None
         record = state.load(state.resolve_name(name))
         t0 = time.monotonic()
         outcomes = teardown(record, keep_logs=keep_logs, grace=grace, connect_timeout=connect_timeout,

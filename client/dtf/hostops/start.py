@@ -143,6 +143,7 @@ class Starter:
             with gate.turn:
                 self.ops.step(hp, "connecting")
                 t = self.ops.transport(hp)
+                t.open()  # a host never reached is not touched: nothing to roll back there
                 self._check_start_step(hp, tasks)
                 argv = hp.check_start_argv(only, tf_version, targets, reach_timeout, told=2 * gate.wait + 30)
                 self.touched.add(hp.name)
@@ -241,7 +242,8 @@ class Starter:
             raise HostError(f"no python3 on the host (looked for {hp.base_python!r} {where}; "
                             f"set base_python)")
         if r.exit_code in (126, 127):
-            raise HostError(f"python missing: {hp.python!r} cannot be run there")
+            raise HostError(f"python missing: {hp.python!r} cannot be run there (set python: to the host's "
+                            f"python with TensorFlow, or python: managed for an environment dtf builds)")
         check = decode(CheckReply, r, f"{hp.base_python or hp.python} (the host's python)")
         if hp.managed:
             if tf_version and tf_version != environment.TF_VERSION:

@@ -4,6 +4,9 @@ replies into one state per task (the one place that does: `TaskStatus.state` dec
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dtf.cluster import state
@@ -110,9 +113,28 @@ def tail_log(name: str | None, task: str, *, lines: int, follow: bool) -> int:
                          f"(tasks: {', '.join(x.name for x in plan.tasks())})")
     hp = plan.host_of(t)
     argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), t.log]
+    ended_by: list[int] = []
     try:
-        with HostOps(plan).transport(hp) as conn:
+        # SIGTERM and SIGHUP end it as Ctrl-C does: the stream's ssh (and with it the remote tail)
+        # is stopped, not left running after dtf.
+        with HostOps(plan).transport(hp) as conn, _signals_interrupt(ended_by):
             conn.run(hp.renew_argv(), timeout=15)
-            return conn.stream(argv)
+            code = conn.stream(argv)
     except HostError as e:
         raise HostFailure("dtf logs", {hp.name: str(e)})
+    return 128 + ended_by[0] if ended_by else code
+
+
+@contextlib.contextmanager
+def _signals_interrupt(received: list[int]) -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt (the signal noted in `received`)."""
+    def interrupt(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

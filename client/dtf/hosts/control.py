@@ -215,8 +215,10 @@ class ControlTransport(Transport):
 
     def command(self, *options: str) -> list[str]:
         """ssh over the master; ControlMaster=no: never become a master of its own by accident."""
+        # LogLevel=ERROR: no "Shared connection to HOST closed." after a session with a pty.
         return [self.ssh, "-S", self.master.path, "-o", "ControlMaster=no", "-o", "BatchMode=yes",
-                "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}", *options, self.spec.host]
+                "-o", "LogLevel=ERROR", "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}", *options,
+                self.spec.host]
 
     def result(self, proc_result: Result) -> Result:
         """A command's Result; HostError where ssh failed because the master is gone."""
