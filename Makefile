@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 INVENTORY ?= inventory/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: venv bytecode demo test test-fast test-fakes lint unit bench clean
+.PHONY: venv bytecode demo test test-fast test-fakes lint unit docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,17 @@ lint: venv
 	$(BIN)/ruff check client server tests bench
 	$(BIN)/mypy -p dtf -p dtf_server
 	$(BIN)/shellcheck client/dtf/cluster/scripts/*.sh
+
+# The documentation site from docs/ (mkdocs.yml), into build/site; --strict makes every warning
+# (a broken link or anchor, a page left out of the nav) an error. Not --quiet: it hides the
+# warnings from --strict, and the build passes.
+DOCS_STAMP := $(VENV)/.docs-stamp
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: venv
 	$(BIN)/python bench/provision.py

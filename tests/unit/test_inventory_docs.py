@@ -1,7 +1,8 @@
-"""The inventory reference and the shipped inventories stay true: every example is checked.
+"""The inventories in the documentation and the shipped ones stay true: every example is checked.
 
-A ```yaml block in inventory/README.md must load, unless a ```text block follows it directly
-(blank lines aside): then loading it must fail with exactly the text block's lines.
+A ```yaml block in docs/*.md or README.md must load as an inventory, unless a ```text block
+follows it directly (blank lines aside): then loading it must fail with exactly the text block's
+lines.
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ import pytest
 from dtf.cluster.inventory import Inventory, load, loads
 from dtf.errors import InventoryError
 
-INVENTORY_DIR = Path(__file__).resolve().parents[2] / "inventory"
-README = INVENTORY_DIR / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY_DIR = ROOT / "inventory"
+REFERENCE = ROOT / "docs" / "inventory.md"
+DOCUMENTS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```[ \t]*\n", re.S | re.M)
 
 
-def yaml_examples() -> list[tuple[int, str, list[str] | None]]:
-    """(line in README, yaml text, expected error lines or None) for every ```yaml block."""
-    text = README.read_text(encoding="utf-8")
+def yaml_examples(document: Path) -> list[tuple[int, str, list[str] | None]]:
+    """(line in the document, yaml text, expected error lines or None) for every ```yaml block."""
+    text = document.read_text(encoding="utf-8")
     blocks = list(_FENCE.finditer(text))
     examples = []
     for block, after in zip(blocks, blocks[1:] + [None]):
@@ -35,16 +38,23 @@ def yaml_examples() -> list[tuple[int, str, list[str] | None]]:
     return examples
 
 
-EXAMPLES = yaml_examples()
+EXAMPLES = [(f"{d.relative_to(ROOT)}:{line}", text, expected)
+            for d in DOCUMENTS for line, text, expected in yaml_examples(d)]
 
 
-def test_readme_has_examples() -> None:
-    assert len([e for e in EXAMPLES if e[2] is None]) >= 3
-    assert len([e for e in EXAMPLES if e[2] is not None]) >= 3
+def test_reference_has_examples() -> None:
+    reference = yaml_examples(REFERENCE)
+    assert len([e for e in reference if e[2] is None]) >= 3
+    assert len([e for e in reference if e[2] is not None]) >= 3
 
 
-@pytest.mark.parametrize(("line", "text", "expected"), EXAMPLES, ids=[f"README.md:{e[0]}" for e in EXAMPLES])
-def test_readme_example(line: int, text: str, expected: list[str] | None) -> None:
+def test_every_task_page_shows_an_inventory() -> None:
+    shown = {where.split(":")[0] for where, _, _ in EXAMPLES}
+    assert {"README.md", "docs/getting-started.md", "docs/slurm.md", "docs/hosts-and-networks.md"} <= shown
+
+
+@pytest.mark.parametrize(("where", "text", "expected"), EXAMPLES, ids=[e[0] for e in EXAMPLES])
+def test_docs_example(where: str, text: str, expected: list[str] | None) -> None:
     if expected is None:
         assert isinstance(loads(text, "inventory.yaml"), Inventory)
     else:

@@ -1,0 +1,223 @@
+"""The documentation cannot drift from the code: checked without MkDocs and without TensorFlow.
+
+- every page in docs/ is in mkdocs.yml's nav, and the nav names no missing page;
+- every relative link between the pages (and from the READMEs into docs/) resolves, anchors too;
+- every `dtf ...` command line shown is a real command with real options (the Typer app's own);
+- the commands page lists every option of every command.
+
+The strict site build (`make docs`) checks the links again, as MkDocs renders them.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+import dtf.cli
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.glob("*.md"))
+# Markdown files outside docs/ whose links and commands are checked too.
+OTHERS = [ROOT / "README.md", ROOT / "inventory" / "README.md"]
+FILES = PAGES + OTHERS
+
+_FENCE = re.compile(r"^\s*```")
+_SPAN = re.compile(r"`([^`]+)`")
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+# `ps -e` names a task's processes `dtf worker:0`: a process name, not a command line.
+_PROCESS_NAME = re.compile(r"^(ps|worker):\d+$")
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def prose_lines(path: Path) -> list[tuple[int, str, bool]]:
+    """(line number, text, in code) for every line: code is a fenced or an indented block."""
+    lines, fenced = [], False
+    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if _FENCE.match(text):
+            fenced = not fenced
+            continue
+        lines.append((number, text, fenced or text.startswith("    ")))
+    return lines
+
+
+def slug(heading: str) -> str:
+    """The anchor Python-Markdown's toc extension (MkDocs' default) gives a heading."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(path: Path) -> set[str]:
+    found: set[str] = set()
+    for _, text, code in prose_lines(path):
+        m = None if code else _HEADING.match(text)
+        if m:
+            base = slug(m.group(2))
+            name, n = base, 0
+            while name in found:  # a repeated heading gets _1, _2 ...
+                n += 1
+                name = f"{base}_{n}"
+            found.add(name)
+    return found
+
+
+def links(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for number, text, code in prose_lines(path):
+        if not code:
+            out += [(number, m.group(1)) for m in _LINK.finditer(_SPAN.sub("", text))]
+    return out
+
+
+def command_lines(path: Path) -> list[tuple[int, str]]:
+    """Every `dtf ...` command shown: a code block's line, or an inline code span."""
+    out = []
+    for number, text, code in prose_lines(path):
+        if code:
+            line = text.strip().removeprefix("$ ")
+            if line.startswith("dtf "):
+                out.append((number, line.split(" #")[0].strip()))
+        else:
+            out += [(number, m.group(1).strip()) for m in _SPAN.finditer(text) if m.group(1).startswith("dtf ")]
+    return out
+
+
+# ---- the nav -----------------------------------------------------------------------------------
+def nav_pages(nav: Any) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, list):
+        return [p for item in nav for p in nav_pages(item)]
+    if isinstance(nav, dict):
+        return [p for value in nav.values() for p in nav_pages(value)]
+    return []
+
+
+def test_every_page_is_in_the_nav() -> None:
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    listed = nav_pages(config["nav"])
+    assert sorted(listed) == sorted(set(listed)), "a page is in the nav twice"
+    assert set(listed) == {p.name for p in PAGES}
+
+
+def test_the_pages_exist() -> None:
+    names = {p.name for p in PAGES}
+    assert {"index.md", "getting-started.md", "inventory.md", "troubleshooting.md", "benchmarks.md"} <= names
+
+
+# ---- links -------------------------------------------------------------------------------------
+LINKS = [(path, line, target) for path in FILES for line, target in links(path)
+         if not re.match(r"^[a-z]+:", target)]
+
+
+def test_there_are_links() -> None:
+    assert len(LINKS) >= 20
+
+
+@pytest.mark.parametrize(("path", "line", "target"), LINKS, ids=[f"{rel(p)}:{n}:{t}" for p, n, t in LINKS])
+def test_link_resolves(path: Path, line: int, target: str) -> None:
+    file, _, anchor = target.partition("#")
+    dest = (path.parent / file).resolve() if file else path
+    assert dest.is_file(), f"{rel(path)}:{line}: {target}: no such file"
+    if path.parent == DOCS:
+        assert dest.parent == DOCS, f"{rel(path)}:{line}: {target}: a page links only to other pages"
+    if anchor:
+        assert dest.suffix == ".md", f"{rel(path)}:{line}: {target}: an anchor in a file that is not a page"
+        assert anchor in anchors(dest), f"{rel(path)}:{line}: {target}: no heading makes #{anchor}"
+
+
+# ---- commands ----------------------------------------------------------------------------------
+# typer carries its own copy of click: its objects are read by their attributes.
+APP: Any = typer.main.get_command(dtf.cli.app)
+COMMANDS = [(path, line, text) for path in FILES for line, text in command_lines(path)]
+
+
+def options_of(command: Any) -> dict[str, Any]:
+    return {name: p for p in command.params for name in (*p.opts, *p.secondary_opts) if name.startswith("-")}
+
+
+def check_command_line(text: str) -> str | None:
+    """What is wrong with a shown command line, or None. Placeholders and brackets are allowed
+    (`dtf up INVENTORY [--dry-run]`); what follows `dtf train`'s PROGRAM is the program's."""
+    words = [w.strip("[],").removesuffix("...") for w in text.split()[1:]]
+    words = [w for w in words if w]
+    if not words:
+        return "no command"
+    if words[0].startswith("-"):
+        top = options_of(APP) | {"--help": APP.params[0]}
+        unknown = [w for w in words if w.startswith("-") and w not in top]
+        return f"dtf has no option {unknown[0]}" if unknown else None
+    if _PROCESS_NAME.match(words[0]):
+        return None
+    command = APP.commands.get(words[0])
+    if command is None:
+        return f"no command {words[0]!r} (dtf has {', '.join(APP.commands)})"
+    options = options_of(command)
+    arguments = [p for p in command.params if p.param_type_name == "argument"]
+    positional = 0
+    rest = iter(words[1:])
+    for word in rest:
+        if word.startswith("-") and word != "-":
+            name = word.split("=", 1)[0]
+            if name == "--help":
+                continue
+            param = options.get(name)
+            if param is None:
+                return f"dtf {command.name} has no option {name}"
+            if not (param.is_flag or param.count) and "=" not in word:
+                next(rest, None)  # its value
+            continue
+        positional += 1
+        if command.name == "train":  # PROGRAM: what follows is the program's own command line
+            return None
+        if positional > len(arguments) and not any(a.nargs == -1 for a in arguments):
+            return f"dtf {command.name} takes {len(arguments)} argument(s): {word!r} is one too many"
+    return None
+
+
+def test_there_are_commands() -> None:
+    assert len(COMMANDS) >= 50
+    shown = {text.split()[1] for _, _, text in COMMANDS}
+    assert set(APP.commands) <= shown
+
+
+@pytest.mark.parametrize(("path", "line", "text"), COMMANDS, ids=[f"{rel(p)}:{n}" for p, n, _ in COMMANDS])
+def test_command_line_is_real(path: Path, line: int, text: str) -> None:
+    problem = check_command_line(text)
+    assert problem is None, f"{rel(path)}:{line}: `{text}`: {problem}"
+
+
+def test_the_check_catches_mistakes() -> None:
+    assert check_command_line("dtf up inventory.yaml --dry-run") is None
+    assert check_command_line("dtf train --collective [--attempts N] PROGRAM [ARGS...] --epochs 3") is None
+    assert check_command_line("dtf logs worker:1 -f -n 20") is None
+    assert "no command 'start'" in (check_command_line("dtf start x.yaml") or "")
+    assert "has no option --force" in (check_command_line("dtf down --force") or "")
+    assert "one too many" in (check_command_line("dtf status extra") or "")
+    assert "has no option --no-wrap" in (check_command_line("dtf train --no-wrap prog.py") or "")
+
+
+def section(page: str, heading: str) -> str:
+    text = (DOCS / page).read_text(encoding="utf-8")
+    start = text.index(f"\n{heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start: end if end >= 0 else len(text)]
+
+
+@pytest.mark.parametrize("name", list(APP.commands))
+def test_commands_page_lists_every_option(name: str) -> None:
+    text = section("commands.md", f"## `dtf {name}`")
+    missing = [o for o in options_of(APP.commands[name]) if f"`{o}" not in text and f", `{o}`" not in text]
+    assert not missing, f"docs/commands.md, dtf {name}: not described: {', '.join(missing)}"
