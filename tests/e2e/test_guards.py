@@ -109,3 +109,33 @@ def test_keras_3_as_tf_keras_stops_the_program_when_the_strategy_is_made(tmp_pat
     assert dtf_lines(r) == [
         f"dtf: error: tf.keras is Keras 3 ({KERAS}), whose Model.fit cannot train under "
         "ParameterServerStrategy: leave TF_USE_LEGACY_KERAS=1 (dtf train sets it) so that tf.keras is tf-keras (prog.py:6)"]
+
+
+CUSTOM_LOOP_HERE = """
+    import numpy as np
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.layers.Input(shape=(4,)), tf.keras.layers.Dense(2)])
+    optimizer = tf.keras.optimizers.SGD()
+    x = np.ones((8, 4), "float32")
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(model(x) ** 2)
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    print("stepped")
+"""
+# What `dtf train` gives the program (dtf.program.train.program_env); no strategy is made, so no cluster is needed.
+UNDER_DTF_TRAIN = {"DTF_CLUSTER": "c", "TF_CONFIG": '{"cluster": {}, "task": {"type": "chief", "index": 0}}'}
+
+
+def test_a_custom_loop_under_no_strategy_is_refused_at_its_first_step_under_dtf_train(tmp_path: Path):
+    r = run(tmp_path, CUSTOM_LOOP_HERE, **UNDER_DTF_TRAIN)
+    assert r.returncode == 9 and "stepped" not in r.stdout, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    lines = dtf_lines(r)
+    assert len(lines) == 1 and lines[0].startswith(
+        "dtf: error: optimizer.apply_gradients would train on this machine, not on the cluster"), lines
+    assert "dtf.coordinator().schedule(step)" in lines[0] and lines[0].endswith("(prog.py:10)"), lines
+    plain = run(tmp_path, CUSTOM_LOOP_HERE)  # `python prog.py`, or a collective copy: its choice
+    assert plain.returncode == 0 and "stepped" in plain.stdout, plain.stderr[-3000:]
+    collective = run(tmp_path, CUSTOM_LOOP_HERE, **UNDER_DTF_TRAIN, DTF_COLLECTIVE="1")
+    assert collective.returncode == 0 and "stepped" in collective.stdout, collective.stderr[-3000:]
