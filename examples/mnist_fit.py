@@ -95,7 +95,8 @@ def main():
             loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
             # Each remote call costs a round trip from this laptop to a worker: pack several steps
-            # into one call (FACTS.md: ~3x the steps/s at 10 per call, even on loopback).
+            # into one call (each scheduled call is one remote call to a worker:
+            # tensorflow/python/distribute/coordinator/cluster_coordinator.py).
             steps_per_execution=args.steps_per_execution,
             # Exact evaluation: evaluate() splits the finite eval dataset into shards handed out to
             # workers. Without it, evaluate(finite_dataset) fails with OutOfRangeError on a worker

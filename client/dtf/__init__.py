@@ -41,8 +41,8 @@ Under `dtf train` the cluster comes from TF_CONFIG (chief = this program). Run p
 program runs unchanged for local debugging.
 
 Importing dtf does not import TensorFlow (the CLI must start fast); it only makes `tf.keras`
-resolve to tf-keras, which `model.fit` under ParameterServerStrategy needs (see FACTS.md),
-when TensorFlow has not been imported yet.
+resolve to tf-keras, which `model.fit` under ParameterServerStrategy needs (Keras 3 has no
+ParameterServerStrategy: keras-team/keras#18624), when TensorFlow has not been imported yet.
 """
 
 from __future__ import annotations

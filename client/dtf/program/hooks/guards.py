@@ -4,12 +4,13 @@ before it happens.
 - An in-graph dataset near the 2 GB limit. A `tf.data.Dataset` built here from in-memory data
   (`from_tensor_slices`/`from_tensors` of numpy arrays, tensors captured by its functions) is
   serialized WITH its data and rebuilt on every worker; past protobuf's 2 GB that fails on the
-  workers with `FetchOutputs node : not found [[{{node DatasetFromGraph}}]]` (FACTS.md, "Data").
+  workers with `FetchOutputs node : not found [[{{node DatasetFromGraph}}]]` (the dataset travels as
+  one GraphDef: tensorflow/python/data/ops/dataset_ops.py, `_as_serialized_graph`).
   A `dataset_fn` that builds one from numpy holds the data as constants of the function sent to
   the workers, with the same limit. dtf estimates the size when the dataset is distributed and
   stops the program above `DTF_DATASET_LIMIT` bytes (default 1.8e9): an error.
 - Keras 3 when the strategy is made: its `Model.fit` cannot train under ParameterServerStrategy
-  (FACTS.md, "Keras"). An error where `tf.keras` itself is Keras 3 (TF_USE_LEGACY_KERAS unset
+  (keras-team/keras#18624). An error where `tf.keras` itself is Keras 3 (TF_USE_LEGACY_KERAS unset
   by the program); a warning where only `import keras` brought Keras 3 in beside tf-keras.
 - ssh network mode (DTF_NETWORK=ssh): what makes the workers call the coordinator back
   (`Dataset.from_generator`, `tf.py_function`/`numpy_function` in a dataset, a variable or resource
