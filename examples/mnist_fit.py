@@ -132,8 +132,13 @@ def main():
     history = model.fit(train_ds, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
                         callbacks=callbacks, verbose=2)
 
-    eval_ds = tf.data.Dataset.from_tensor_slices((x_eval, y_eval)).batch(global_batch)
-    evaluation = model.evaluate(eval_ds, return_dict=True, verbose=0)
+    # The evaluation set as a function each worker calls to build it (a DatasetCreator): exact
+    # evaluation shards it there (at least one batch per shard). A dataset made here from in-memory
+    # tensors works too, with tf-keras' warning that it is "not efficiently shardable"
+    # (tf_keras/src/engine/data_adapter.py).
+    eval_input = tf.keras.utils.experimental.DatasetCreator(
+        lambda context: tf.data.Dataset.from_tensor_slices((x_eval, y_eval)).batch(global_batch))
+    evaluation = model.evaluate(eval_input, return_dict=True, verbose=0)
 
     # Export on the laptop: save_options() puts the writing on the coordinator (without it the ps
     # would write the variables to its own disk). Then reload it here, outside the strategy, and

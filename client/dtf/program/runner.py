@@ -21,12 +21,13 @@ interrupted. A worker's missing file is said in one line: the workers read their
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
 import runpy
 import sys
 import traceback
-from types import TracebackType
+from types import ModuleType, TracebackType
 
 from dtf_server.procs import EXIT_STATUS_ENV
 
@@ -42,7 +43,7 @@ def exit_code(code: object) -> int:
 
 _DTF_DIR = os.path.dirname(os.path.abspath(__file__))  # dtf.program: this runner and the hooks
 _RUNPY = {os.path.abspath(runpy.__file__), "<frozen runpy>"}
-_NO_FILE = re.compile(r"(\S+?)\s*:?\s*No such file or directory")
+_NO_FILE = re.compile(r"(\S+?)\s*[;:]?\s*No such file or directory")
 
 
 def _dtf_frame(frame: traceback.FrameSummary) -> bool:
@@ -75,6 +76,21 @@ def missing_on_worker(value: BaseException) -> str | None:
     return (f"a worker could not open {match.group(1)}: No such file or directory. The workers read their "
             f"own disks, not this machine's: copy the data to them with `dtf sync DIR` and open it in the "
             f"program at `dtf.synced(NAME)` (or give a path that exists on every worker)")
+
+
+class _MissingOnWorker(logging.Filter):
+    """Drops the coordinator's logs of a worker's missing file (the error with its definition's
+    traceback, logged per failed closure and again as closures are cancelled:
+    tensorflow/python/distribute/coordinator/cluster_coordinator.py): the error itself reaches the
+    program, and `excepthook` says it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("/job:worker" in message and "No such file or directory" in message)
+
+
+def _quiet_missing_files(_: ModuleType) -> None:
+    logging.getLogger("tensorflow").addFilter(_MissingOnWorker())
 
 
 def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
@@ -113,6 +129,7 @@ def main() -> None:
     from dtf.program import hooks
 
     hooks.install()
+    hooks.on_import("tensorflow", _quiet_missing_files)
     sys.excepthook = excepthook
     sys.argv = [program, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(program))
