@@ -173,3 +173,13 @@ def test_a_single_machine_script_without_wrap_is_refused_at_its_first_fit(cluste
     assert ("dtf: error: model.fit would train on this machine, not on the cluster: the model was made under no "
             "strategy; run `dtf train --wrap PROGRAM`") in r.stderr
     assert "(plain.py:7)" in r.stderr
+
+
+def test_the_demo_example_prints_no_tensorflow_dataset_warning_and_no_line_twice(cluster: Path, tmp_path: Path):
+    """`make demo`'s program: dtf's own example is quiet (no tf-keras "not efficiently shardable")."""
+    r = dtf("train", str(EXAMPLES / "mnist_fit.py"), "--epochs", "2", "--steps-per-epoch", "10",
+            "--output", str(tmp_path / "out"), home=cluster, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "shardable" not in r.stderr and "WARNING" not in r.stderr, r.stderr[-4000:]
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+    assert len(lines) == len(set(lines)), lines
