@@ -194,3 +194,22 @@ def test_exact_evaluation_of_fewer_batches_than_shards_is_refused_before_fit(tmp
         "with pss_evaluation_shards=8 or less, use smaller batches, or run a single-machine script with "
         "`dtf train --wrap` (it evaluates on the coordinator) (prog.py:14)"]
     assert "Traceback" not in r.stderr
+
+
+def test_a_program_that_never_made_a_strategy_is_an_error_at_its_end_under_dtf_train(tmp_path: Path):
+    loop = """
+        import tensorflow as tf
+
+        w = tf.Variable(1.0)
+        for _ in range(3):  # a loop of its own: no Keras, no optimizer
+            w.assign_sub(0.1 * w)
+        print("looped")
+    """
+    r = run(tmp_path, loop, **UNDER_DTF_TRAIN)
+    assert r.returncode == 9 and "looped" in r.stdout, r.stderr[-3000:]
+    assert dtf_lines(r) == [
+        "dtf: error: the program ended without making a strategy: nothing ran on the cluster; run `dtf train --wrap "
+        "PROGRAM` (a single-machine script, unchanged), or build and compile the model inside "
+        "`with dtf.strategy().scope():`"]
+    no_tf = run(tmp_path, "print('no TensorFlow here')\n", **UNDER_DTF_TRAIN)
+    assert no_tf.returncode == 0 and dtf_lines(no_tf) == [], no_tf.stderr[-3000:]

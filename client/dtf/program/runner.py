@@ -127,6 +127,7 @@ def main() -> None:
     if status_path:
         atexit.register(_write_status, status_path, outcome)  # registered first: runs last
     from dtf.program import hooks
+    from dtf.program.hooks import oncluster
 
     hooks.install()
     hooks.on_import("tensorflow", _quiet_missing_files)
@@ -135,6 +136,7 @@ def main() -> None:
     sys.path[0] = os.path.dirname(os.path.abspath(program))
     try:
         runpy.run_path(program, run_name="__main__")
+        oncluster.check_at_end()
     except SystemExit as e:
         outcome["code"] = exit_code(e.code)
         raise

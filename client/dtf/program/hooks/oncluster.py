@@ -9,6 +9,10 @@ before the step runs, and exit code 9 (dtf.errors.ExitCode.NOT_ON_CLUSTER).
   ParameterServerStrategy (https://github.com/keras-team/keras/issues/18624); tf-keras has it, and
   `TF_USE_LEGACY_KERAS=1` (set by `dtf train`) makes `tf.keras` resolve to it.
 
+A program that imported TensorFlow and ended without making any strategy (it never used the
+cluster: a loop of its own that no check above saw) is the same error at its end
+(`check_at_end`, called by dtf.program.runner).
+
 A strategy the program made itself (a MirroredStrategy) is its choice, and is left alone; so is
 `dtf train --collective`, whose copies run on the hosts.
 """
@@ -49,10 +53,34 @@ def under_ps_train() -> bool:
         return False
 
 
+_made: list[str] = []  # the strategies the program made (class names)
+
+
 def install() -> None:
     if under_ps_train():
+        on_import("tensorflow", _patch_strategies)
         on_import("tf_keras", _patch_tf_keras)
         on_import("keras", _patch_keras)
+
+
+def check_at_end() -> None:
+    """At the program's normal end: it imported TensorFlow and made no strategy: an error."""
+    if under_ps_train() and "tensorflow" in sys.modules and not _made:
+        raise NotOnCluster(f"the program ended without making a strategy: nothing ran on the cluster; {FIX}")
+
+
+def _patch_strategies(_: ModuleType) -> None:
+    from tensorflow.python.distribute import distribute_lib
+
+    init = distribute_lib.StrategyBase.__init__
+
+    @functools.wraps(init)
+    def init_(self: Any, *args: Any, **kwargs: Any) -> None:
+        if type(self).__name__ != "_DefaultDistributionStrategy":  # TensorFlow's own, made on first use
+            _made.append(type(self).__name__)
+        init(self, *args, **kwargs)
+
+    distribute_lib.StrategyBase.__init__ = init_
 
 
 def _no_strategy(strategy: Any) -> bool:
