@@ -26,7 +26,7 @@ evaluate):
   strategy. On the workers, evaluate fails on a finite dataset (every worker reads all of it and
   runs off its end: OutOfRangeError), arrays need `validation_steps`, and exact evaluation
   (`pss_evaluation_shards`) cannot shard a dataset of fewer batches than shards ("Could not apply
-  FILE based sharding"; tf_keras/src/engine/data_adapter.py, `_ClusterCoordinatorDataHandler`).
+  FILE based sharding"; tf_keras/src/engine/training.py, `shard_test_function`).
 - `verbose=1` (a progress bar per batch, refused under this strategy) becomes 2 (a line per epoch).
 
 A program that makes a strategy of its own before its first layer is left alone.
