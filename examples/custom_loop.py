@@ -13,7 +13,7 @@ optimizer after every epoch). A lost ps loses the variables: `dtf train` runs th
 which restores the last checkpoint and runs exactly the steps still missing.
 """
 
-import dtf  # first: makes tf.keras resolve to tf-keras (see FACTS.md on Keras 3 and this strategy)
+import dtf  # first: makes tf.keras resolve to tf-keras (Keras 3 has no PS strategy: keras-team/keras#18624)
 
 import argparse
 import json

@@ -28,7 +28,9 @@ ModelCheckpoint, BackupAndRestore, model.save, save_weights/load_weights, tf.tra
 the helpers matter for programs run elsewhere; an I/O device the program names itself wins.
 
 Under `dtf train` dtf also guards against what would fail late and unreadably (dtf.program.hooks.guards:
-an in-graph dataset over 2 GB, Keras 3, call-backs to the coordinator in ssh mode) and keeps
+an in-graph dataset over 2 GB, Keras 3, call-backs to the coordinator in ssh mode, exact evaluation of
+fewer batches than shards), refuses training that would run on the laptop rather than the cluster
+(dtf.program.hooks.oncluster: exit code 9), and keeps
 TensorFlow's C++ chatter off the program's stderr unless `dtf train --verbose` (dtf.program.noise).
 
 Resuming: a lost ps loses its variables, so `dtf train` runs the program again (after the ps is
@@ -41,8 +43,8 @@ Under `dtf train` the cluster comes from TF_CONFIG (chief = this program). Run p
 program runs unchanged for local debugging.
 
 Importing dtf does not import TensorFlow (the CLI must start fast); it only makes `tf.keras`
-resolve to tf-keras, which `model.fit` under ParameterServerStrategy needs (see FACTS.md),
-when TensorFlow has not been imported yet.
+resolve to tf-keras, which `model.fit` under ParameterServerStrategy needs (Keras 3 has no
+ParameterServerStrategy: keras-team/keras#18624), when TensorFlow has not been imported yet.
 """
 
 from __future__ import annotations

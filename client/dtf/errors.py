@@ -20,6 +20,7 @@ class ExitCode(enum.IntEnum):
     BUSY = 6  # another dtf command holds the state lock
     CLUSTER_DOWN = 7  # tasks of the recorded cluster are not serving
     CHANGED = 8  # the inventory changed since the cluster was started from it
+    NOT_ON_CLUSTER = 9  # the program under `dtf train` would train here, not on the cluster
     INTERRUPTED = 130
 
 

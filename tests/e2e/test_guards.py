@@ -109,3 +109,107 @@ def test_keras_3_as_tf_keras_stops_the_program_when_the_strategy_is_made(tmp_pat
     assert dtf_lines(r) == [
         f"dtf: error: tf.keras is Keras 3 ({KERAS}), whose Model.fit cannot train under "
         "ParameterServerStrategy: leave TF_USE_LEGACY_KERAS=1 (dtf train sets it) so that tf.keras is tf-keras (prog.py:6)"]
+
+
+CUSTOM_LOOP_HERE = """
+    import numpy as np
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.layers.Input(shape=(4,)), tf.keras.layers.Dense(2)])
+    optimizer = tf.keras.optimizers.SGD()
+    x = np.ones((8, 4), "float32")
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(model(x) ** 2)
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    print("stepped")
+"""
+# What `dtf train` gives the program (dtf.program.train.program_env); no strategy is made, so no cluster is needed.
+UNDER_DTF_TRAIN = {"DTF_CLUSTER": "c", "TF_CONFIG": '{"cluster": {}, "task": {"type": "chief", "index": 0}}'}
+
+
+def test_a_custom_loop_under_no_strategy_is_refused_at_its_first_step_under_dtf_train(tmp_path: Path):
+    r = run(tmp_path, CUSTOM_LOOP_HERE, **UNDER_DTF_TRAIN)
+    assert r.returncode == 9 and "stepped" not in r.stdout, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    lines = dtf_lines(r)
+    assert len(lines) == 1 and lines[0].startswith(
+        "dtf: error: optimizer.apply_gradients would train on this machine, not on the cluster"), lines
+    assert "dtf.coordinator().schedule(step)" in lines[0] and lines[0].endswith("(prog.py:10)"), lines
+    plain = run(tmp_path, CUSTOM_LOOP_HERE)  # `python prog.py`, or a collective copy: its choice
+    assert plain.returncode == 0 and "stepped" in plain.stdout, plain.stderr[-3000:]
+    collective = run(tmp_path, CUSTOM_LOOP_HERE, **UNDER_DTF_TRAIN, DTF_COLLECTIVE="1")
+    assert collective.returncode == 0 and "stepped" in collective.stdout, collective.stderr[-3000:]
+
+
+WORKERS_OWN_DISKS = """
+    import dtf
+    import tensorflow as tf
+
+    strategy, coordinator = dtf.strategy(), dtf.coordinator()
+    def dataset_fn():
+        return tf.data.TextLineDataset("/nonexistent/on/the/workers.csv").repeat()
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    @tf.function
+    def step(iterator):
+        return next(iterator)
+    coordinator.schedule(step, args=(iterator,))
+    coordinator.join()
+"""
+
+
+def test_a_file_the_workers_do_not_have_is_one_line(tmp_path: Path):
+    r = run(tmp_path, WORKERS_OWN_DISKS)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert dtf_lines(r) == [
+        "dtf: error: a worker could not open /nonexistent/on/the/workers.csv: No such file or directory. The workers "
+        "read their own disks, not this machine's: copy the data to them with `dtf sync DIR` and open it in the "
+        "program at `dtf.synced(NAME)` (or give a path that exists on every worker) (prog.py:13)"]
+    assert "Traceback" not in r.stderr and "Detected at node" not in r.stderr, r.stderr[-3000:]
+
+
+EXACT_EVALUATION = """
+    import dtf
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = dtf.strategy()
+    x, y = np.ones((500, 4), "float32"), np.ones(500, "int64")
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input(shape=(4,)), tf.keras.layers.Dense(2)])
+        model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      pss_evaluation_shards="auto")
+    train = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(64)
+    val = tf.data.Dataset.from_tensor_slices((x, y)).batch(64)  # 8 batches, 10 shards (5 per worker)
+    model.fit(train, epochs=1, steps_per_epoch=2, validation_data=val, verbose=0)
+    print("not reached")
+"""
+
+
+def test_exact_evaluation_of_fewer_batches_than_shards_is_refused_before_fit(tmp_path: Path):
+    r = run(tmp_path, EXACT_EVALUATION)
+    assert r.returncode == 1 and "not reached" not in r.stdout, r.stderr[-3000:]
+    assert dtf_lines(r) == [
+        "dtf: error: exact evaluation splits fit's validation_data into 10 shards (pss_evaluation_shards), and it "
+        "has 8 batches: TensorFlow cannot shard it on the workers (\"Could not apply FILE based sharding\"); compile "
+        "with pss_evaluation_shards=8 or less, use smaller batches, or run a single-machine script with "
+        "`dtf train --wrap` (it evaluates on the coordinator) (prog.py:14)"]
+    assert "Traceback" not in r.stderr
+
+
+def test_a_program_that_never_made_a_strategy_is_an_error_at_its_end_under_dtf_train(tmp_path: Path):
+    loop = """
+        import tensorflow as tf
+
+        w = tf.Variable(1.0)
+        for _ in range(3):  # a loop of its own: no Keras, no optimizer
+            w.assign_sub(0.1 * w)
+        print("looped")
+    """
+    r = run(tmp_path, loop, **UNDER_DTF_TRAIN)
+    assert r.returncode == 9 and "looped" in r.stdout, r.stderr[-3000:]
+    assert dtf_lines(r) == [
+        "dtf: error: the program ended without making a strategy: nothing ran on the cluster; run `dtf train --wrap "
+        "PROGRAM` (a single-machine script, unchanged), or build and compile the model inside "
+        "`with dtf.strategy().scope():`"]
+    no_tf = run(tmp_path, "print('no TensorFlow here')\n", **UNDER_DTF_TRAIN)
+    assert no_tf.returncode == 0 and dtf_lines(no_tf) == [], no_tf.stderr[-3000:]

@@ -110,3 +110,76 @@ def test_variants_are_supplied_or_named(cluster: Path, tmp_path: Path):
     assert ("dtf: error: --wrap: model.fit on a dataset that repeats forever needs steps_per_epoch"
             in r.stderr)
     assert "Traceback" not in r.stderr
+
+
+def test_every_validation_form_under_wrap(cluster: Path):
+    """validation_split, numpy and tensor tuples, a dataset of fewer batches than exact evaluation's
+    shards, and none: each fit validates (here, on the coordinator) with the right step counts;
+    evaluate and predict agree on the same inputs."""
+    r = dtf("train", "--wrap", str(PROGRAMS / "wrap_validation.py"), home=cluster, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "Traceback" not in r.stderr and "shard" not in r.stderr, r.stderr[-4000:]
+    val_keys = "['accuracy', 'loss', 'val_accuracy', 'val_loss']"
+    assert f"validation: split steps 15 keys {val_keys}" in r.stdout, r.stdout  # 900 examples at 64
+    for form in ("numpy", "tensors", "dataset"):
+        assert f"validation: {form} steps 16 keys {val_keys}" in r.stdout, r.stdout  # 1000 examples at 64
+    assert "validation: none steps 16 keys ['accuracy', 'loss']" in r.stdout, r.stdout
+    assert "validation: evaluate agree True" in r.stdout and "validation: predict [(500, 2)]" in r.stdout, r.stdout
+    wrap_lines = [line for line in r.stderr.splitlines() if line.startswith("dtf: --wrap:")]
+    assert "steps_per_epoch=15 (900 examples in batches of 64; 100 held out by validation_split)" in wrap_lines[0]
+    assert "fit's validation runs here, on the coordinator" in wrap_lines[0]
+
+
+KERAS3 = textwrap.dedent("""
+    import keras
+    import numpy as np
+
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    model.fit(np.ones((64, 4), "float32"), np.ones((64, 2), "float32"), epochs=1, verbose=0)
+    print("trained")
+""")
+
+
+@pytest.mark.parametrize("wrap", [True, False])
+def test_a_keras3_model_is_refused_before_training(cluster: Path, tmp_path: Path, wrap: bool):
+    program = tmp_path / "plain_k3.py"
+    program.write_text(KERAS3)
+    r = dtf("train", *(["--wrap"] if wrap else []), str(program), home=cluster, timeout=300)
+    assert r.returncode == 9, (r.stdout, r.stderr[-4000:])
+    assert "trained" not in r.stdout and "Traceback" not in r.stderr, r.stderr[-4000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("dtf: error:")]
+    assert len(errors) == 1 and errors[0].startswith("dtf: error: model.fit on a Keras 3 model (keras 3."), r.stderr
+    assert "TF_USE_LEGACY_KERAS=1" in errors[0] and errors[0].endswith("(plain_k3.py:7)"), errors
+
+
+PLAIN = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(4,))])
+    model.compile("sgd", "mse")
+    model.fit(np.ones((64, 4), "float32"), np.ones((64, 2), "float32"), epochs=1, verbose=0)
+    print("trained")
+""")
+
+
+def test_a_single_machine_script_without_wrap_is_refused_at_its_first_fit(cluster: Path, tmp_path: Path):
+    program = tmp_path / "plain.py"
+    program.write_text(PLAIN)
+    r = dtf("train", str(program), home=cluster, timeout=300)
+    assert r.returncode == 9, (r.stdout, r.stderr[-4000:])
+    assert "trained" not in r.stdout and "Traceback" not in r.stderr, r.stderr[-4000:]
+    assert ("dtf: error: model.fit would train on this machine, not on the cluster: the model was made under no "
+            "strategy; run `dtf train --wrap PROGRAM`") in r.stderr
+    assert "(plain.py:7)" in r.stderr
+
+
+def test_the_demo_example_prints_no_tensorflow_dataset_warning_and_no_line_twice(cluster: Path, tmp_path: Path):
+    """`make demo`'s program: dtf's own example is quiet (no tf-keras "not efficiently shardable")."""
+    r = dtf("train", str(EXAMPLES / "mnist_fit.py"), "--epochs", "2", "--steps-per-epoch", "10",
+            "--output", str(tmp_path / "out"), home=cluster, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "shardable" not in r.stderr and "WARNING" not in r.stderr, r.stderr[-4000:]
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+    assert len(lines) == len(set(lines)), lines

@@ -69,3 +69,41 @@ def test_the_exit_status_file_holds_the_code_the_program_ended_with(tmp_path: Pa
             assert r.returncode == -2 and not status.exists(), body
         else:
             assert r.returncode == code and status.read_text() == f"{code}\n", (body, r.stderr)
+
+
+def run_program(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    program = tmp_path / "prog.py"
+    program.write_text(text)
+    return subprocess.run([sys.executable, "-m", "dtf.program.runner", str(program)], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+
+
+def test_a_programs_traceback_shows_its_own_frames_not_dtfs(tmp_path: Path) -> None:
+    r = run_program(tmp_path, "def inner():\n    raise ValueError('bad value')\n\ninner()\n")
+    assert r.returncode == 1
+    assert r.stderr.startswith("Traceback (most recent call last):\n"), r.stderr
+    assert 'prog.py", line 4, in <module>' in r.stderr and 'prog.py", line 2, in inner' in r.stderr
+    assert "runpy" not in r.stderr and "runner.py" not in r.stderr, r.stderr
+    assert r.stderr.endswith("ValueError: bad value\n")
+
+
+def test_ctrl_c_ends_the_program_by_sigint_without_a_traceback(tmp_path: Path) -> None:
+    r = run_program(tmp_path, "raise KeyboardInterrupt\n")
+    assert r.returncode == -2, r.stderr  # killed by SIGINT, as Python ends on an uncaught Ctrl-C
+    assert r.stderr == ""
+
+
+def test_a_workers_missing_file_is_one_line() -> None:
+    from dtf.program.runner import missing_on_worker
+
+    class NotFoundError(Exception):
+        __module__ = "tensorflow.python.framework.errors_impl"
+
+    e = NotFoundError("NewRandomAccessFile failed to Create/Open: /home/me/data.csv : No such file or directory\n"
+                      "\t [[{{node MultiDeviceIteratorGetNextFromShard}}]] [Op:__inference_train_function_42] "
+                      "on /job:worker/replica:0/task:1/device:CPU:0")
+    line = missing_on_worker(e)
+    assert line is not None and line.startswith("a worker could not open /home/me/data.csv: No such file")
+    assert "`dtf sync DIR`" in line and "dtf.synced(NAME)" in line
+    assert missing_on_worker(NotFoundError("/tmp/x: No such file or directory")) is None  # here, not a worker's
+    assert missing_on_worker(FileNotFoundError("/job:worker x: No such file or directory")) is None

@@ -2,9 +2,10 @@
 
 Under ParameterServerStrategy each closure the coordinator schedules costs a round trip to a
 worker; from a laptop to a remote cluster that is tens of milliseconds, so one step per closure
-spends most of its time on the wire (FACTS.md: 13 steps/s at a 24 ms round trip, 282 at 100 steps
-per closure). A `Packer` measures the round trip and a step's time on the program's own first
-closures, then packs enough steps into each closure to keep that overhead under a target.
+spends most of its time on the wire (each scheduled closure is one remote call:
+tensorflow/python/distribute/coordinator/cluster_coordinator.py). A `Packer` measures the round
+trip and a step's time on the program's own first closures, then packs enough steps into each
+closure to keep that overhead under a target.
 
 Pure (no TensorFlow): it is handed a `wait` (block until every scheduled closure finished: the
 coordinator's `join`) and a clock, and yields step counts; dtf.program.hooks.packing drives tf-keras

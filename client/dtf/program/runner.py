@@ -11,14 +11,23 @@ writes there the exit code the program ended with, after every atexit function h
 thing Python does before its runtime is torn down. TensorFlow can crash in that teardown
 (SIGABRT, "terminate called after throwing ...", seen after a worker was lost and came back, with
 the program's work all done); that code then stands, not the signal.
+
+What the program raises and does not catch is printed as Python would print it, less dtf's own
+frames (this runner, runpy, the hooks' wrappers): the program's traceback is the program's. Ctrl-C
+(KeyboardInterrupt) prints none: the program still ends by SIGINT, and `dtf train` says it was
+interrupted. A worker's missing file is said in one line: the workers read their own disks.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+import re
 import runpy
 import sys
+import traceback
+from types import ModuleType, TracebackType
 
 from dtf_server.procs import EXIT_STATUS_ENV
 
@@ -30,6 +39,73 @@ def exit_code(code: object) -> int:
     if isinstance(code, int):
         return code & 0xFF
     return 1  # a message: printed to stderr, exit code 1
+
+
+_DTF_DIR = os.path.dirname(os.path.abspath(__file__))  # dtf.program: this runner and the hooks
+_RUNPY = {os.path.abspath(runpy.__file__), "<frozen runpy>"}
+_NO_FILE = re.compile(r"(\S+?)\s*[;:]?\s*No such file or directory")
+
+
+def _dtf_frame(frame: traceback.FrameSummary) -> bool:
+    path = frame.filename if frame.filename.startswith("<") else os.path.abspath(frame.filename)
+    return path in _RUNPY or path.startswith(_DTF_DIR + os.sep)
+
+
+def _trim(exc: traceback.TracebackException) -> None:
+    """Drop dtf's frames from `exc` and the exceptions chained to it, unless the error is raised
+    in dtf's own code (then every frame tells where)."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.stack and not _dtf_frame(e.stack[-1]):
+            e.stack = traceback.StackSummary.from_list([f for f in e.stack if not _dtf_frame(f)])
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+
+
+def missing_on_worker(value: BaseException) -> str | None:
+    """One line for TensorFlow's "No such file or directory" raised on a worker, else None."""
+    if not type(value).__module__.startswith("tensorflow") or "/job:worker" not in str(value):
+        return None
+    match = _NO_FILE.search(str(value))
+    if match is None:
+        return None
+    return (f"a worker could not open {match.group(1)}: No such file or directory. The workers read their "
+            f"own disks, not this machine's: copy the data to them with `dtf sync DIR` and open it in the "
+            f"program at `dtf.synced(NAME)` (or give a path that exists on every worker)")
+
+
+class _MissingOnWorker(logging.Filter):
+    """Drops the coordinator's logs of a worker's missing file (the error with its definition's
+    traceback, logged per failed closure and again as closures are cancelled:
+    tensorflow/python/distribute/coordinator/cluster_coordinator.py): the error itself reaches the
+    program, and `excepthook` says it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("/job:worker" in message and "No such file or directory" in message)
+
+
+def _quiet_missing_files(_: ModuleType) -> None:
+    logging.getLogger("tensorflow").addFilter(_MissingOnWorker())
+
+
+def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    """sys.excepthook for the program: see the module's docstring."""
+    if issubclass(kind, KeyboardInterrupt):
+        return
+    exc = traceback.TracebackException(kind, value, tb)
+    _trim(exc)
+    line = missing_on_worker(value)
+    if line is not None:
+        where = [f for f in exc.stack if os.path.abspath(f.filename) == os.path.abspath(sys.argv[0])]
+        at = f" ({os.path.basename(where[-1].filename)}:{where[-1].lineno})" if where else ""
+        print(f"dtf: error: {line}{at}", file=sys.stderr, flush=True)
+        return
+    print("".join(exc.format()), end="", file=sys.stderr, flush=True)
 
 
 def _write_status(path: str, outcome: dict[str, int | None]) -> None:
@@ -51,12 +127,16 @@ def main() -> None:
     if status_path:
         atexit.register(_write_status, status_path, outcome)  # registered first: runs last
     from dtf.program import hooks
+    from dtf.program.hooks import oncluster
 
     hooks.install()
+    hooks.on_import("tensorflow", _quiet_missing_files)
+    sys.excepthook = excepthook
     sys.argv = [program, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(program))
     try:
         runpy.run_path(program, run_name="__main__")
+        oncluster.check_at_end()
     except SystemExit as e:
         outcome["code"] = exit_code(e.code)
         raise

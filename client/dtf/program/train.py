@@ -81,7 +81,7 @@ def program_env(plan: Plan, chief_host: str, output: str | None, attempt: int = 
         env.update(tunnel.env(direct=[chief_host, *local]))
         chief = tunnel.chief_address
     env["TF_CONFIG"] = json.dumps(tf_config(plan, chief))
-    env["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras = tf-keras: model.fit works under PS (FACTS.md)
+    env["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras = tf-keras: Keras 3 has no PS (keras-team/keras#18624)
     env["GRPC_FAIL_FAST"] = "use_caller"
     env.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_KEEPALIVE)  # the user's own gRPC options win
     env["DTF_CLUSTER"] = plan.cluster

@@ -4,18 +4,24 @@ before it happens.
 - An in-graph dataset near the 2 GB limit. A `tf.data.Dataset` built here from in-memory data
   (`from_tensor_slices`/`from_tensors` of numpy arrays, tensors captured by its functions) is
   serialized WITH its data and rebuilt on every worker; past protobuf's 2 GB that fails on the
-  workers with `FetchOutputs node : not found [[{{node DatasetFromGraph}}]]` (FACTS.md, "Data").
+  workers with `FetchOutputs node : not found [[{{node DatasetFromGraph}}]]` (the dataset travels as
+  one GraphDef: tensorflow/python/data/ops/dataset_ops.py, `_as_serialized_graph`).
   A `dataset_fn` that builds one from numpy holds the data as constants of the function sent to
   the workers, with the same limit. dtf estimates the size when the dataset is distributed and
   stops the program above `DTF_DATASET_LIMIT` bytes (default 1.8e9): an error.
 - Keras 3 when the strategy is made: its `Model.fit` cannot train under ParameterServerStrategy
-  (FACTS.md, "Keras"). An error where `tf.keras` itself is Keras 3 (TF_USE_LEGACY_KERAS unset
+  (keras-team/keras#18624). An error where `tf.keras` itself is Keras 3 (TF_USE_LEGACY_KERAS unset
   by the program); a warning where only `import keras` brought Keras 3 in beside tf-keras.
 - ssh network mode (DTF_NETWORK=ssh): what makes the workers call the coordinator back
   (`Dataset.from_generator`, `tf.py_function`/`numpy_function` in a dataset, a variable or resource
   made outside `strategy.scope()` and used in a scheduled function). dtf's tunnel forwards those
   calls back to the laptop through SSH, so they work, but every element or step then crosses the
   laptop's link twice: a warning, once per kind.
+
+- Exact evaluation (`compile(pss_evaluation_shards=N)`) of a dataset of fewer batches than N
+  shards: TensorFlow fails on the workers ("Could not apply FILE based sharding", whatever the
+  dataset's auto-shard policy: tf_keras/src/engine/training.py, `shard_test_function`). Said
+  before fit or evaluate runs, with the ways out: an error.
 
 Errors end the program with `dtf: error: ...` (exit code 1, no traceback); warnings print
 `dtf: warning: ...` and the program goes on.
@@ -44,6 +50,7 @@ _strategy_made = False
 def install() -> None:
     on_import("tensorflow", _patch)
     on_import("keras", _keras_imported)
+    on_import("tf_keras", _patch_exact_evaluation)
 
 
 def _patch(tf: ModuleType) -> None:
@@ -107,6 +114,44 @@ def check_keras() -> None:
              f"leave TF_USE_LEGACY_KERAS=1 (dtf train sets it) so that tf.keras is tf-keras")
     warn("keras3", f"the program imported Keras 3 (keras {version}): models made with it cannot fit under "
                    f"ParameterServerStrategy; use tf.keras (tf-keras under dtf train) or `import tf_keras`")
+
+
+# ---- exact evaluation ------------------------------------------------------------------------
+
+def _patch_exact_evaluation(_: ModuleType) -> None:
+    from tf_keras.src.engine import training
+
+    fit, evaluate = training.Model.fit, training.Model.evaluate
+
+    @functools.wraps(fit)
+    def fit_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # A cached evaluation input (--wrap's stand-in: validation on the coordinator) is not sharded.
+        if kwargs.get("validation_steps") is None and getattr(self, "_eval_data_handler", None) is None:
+            check_shards(self, kwargs.get("validation_data"), "fit's validation_data")
+        return fit(self, *args, **kwargs)
+
+    @functools.wraps(evaluate)
+    def evaluate_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("steps") is None and not kwargs.get("_use_cached_eval_dataset"):
+            check_shards(self, args[0] if args else kwargs.get("x"), "evaluate's dataset")
+        return evaluate(self, *args, **kwargs)
+
+    training.Model.fit, training.Model.evaluate = fit_, evaluate_
+
+
+def check_shards(model: Any, data: Any, what: str) -> None:
+    """Exact evaluation of `data` needs at least one batch per shard (compile sets the shards only
+    under this strategy)."""
+    shards = getattr(model, "_pss_evaluation_shards", 0)
+    dataset = _plain_dataset(data) if data is not None and shards else None
+    if dataset is None:
+        return
+    batches = int(dataset.cardinality().numpy())
+    if 0 <= batches < shards:
+        fail(f"exact evaluation splits {what} into {shards} shards (pss_evaluation_shards), and it has "
+             f"{batches} batches: TensorFlow cannot shard it on the workers (\"Could not apply FILE based "
+             f"sharding\"); compile with pss_evaluation_shards={max(batches, 1)} or less, use smaller batches, "
+             f"or run a single-machine script with `dtf train --wrap` (it evaluates on the coordinator)")
 
 
 # ---- datasets --------------------------------------------------------------------------------

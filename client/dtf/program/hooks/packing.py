@@ -2,9 +2,10 @@
 
 A program that does not choose `steps_per_execution` (or passes `"auto"`) runs one step per
 closure: one round trip to a worker per step. tf-keras' own "auto" tuner stayed at 1 under this
-strategy (FACTS.md). Here dtf measures the round trip and a step's time on fit's first closures
-and packs steps (dtf.program.packer.Packer), printing what it chose. A `steps_per_execution` the program
-sets (in `compile`, or the `model.steps_per_execution` setter) is used as it is.
+strategy (tf_keras/src/utils/steps_per_execution_tuning.py). Here dtf measures the round trip and a
+step's time on fit's first closures and packs steps (dtf.program.packer.Packer), printing what it
+chose. A `steps_per_execution` the program sets (in `compile`, or the `model.steps_per_execution`
+setter) is used as it is.
 
 How, in tf-keras 2.21 (pinned; internals named below):
 - `Model.make_train_function` builds, under a coordinator, a function taking the step count as an

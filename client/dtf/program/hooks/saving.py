@@ -4,7 +4,8 @@ Under ParameterServerStrategy the variables live on the ps, and TensorFlow runs 
 save and restore ops next to them: without an I/O device each ps reads and writes ITS OWN disk (a
 relative path is even relative to the server's working directory), and a stock ModelCheckpoint
 fails with `./ckpt_1_temp; No such file or directory [[{{node SaveV2}}]]` on hosts that do not
-share the laptop's filesystem (FACTS.md, "Saving under ParameterServerStrategy").
+share the laptop's filesystem (save ops sit on the variables' device unless an I/O device is given:
+tensorflow/python/checkpoint/functional_saver.py, MultiDeviceSaver).
 
 Every saving path of TensorFlow and tf-keras (tf.train.Checkpoint and CheckpointManager, Keras'
 save_weights / load_weights, ModelCheckpoint, BackupAndRestore, model.save, tf.saved_model.save

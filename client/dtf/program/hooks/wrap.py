@@ -18,11 +18,15 @@ evaluate):
 - `fit` on a finite `tf.data.Dataset` without `steps_per_epoch` (which this strategy requires,
   and where each worker reads the whole dataset): the dataset repeats and `steps_per_epoch` is
   its length, so an epoch is as many batches as on one machine. Where the length cannot be known
-  (a dataset that repeats forever, or of unknown length), one line says what to pass.
-- `evaluate` runs on the coordinator (this program), as tf-keras' own `predict` does under this
-  strategy: on the workers it fails on a finite dataset (OutOfRangeError: FACTS.md). fit's
-  `validation_data` (finite, no `validation_steps`) uses exact evaluation on the workers
-  (`pss_evaluation_shards`), sharded example by example.
+  (a dataset that repeats forever, or of unknown length), one line says what to pass. On arrays,
+  `steps_per_epoch` counts the training examples (after `validation_split`, made here as fit
+  makes it).
+- `evaluate`, and fit's validation in every form (`validation_split`, arrays, a dataset of any
+  size), run on the coordinator (this program), as tf-keras' own `predict` does under this
+  strategy. On the workers, evaluate fails on a finite dataset (every worker reads all of it and
+  runs off its end: OutOfRangeError), arrays need `validation_steps`, and exact evaluation
+  (`pss_evaluation_shards`) cannot shard a dataset of fewer batches than shards ("Could not apply
+  FILE based sharding"; tf_keras/src/engine/training.py, `shard_test_function`).
 - `verbose=1` (a progress bar per batch, refused under this strategy) becomes 2 (a line per epoch).
 
 A program that makes a strategy of its own before its first layer is left alone.
@@ -80,8 +84,8 @@ class _Wrap:
         self.scope.__enter__()
         self.changes.append(f"made a ParameterServerStrategy ({self.strategy._num_workers} workers, "
                             f"{self.strategy._num_ps} ps) and built the model in its scope")
-        self.changes.append("evaluate runs here, on the coordinator (as tf-keras' predict does); fit's "
-                            "validation_data: exact evaluation on the workers (pss_evaluation_shards)")
+        self.changes.append("evaluate and predict run here, on the coordinator (as tf-keras' predict does "
+                            "on a dataset)")
 
     @contextlib.contextmanager
     def on_coordinator(self, model: Any) -> Iterator[None]:
@@ -89,13 +93,17 @@ class _Wrap:
         strategy's scope, with no strategy or coordinator on the model (its variables stay on the
         ps and are read from there)."""
         assert self.scope is not None
-        saved = model._distribution_strategy, model._cluster_coordinator, model.test_function
+        saved = (model._distribution_strategy, model._cluster_coordinator, model.test_function,
+                 model.predict_function, model._pss_evaluation_shards)
         self.scope.__exit__(None, None, None)
-        model._distribution_strategy = model._cluster_coordinator = model.test_function = None
+        model._distribution_strategy = model._cluster_coordinator = None
+        model.test_function = model.predict_function = None  # traced for the strategy: traced again here
+        model._pss_evaluation_shards = 0  # every example once, here: no shards to put together
         try:
             yield
         finally:
-            model._distribution_strategy, model._cluster_coordinator, model.test_function = saved
+            (model._distribution_strategy, model._cluster_coordinator, model.test_function,
+             model.predict_function, model._pss_evaluation_shards) = saved
             self.scope = self.strategy.scope()
             self.scope.__enter__()
 
@@ -210,25 +218,38 @@ def _is_dataset(x: Any) -> bool:
     return isinstance(x, tf.data.Dataset)
 
 
-def _by_example(dataset: Any) -> Any:
-    """Exact evaluation shards the dataset; AUTO sharding tries files first and fails on a dataset
-    made from tensors ("Could not apply FILE based sharding"): shard it example by example."""
-    import tensorflow as tf
+_ON_COORDINATOR = object()  # fit's validation input, as far as fit knows: run by patched_evaluate
 
-    if not _is_dataset(dataset):
-        return dataset
-    if dataset.options().experimental_distribute.auto_shard_policy != tf.data.experimental.AutoShardPolicy.AUTO:
-        return dataset  # the program chose
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return dataset.with_options(options)
+
+def _examples(x: Any) -> int | None:
+    """How many examples arrays (numpy, tensors, dataframes) hold; None for anything else."""
+    if x is None or isinstance(x, (dict, list, tuple)) or _is_dataset(x):
+        return None
+    shape = getattr(x, "shape", None)
+    if shape is not None and len(shape) > 0 and shape[0] is not None:
+        return int(shape[0])
+    return len(x) if hasattr(x, "__len__") else None
+
+
+def _split(a: dict[str, Any]) -> int:
+    """validation_split on arrays, made here as fit makes it (the last examples, before any shuffle),
+    so that the step count and the banner count the training examples only: how many were held out."""
+    split = a["validation_split"]
+    if not split or a["validation_data"] is not None or _examples(a["x"]) is None:
+        return 0  # fit's own rules (and errors) for the rest
+    from tf_keras.src.engine import data_adapter
+
+    (a["x"], a["y"], a["sample_weight"]), a["validation_data"] = data_adapter.train_validation_split(
+        (a["x"], a["y"], a["sample_weight"]), validation_split=split)
+    a["validation_split"] = 0.0
+    return _examples(data_adapter.unpack_x_y_sample_weight(a["validation_data"])[0]) or 0
 
 
 def _patch(_: ModuleType) -> None:
     from tf_keras.src.engine import base_layer, training
 
     layer_init, model_init = base_layer.Layer.__init__, training.Model.__init__
-    fit, evaluate = training.Model.fit, training.Model.evaluate
+    fit, evaluate, predict = training.Model.fit, training.Model.evaluate, training.Model.predict
     fit_signature = inspect.signature(fit)
 
     def patched_layer_init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -242,10 +263,6 @@ def _patch(_: ModuleType) -> None:
     def ours(model: Any) -> bool:
         return _wrap.strategy is not None and model.distribute_strategy is _wrap.strategy
 
-    def exact_evaluation(model: Any) -> int:
-        shards: int = model._pss_evaluation_shards or model._infer_exact_eval_shards("auto")
-        return shards
-
     def patched_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not ours(self):
             return fit(self, *args, **kwargs)
@@ -255,6 +272,7 @@ def _patch(_: ModuleType) -> None:
         if a["verbose"] == 1:
             a["verbose"] = 2
             _wrap.change("fit: verbose=1 -> 2 (no per-batch progress bar under this strategy)")
+        held_out = _split(a)
         x = a["x"]
         if a["steps_per_epoch"] is None:
             if _is_dataset(x):
@@ -268,38 +286,56 @@ def _patch(_: ModuleType) -> None:
                 a["x"], a["steps_per_epoch"] = x.repeat(), n
                 _wrap.change(f"fit: the dataset repeats (every worker reads all of it), steps_per_epoch={n} "
                              f"(its length)")
-            elif x is not None and hasattr(x, "__len__") and not isinstance(x, (dict, list, tuple)):
+            elif (examples := _examples(x)) is not None:
                 batch = a["batch_size"] or 32
-                n = math.ceil(len(x) * (1 - (a["validation_split"] or 0)) / batch)
+                n = math.ceil(examples / batch)
                 a["steps_per_epoch"] = n
-                _wrap.change(f"fit: steps_per_epoch={n} ({len(x)} examples in batches of {batch})")
+                _wrap.change(f"fit: steps_per_epoch={n} ({examples} examples in batches of {batch}"
+                             + (f"; {held_out} held out by validation_split)" if held_out else ")"))
             else:
                 raise WrapError(f"model.fit on {type(x).__name__} needs steps_per_epoch under "
                                 f"ParameterServerStrategy: pass fit(..., steps_per_epoch=N)")
-        val = a["validation_data"]
-        exact = (val is not None and a["validation_steps"] is None
-                 and not (_is_dataset(val) and _cardinality(val) < 0) and not self._pss_evaluation_shards)
+        validating = a["validation_data"] is not None
+        if validating:
+            _wrap.change("fit's validation runs here, on the coordinator, as evaluate does (every example "
+                         "once, whatever its form or size)")
         _wrap.report()
-        saved = self._pss_evaluation_shards
-        if exact:
-            self._pss_evaluation_shards = exact_evaluation(self)
-            a["validation_data"] = _by_example(val)
+        if not validating:
+            return fit(*bound.args, **bound.kwargs)
+        # fit builds its validation input on the workers unless one is cached: a stand-in keeps it
+        # from doing so (numpy needs validation_steps there, a small dataset fails exact
+        # evaluation's sharding), and patched_evaluate runs the validation here.
+        self._eval_data_handler = _ON_COORDINATOR
         try:
             return fit(*bound.args, **bound.kwargs)
         finally:
-            self._pss_evaluation_shards = saved
+            if getattr(self, "_eval_data_handler", None) is _ON_COORDINATOR:
+                del self._eval_data_handler
 
     def patched_evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not ours(self) or kwargs.get("_use_cached_eval_dataset"):  # fit's validation: set up by fit
+        if not ours(self):
             return evaluate(self, *args, **kwargs)
-        _wrap.report()
-        # On the workers, evaluate(finite dataset) fails (OutOfRangeError: every worker reads
-        # all of it), and exact evaluation fails on a shuffled dataset made from tensors ("Could
-        # not apply FILE based sharding"): here, it is what it is on one machine.
+        if kwargs.pop("_use_cached_eval_dataset", False):  # fit's validation
+            if getattr(self, "_eval_data_handler", None) is not _ON_COORDINATOR:
+                return evaluate(self, *args, _use_cached_eval_dataset=True, **kwargs)
+        else:
+            _wrap.report()
+        # On the workers, evaluate(finite dataset) fails (OutOfRangeError: every worker reads all of
+        # it), and exact evaluation fails on a small dataset made from tensors ("Could not apply FILE
+        # based sharding"): here, it is what it is on one machine.
         with _wrap.on_coordinator(self):
             return evaluate(self, *args, **kwargs)
+
+    def patched_predict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not ours(self):
+            return predict(self, *args, **kwargs)
+        # tf-keras' own predict under this strategy takes a dataset only (it iterates it here):
+        # arrays and tensors, as on one machine, need the model out of the strategy.
+        with _wrap.on_coordinator(self):
+            return predict(self, *args, **kwargs)
 
     base_layer.Layer.__init__ = patched_layer_init
     training.Model.__init__ = patched_model_init
     training.Model.fit = patched_fit
     training.Model.evaluate = patched_evaluate
+    training.Model.predict = patched_predict

@@ -1,0 +1,149 @@
+"""Never train on the laptop by mistake: under `dtf train` (ParameterServerStrategy mode), a training
+step that would run in this program rather than on the cluster ends the program with one line,
+before the step runs, and exit code 9 (dtf.errors.ExitCode.NOT_ON_CLUSTER).
+
+- tf-keras `Model.fit`/`train_on_batch` of a model made under no strategy (a single-machine script
+  run without `--wrap`, or a model built outside `strategy.scope()`), and a tf-keras optimizer's
+  `apply_gradients` under no strategy (a custom loop that runs here).
+- A Keras 3 model's `fit`/`train_on_batch` (`import keras` with keras 3.x): Keras 3 has no
+  ParameterServerStrategy (https://github.com/keras-team/keras/issues/18624); tf-keras has it, and
+  `TF_USE_LEGACY_KERAS=1` (set by `dtf train`) makes `tf.keras` resolve to it.
+
+A program that imported TensorFlow and ended without making any strategy (it never used the
+cluster: a loop of its own that no check above saw) is the same error at its end
+(`check_at_end`, called by dtf.program.runner).
+
+A strategy the program made itself (a MirroredStrategy) is its choice, and is left alone; so is
+`dtf train --collective`, whose copies run on the hosts.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from dtf.errors import ExitCode
+from dtf.program.hooks import on_import
+from dtf.program.hooks.guards import _where
+
+FIX = ("run `dtf train --wrap PROGRAM` (a single-machine script, unchanged), or build and compile the model "
+       "inside `with dtf.strategy().scope():`")
+
+
+class NotOnCluster(SystemExit):
+    """One line, exit code 9, no traceback (raised in the program)."""
+
+    def __init__(self, message: str) -> None:
+        print(f"dtf: error: {message}{_where()}", file=sys.stderr, flush=True)
+        super().__init__(int(ExitCode.NOT_ON_CLUSTER))
+
+
+def under_ps_train() -> bool:
+    """This program is the coordinator of a `dtf train` run (not a collective copy, not a plain run)."""
+    if not os.environ.get("DTF_CLUSTER") or os.environ.get("DTF_COLLECTIVE") == "1":
+        return False
+    try:
+        return bool(json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {}).get("type") == "chief")
+    except (ValueError, AttributeError):
+        return False
+
+
+_made: list[str] = []  # the strategies the program made (class names)
+
+
+def install() -> None:
+    if under_ps_train():
+        on_import("tensorflow", _patch_strategies)
+        on_import("tf_keras", _patch_tf_keras)
+        on_import("keras", _patch_keras)
+
+
+def check_at_end() -> None:
+    """At the program's normal end: it imported TensorFlow and made no strategy: an error."""
+    if under_ps_train() and "tensorflow" in sys.modules and not _made:
+        raise NotOnCluster(f"the program ended without making a strategy: nothing ran on the cluster; {FIX}")
+
+
+def _patch_strategies(_: ModuleType) -> None:
+    from tensorflow.python.distribute import distribute_lib
+
+    init = distribute_lib.StrategyBase.__init__
+
+    @functools.wraps(init)
+    def init_(self: Any, *args: Any, **kwargs: Any) -> None:
+        if type(self).__name__ != "_DefaultDistributionStrategy":  # TensorFlow's own, made on first use
+            _made.append(type(self).__name__)
+        init(self, *args, **kwargs)
+
+    distribute_lib.StrategyBase.__init__ = init_
+
+
+def _no_strategy(strategy: Any) -> bool:
+    """No strategy is in use here: none is current, and `strategy` (what the model or optimizer was made
+    under) is none or the default one."""
+    import tensorflow as tf
+
+    return not tf.distribute.has_strategy() and (strategy is None or strategy is tf.distribute.get_strategy())
+
+
+def _checked(method: Callable[..., Any], what: str) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _no_strategy(self._distribution_strategy):
+            raise NotOnCluster(f"{what} would train on this machine, not on the cluster: the model was made "
+                               f"under no strategy; {FIX}")
+        return method(self, *args, **kwargs)
+
+    return checked
+
+
+def _patch_tf_keras(_: ModuleType) -> None:
+    from tf_keras.src.engine import training
+    from tf_keras.src.optimizers import optimizer
+    from tf_keras.src.optimizers.legacy import optimizer_v2
+
+    training.Model.fit = _checked(training.Model.fit, "model.fit")
+    training.Model.train_on_batch = _checked(training.Model.train_on_batch, "model.train_on_batch")
+    apply_new, apply_legacy = optimizer.Optimizer.apply_gradients, optimizer_v2.OptimizerV2.apply_gradients
+
+    def checked_apply(apply: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(apply)
+        def apply_gradients(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _no_strategy(getattr(self, "_distribution_strategy", None)):
+                raise NotOnCluster("optimizer.apply_gradients would train on this machine, not on the cluster: "
+                                   "the training step runs under no strategy; schedule it on the workers "
+                                   "(`dtf.coordinator().schedule(step)`, with `strategy.run` inside and the "
+                                   "model built inside `with dtf.strategy().scope():`), or use model.fit "
+                                   "under `dtf train --wrap`")
+            return apply(self, *args, **kwargs)
+
+        return apply_gradients
+
+    optimizer.Optimizer.apply_gradients = checked_apply(apply_new)
+    optimizer_v2.OptimizerV2.apply_gradients = checked_apply(apply_legacy)
+
+
+def _patch_keras(keras: ModuleType) -> None:
+    version = str(getattr(keras, "__version__", ""))
+    model = getattr(keras, "Model", None)
+    if not version.startswith("3.") or model is None:
+        return
+
+    def refused(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+            raise NotOnCluster(
+                f"model.{name} on a Keras 3 model (keras {version}): Keras 3 cannot train under "
+                f"ParameterServerStrategy (keras-team/keras#18624), so it would train on this machine; use "
+                f"tf-keras: `tf.keras` (dtf train sets TF_USE_LEGACY_KERAS=1: tf.keras is tf-keras) or "
+                f"`import tf_keras as keras` in place of `import keras`")
+
+        return refuse
+
+    for name in ("fit", "train_on_batch"):
+        setattr(model, name, refused(getattr(model, name), name))

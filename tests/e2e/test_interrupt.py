@@ -1,0 +1,54 @@
+"""Ctrl-C during `dtf train`'s model.fit on a local cluster: the program stops with dtf's one line,
+no KeyboardInterrupt traceback (dtf.program.runner's excepthook)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import LOCAL_CLUSTER, as_in_a_terminal
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow, LOCAL_CLUSTER]
+
+FITTING = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+
+    x = np.ones((256, 4), "float32")
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(4,))])
+    model.compile("sgd", "mse")
+
+    class Started(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                print("training", flush=True)
+
+    model.fit(x, x[:, :2], epochs=100000, verbose=0, callbacks=[Started()])  # until the Ctrl-C
+""")
+
+
+def test_ctrl_c_during_fit_prints_no_traceback(tmp_path: Path, local_cluster):
+    _, home = local_cluster
+    program = tmp_path / "fitting.py"
+    program.write_text(FITTING)
+    # Its own session, like a terminal's foreground job: Ctrl-C is SIGINT to the whole group.
+    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "train", "--wrap", str(program)],
+                            env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_in_a_terminal)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "training"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-4000:]
+    assert "dtf: program interrupted; cluster 'loc' is still up (`dtf down` stops it)" in err, err[-4000:]
