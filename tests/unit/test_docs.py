@@ -4,6 +4,7 @@
 - every relative link between the pages (and from the READMEs into docs/) resolves, anchors too;
 - every `dtf ...` command line shown is a real command with real options (the Typer app's own);
 - the commands page lists every option of every command.
+- every error message the troubleshooting page quotes is worded so in dtf's code.
 
 The strict site build (`make docs`) checks the links again, as MkDocs renders them.
 """
@@ -221,3 +222,57 @@ def test_commands_page_lists_every_option(name: str) -> None:
     text = section("commands.md", f"## `dtf {name}`")
     missing = [o for o in options_of(APP.commands[name]) if f"`{o}" not in text and f", `{o}`" not in text]
     assert not missing, f"docs/commands.md, dtf {name}: not described: {', '.join(missing)}"
+
+
+# ---- the messages quoted on the troubleshooting page -------------------------------------------
+def code_text() -> str:
+    """The text of dtf's sources, each implicit string concatenation joined into one literal and
+    backticks dropped (a table cell's code span cannot hold them)."""
+    texts = []
+    for path in sorted([*(ROOT / "client").rglob("*.py"), *(ROOT / "server").rglob("*.py"),
+                        *(ROOT / "client").rglob("*.sh")]):
+        text = path.read_text(encoding="utf-8")
+        texts.append(re.sub(r"([\"'])\s*\n\s*[rbfRBF]*([\"'])", "", text).replace("`", ""))
+    return "\n".join(texts)
+
+
+# Quoted messages whose longest run of words is not one literal in dtf's code: another program's
+# words (PyYAML's), or words dtf puts together from parts (a list, a hint).
+NOT_ONE_LITERAL = {
+    "that cannot start any token",  # PyYAML's scanner
+    "expected a host name without quotes or shell characters",  # values.name_reader: what + flaw
+    "expected one of auto",  # cli: the modes joined
+}
+
+
+def quoted_messages(page: str) -> list[tuple[int, str]]:
+    """The code spans in the first column of the page's tables: the messages it quotes."""
+    out = []
+    for number, text, code in prose_lines(DOCS / page):
+        if not code and text.startswith("| ") and not text.startswith(("| message", "| code", "|---")):
+            out += [(number, m.group(1)) for m in _SPAN.finditer(text.split(" | ")[0])]
+    return out
+
+
+def words_of(message: str) -> str | None:
+    """The longest run of two or more plain lowercase words in `message`, None if it has none.
+    Placeholders (CAPITALS), example values with digits (h1, 2222) and dotted or indexed names
+    (hosts[0].ps, dtf.synced) end a run."""
+    message = re.sub(r"\b[a-z_]+(\[[^\]]*\]|\.[a-z_]+)+|\b\w*\d\w*\b", "#", message)
+    runs = [r.strip() for r in re.split(r"[^a-z ]+", message)]
+    runs = [r for r in runs if len(r.split()) >= 2]
+    return max(runs, key=len) if runs else None
+
+
+MESSAGES = quoted_messages("troubleshooting.md")
+
+
+def test_there_are_messages() -> None:
+    assert len(MESSAGES) >= 80
+
+
+def test_every_quoted_message_is_in_the_code() -> None:
+    code = code_text()
+    missing = [f"docs/troubleshooting.md:{n}: `{m}`: no {w!r} in client/ or server/"
+               for n, m in MESSAGES if (w := words_of(m)) and w not in NOT_ONE_LITERAL and w not in code]
+    assert not missing, "\n".join(missing)
