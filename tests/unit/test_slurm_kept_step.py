@@ -192,8 +192,9 @@ def test_the_command_that_allocates_the_nodes_begins_their_steps_and_each_node_t
     addresses as the login host learnt them (the upload on its stdin, written first): the answer
     holds the allocation and every step's lines. Each node's start_kept then takes its own answer
     without a command of its own; a start that is not the one begun is refused (a bug)."""
-    script = (f'echo $$ >> {login_host}; echo "$1 reaches $2"; cat "$3/launcher.pyz"; echo; '
-              'echo "said on stderr" >&2; exec sleep 60')
+    # (stderr said before the lines the answer waits for: said after them, it may come after the answer)
+    script = (f'echo $$ >> {login_host}; echo "said on stderr" >&2; echo "$1 reaches $2"; '
+              'cat "$3/launcher.pyz"; echo; exec sleep 60')
     assert answered(*begin(tmp_path, script)) == 2
     assert len(login_host.read_text().split()) == 2 and all(alive_pid(p) for p in login_host.read_text().split())
     for node in ALLOCATION.nodes:
