@@ -7,7 +7,7 @@ Both with fake servers (DTF_SERVER=fake: the orchestration, not TensorFlow's imp
 nodes' launchers and servers, and the floor's servers and readiness loop run on a python without
 the development environment's editable-install hook, which slows each python's start).
 
-The floor is the issue's, what a user would type, in one SSH command to the login host: `salloc
+The floor is what a user would type by hand, in one SSH command to the login host: `salloc
 --no-shell` (it returns once the allocation is granted), one `srun
 --overlap` step per task (the fake server of dtf's own launcher, read from this checkout: the lab
 shares its disk, so nothing is sent), and a loop on the login host until every task's port

@@ -24,8 +24,8 @@ def probe_all(probe: Callable[[TaskPlan], bool], tasks: Sequence[TaskPlan]) -> l
     """`probe` each task, all at once (PROBES_AT_ONCE threads at most): a host that drops packets
     costs one timeout, not one per task. Daemon threads, not a thread pool: a caller may stop
     waiting for them (Starter._reachable's direct probes), and the interpreter's exit joins a
-    pool's workers (a dropped connection kept `dtf up` alive DIRECT_PROBE seconds after its last
-    line). A probe's exception is raised here, as a pool's map would."""
+    pool's workers (a dropped connection would keep `dtf up` alive DIRECT_PROBE seconds after its
+    last line). A probe's exception is raised here, as a pool's map would."""
     answers: list[bool] = [False] * len(tasks)
     errors: list[Exception] = []
     left = iter(range(len(tasks)))

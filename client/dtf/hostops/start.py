@@ -379,8 +379,8 @@ class Starter:
             if not pending or (direct() and network == "auto"):
                 # Direct probes that have not answered by now, given as long again as they have
                 # had (that includes the probes through SSH, which cross the same network, and
-                # more) and DIRECT_GRACE at least, are dropped: not slow. A site's firewall that
-                # drops them cost every `up` DIRECT_PROBE seconds. (As long again: a loaded
+                # more) and DIRECT_GRACE at least, are dropped: not slow. Else a site's firewall
+                # that drops them would cost every `up` DIRECT_PROBE seconds. (As long again: a loaded
                 # machine that is slow to run the direct probes' threads is as slow with the
                 # others; a direct path taken for dropped is only slower, through SSH.) A Slurm
                 # node's: as long again as the probes through its login host took, SLURM_GRACE

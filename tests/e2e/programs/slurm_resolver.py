@@ -1,4 +1,4 @@
-"""The seed's shape on a Slurm cluster (the CSCS talk): MultiWorkerMirroredStrategy with
+"""A common shape of a TensorFlow program on a Slurm cluster: MultiWorkerMirroredStrategy with
 SlurmClusterResolver, every parameter read from Slurm, a short `fit` with BackupAndRestore. Run
 unchanged under `dtf train --collective` on a Slurm cluster, as under the user's own `srun`.
 
