@@ -222,7 +222,7 @@ def parallel(calls: Sequence[Callable[[], object]]) -> list[BaseException | None
     """Run the calls at once; each one's exception, or None."""
     if not calls:
         return []
-    from concurrent.futures import ThreadPoolExecutor  # (here: its import, logging's with it, is slow)
+    from concurrent.futures import ThreadPoolExecutor  # (here: it imports logging, a cost to every start)
 
     with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="dtf-ssh") as pool:
         futures = [pool.submit(call) for call in calls]
