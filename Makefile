@@ -30,25 +30,25 @@ demo: venv
 # Everything: unit, CLI, local-cluster and SSH-lab end-to-end tests (the lab needs root and
 # openssh-server; under CI=true a lab that cannot start fails the run instead of skipping).
 # TEST_WORKERS processes run the tests (pytest-xdist): on 2 cores a run is CPU-bound (most of
-# it TensorFlow programs and the training they run: 1205 CPU-s in a 10.9 min run), and three
+# it TensorFlow programs and the training they run), and three
 # keep both cores busy while one waits on a lease, a timeout or a barrier. Each process that
 # runs lab tests builds its own SSH lab (tests/lab.py picks a free name and subnet). The 15
 # slowest tests are listed at the end. Tests that share a module's cluster are one xdist_group
 # (--dist loadgroup): they run on one worker, which starts that cluster once.
 # The sources are compiled to bytecode first: where PYTHONDONTWRITEBYTECODE is set (as in many
 # container images) Python never writes it, and every dtf command of the tests (hundreds) would
-# compile dtf's modules anew (0.1-0.2 s of CPU each). compileall skips what is up to date.
+# compile dtf's modules anew. compileall skips what is up to date.
 TEST_WORKERS ?= 3
 test: bytecode
 	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
-# The fast tier, under a minute: the pure and CLI tests, and one up/status/down of the real CLI,
+# The fast tier: the pure and CLI tests, and one up/status/down of the real CLI,
 # launcher and supervisors against fake servers on local processes (no TensorFlow is imported).
 test-fast: bytecode
 	$(BIN)/python -m pytest -q -rs -m "not tf and not lab" -p no:cacheprovider \
 	    tests/unit "tests/fake/test_lifecycle.py::test_up_status_down[local]" $(PYTEST_ARGS)
 
-# Every fake-server test (no TensorFlow), on local processes and on the SSH lab: about 5 minutes.
+# Every fake-server test (no TensorFlow), on local processes and on the SSH lab.
 # The SSH-lab part runs beside the rest (one lab per machine: it cannot be split across workers).
 test-fakes: bytecode
 	@$(BIN)/python -m pytest -q -rs -m "lab and not tf" -p no:cacheprovider $(PYTEST_ARGS) \

@@ -21,9 +21,9 @@ def fmt(xs: list[float]) -> str:
 def as_installed() -> None:
     """Run this script again under the python of a user's install, where it runs under this
     checkout's development environment: that holds dtf as an editable install, whose import hook
-    (setuptools' finder, for the two source roots client/ and server/) is 28 ms of every python's
-    start (50 ms against 21 for `python -c pass` here), the CLI's and, on the labs, whose hosts
-    run this python, each launcher's and server's: no user's laptop or host pays it. The python
+    (setuptools' finder, for the two source roots client/ and server/) slows every python's
+    start: the CLI's and, on the labs, whose hosts run this python, each launcher's and server's.
+    No user's laptop or host pays it. The python
     used: a virtual environment of the same interpreter whose one .pth puts the checkout's sources
     and the development environment's packages on sys.path (as a wheel's install does: no hook,
     no other .pth run), kept beside it as .venv/installed. Both sides of a comparison run on it:

@@ -11,7 +11,7 @@ login host alone). Printed, in order:
 - `dtf train` of the custom-loop example for one epoch on those servers: its time and steps;
 - `down`, then a second `up`: the environments found complete (reused), its time;
 - `down --purge`: what each node removed, and what is left under the nodes' workdirs.
-The test suite does not run this: each node's build is a 1.5 GB install (minutes on 2 cores).
+The test suite does not run this: each node's build is a 1.5 GB install (minutes).
 """
 
 from __future__ import annotations

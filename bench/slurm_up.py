@@ -5,16 +5,15 @@
 Both with fake servers (DTF_SERVER=fake: the orchestration, not TensorFlow's import), 2 nodes,
 1 ps and 1 worker on each, and both on dtf as a user installs it (common.as_installed: the CLI, the
 nodes' launchers and servers, and the floor's servers and readiness loop run on a python without
-the development environment's editable-install hook, 28 ms of each python's start).
+the development environment's editable-install hook, which slows each python's start).
 
-The floor is the issue's, what a user would type, in one SSH command to the login host: `salloc
+The floor is what a user would type by hand, in one SSH command to the login host: `salloc
 --no-shell` (it returns once the allocation is granted), one `srun
 --overlap` step per task (the fake server of dtf's own launcher, read from this checkout: the lab
 shares its disk, so nothing is sent), and a loop on the login host until every task's port
-accepts a connection; its `down`: scancel, and squeue until the job has left. (Until dtf asked
-for its allocation with salloc, the floor was sbatch of a holding job and squeue until it ran:
-Slurm grants a salloc in the request, a batch job at the scheduler's next pass, 0.1-2 s later on
-the lab.)
+accepts a connection; its `down`: scancel, and squeue until the job has left. (salloc, not
+sbatch of a holding job: Slurm grants a salloc in the request, a batch job only at the
+scheduler's next pass.)
 """
 
 from __future__ import annotations

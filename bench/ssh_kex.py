@@ -6,10 +6,10 @@ On a lab host (tests/lab.py): `ssh HOST true` with this machine's OpenSSH defaul
 key exchange of `ssh -Q kex` that both ends offer, forced with `-o KexAlgorithms=...`: the client's
 CPU (user and system, from the children's rusage) and the wall time, means of `--repeat` runs.
 Every `dtf up` opens one master per host, so at 30 or 100 hosts the client's share is the laptop's
-largest part of an `up` (see README, "At scale"). OpenSSH 9.0 to 9.8 default to
-sntrup761x25519-sha512, a post-quantum hybrid whose key generation is slow in OpenSSH's own code;
-9.9 and later offer mlkem768x25519-sha256 first. dtf does not choose a key exchange for you: it
-takes yours from ssh_config (`KexAlgorithms`, per host or `Host *`).
+largest part of an `up` (docs/hosts-and-networks.md, "Many hosts: the key exchange"). OpenSSH 9.0
+to 9.8 default to sntrup761x25519-sha512, a post-quantum hybrid whose key generation is slow in
+OpenSSH's own code; 9.9 and later offer mlkem768x25519-sha256 first. dtf does not choose a key
+exchange for you: it takes yours from ssh_config (`KexAlgorithms`, per host or `Host *`).
 """
 
 from __future__ import annotations

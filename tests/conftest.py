@@ -87,7 +87,7 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     """`--dist loadgroup` hands a group's tests to one worker by a suffix pytest-xdist adds to their
     ids (`...@slurm`). Under pytest 9.2 the suffix no longer takes (pytest-xdist#1386): nothing
     fails, the groups are spread, and every worker builds a Slurm lab and a local cluster of its
-    own (a run 1.7x as long here; six Slurm labs at once where two runs share a machine). The
+    own (a much longer run; six Slurm labs at once where two runs share a machine). The
     tests in tests/slurm are always one group: refuse to run when they are not."""
     if node.config.getoption("dist") == "loadgroup":
         lost = [i for i in ids if i.startswith("tests/slurm/") and "@" not in i]

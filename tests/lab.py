@@ -394,9 +394,9 @@ class Lab:
         """The environment sshd sets for every session on host `name` (sshd_config's SetEnv, one
         line: sshd takes the first only). SHLVL=1: the command's shell is not the top level, so
         bash does not source ~/.bashrc, as Debian's does for a command run by sshd. The lab's
-        hosts are this machine's root, whose ~/.bashrc here runs `pyenv init`: 0.12 s of CPU
-        (about 30 processes) in each SSH command, about a fifth of `make test`'s CPU. A host's
-        own rc files are not what the tests are about; the lab's inventories name every python."""
+        hosts are this machine's root, whose ~/.bashrc may run `pyenv init` (dozens of processes)
+        in each SSH command, a large part of `make test`'s CPU. A host's own rc files are not what
+        the tests are about; the lab's inventories name every python."""
         return {"SHLVL": "1"}
 
     def _start_sshd(self, h: Host) -> subprocess.Popen[bytes]:

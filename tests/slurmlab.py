@@ -4,7 +4,7 @@ the compute hosts h1, h2 run slurmd, each in its own network namespace at its ow
 Everything Slurm needs lives below the lab's root, so two labs (or a machine's own Slurm) never
 share a file: its own munged (own key, own socket), its own slurm.conf (found through SLURM_CONF,
 which the login host's sshd sets for every session: `SetEnv`), state, spool, logs and pid files.
-The recipe and its two traps are ../shared/FACTS.md's "Slurm":
+Two traps of running Slurm this way:
 
 - slurmctld checks the machine's hostname against SlurmctldHost: it runs in a UTS namespace of
   its own whose hostname is h0.

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # annotations only: every dtf command imports this module, fe
     from dtf.hostops.status import TaskState
     from dtf.hostops.stop import HostStopped
 
-# The version of `dtf status --json`'s document (README): fields may be added; a change that would
+# The version of `dtf status --json`'s document (docs/watching.md): fields may be added; a change that would
 # break a reader bumps it.
 STATUS_SCHEMA = 1
 
@@ -68,7 +68,7 @@ def error(lines: list[str]) -> None:
 
 
 # The live view of a step on many hosts: a row per host up to this many hosts, else a row per step
-# (a hundred rows fit no terminal, and rich rendered them 8 times a second: 0.5 s of CPU a second).
+# (a hundred rows fit no terminal, and rich redrawing them several times a second costs CPU).
 ROWS_PER_HOST_UP_TO = 20
 NAMED_PER_STEP = 4
 
@@ -273,7 +273,7 @@ def show_up_result(result: UpResult) -> None:
 
 
 def status_rows(states: list[TaskState]) -> list[dict[str, Any]]:
-    """One row per task: what `dtf status` shows, and the schema of `dtf status --json` (README)."""
+    """One row per task: what `dtf status` shows, and the schema of `dtf status --json` (docs/watching.md)."""
     rows = []
     for st in states:
         t, info = st.task, st.status

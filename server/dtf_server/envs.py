@@ -141,7 +141,7 @@ def build(env: str, wheels: str, uv: str, requirements: str) -> EnvReply:
         seconds["create"] = time.monotonic() - t0
         t0 = time.monotonic()
         # --compile-bytecode: once here, not by every server's first import of TensorFlow (two
-        # tasks of a host compiling at once made the first start slower than the start timeout).
+        # tasks of a host compiling at once can make the first start overrun the start timeout).
         _run([uv, "pip", "install", "--quiet", "--python", env_python(env), "--offline", "--no-index",
               "--find-links", wheels, "--no-deps", "--compile-bytecode", "-r", requirements], uv_env,
              "installing the packages", env)

@@ -15,13 +15,9 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
-# Bump on any change of a command's arguments or of a reply's fields.
-PROTOCOL = 11  # 3: `sync` (dtf sync); 4: check reports the platform and a managed environment; env, purge;
-# 5: run, supervise-program, follow (collective mode); 6: `sync` from host to host (--from, --serve,
-# --free-port); 7: top (a stream of TopSample lines); 8: run-step (Slurm), stop --clean, StopReply.cleaned;
-# 9: check-start (`up`'s check and start in one call: a CheckReply line, then the StartReply);
-# 10: start --reach (the mesh check in the same call), StartReply.unreachable; 11: CheckReply.gpus,
-# check-start --gpus; `start` forks its supervisors (no `supervise` command)
+# Bump on any change of a command's arguments or of a reply's fields: a reply of another version
+# is refused, never half-read (what each version changed: this file's git log).
+PROTOCOL = 11
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The

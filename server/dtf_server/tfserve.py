@@ -4,7 +4,7 @@ A task's server runs no Python of the model: the coordinator sends it graphs, an
 runtime (gRPC, the eager service, every op's kernel) executes them. All of that lives in the shared
 libraries that `tensorflow.python.training.server_lib` loads (`_pywrap_tensorflow_internal`,
 `libtensorflow_cc`, `libtensorflow_framework`). `import tensorflow` loads much more for the Python
-API: Keras's lazy loader, tf.lite, MLIR, the profiler, dtensor, h5py, PIL, and about 4,000 modules.
+API: Keras's lazy loader, tf.lite, MLIR, the profiler, dtensor, h5py, PIL, and thousands of modules.
 The lean import below loads the shared libraries and the few modules around them only: a small
 part of `import tensorflow`'s CPU, which every server pays before it serves.
 

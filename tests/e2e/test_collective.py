@@ -41,7 +41,7 @@ def up_workers(lab, write_inventory, home, *hosts):
     """`dtf up` of one worker task on each of these hosts; the tasks' ports. The copies are the
     TensorFlow of these tests: the worker servers `up` starts are only stopped for the run and
     started again after it (the same code whatever serves), so fake ones do (no TensorFlow
-    import: 2.7 CPU-s each, twice per task)."""
+    import, which is slow, twice per task)."""
     ports = lab.ports(len(hosts))
     inv = write_inventory([{"host": h, "workers": [p]} for h, p in zip(hosts, ports)])
     r = dtf("up", str(inv), home=home, timeout=300, env={"DTF_SERVER": "fake"})

@@ -17,7 +17,7 @@ from helpers import EXAMPLES, REPO, as_in_a_terminal, assert_one_line_error, dtf
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
-# Fake servers (no TensorFlow import: 2.7 CPU-s each) where a test is about how dtf reaches and
+# Fake servers (no TensorFlow import, which is slow) where a test is about how dtf reaches and
 # drives the hosts, not about what serves on them (the first test runs TensorFlow's). A failing
 # `up` starts servers too: on the hosts whose turn came before the failure, rolled back after it.
 FAKE = {"DTF_SERVER": "fake"}
@@ -53,7 +53,7 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     # Relative output paths, given to the programs themselves, from the laptop's working
     # directory: a file written by a server instead of the coordinator would land in that
     # server's own working directory (its task directory), not here.
-    # 2 epochs (100 steps) of each: about 70 ms of the servers' CPU a step, on 2 cores.
+    # 2 epochs (100 steps) of each: enough to learn, few enough for a CPU-only lab.
     r = dtf("train", str(EXAMPLES / "mnist_fit.py"), "--output", "fit", "--epochs", "2", home=home, timeout=600,
             cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -65,8 +65,8 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert list((out1 / "checkpoints").glob("ckpt-*.index"))
     assert list((out1 / "logs").rglob("events.out.tfevents.*"))
 
-    # 3 epochs: the mean loss of a second epoch was 0.55 of the first's in one CI run (3 workers
-    # updating the ps at once, the data's order each worker's own), short of half.
+    # 3 epochs: a second epoch's mean loss may stay above half the first's (3 workers updating
+    # the ps at once, the data's order each worker's own).
     r = dtf("train", "--output", str(tmp_path / "loop"), str(EXAMPLES / "custom_loop.py"),
             "--epochs", "3", home=home, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

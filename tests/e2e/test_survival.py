@@ -30,7 +30,7 @@ from helpers import (
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
-# Fake servers (no TensorFlow import, 2.7 CPU-s each) where a test is about dtf's own handling of
+# Fake servers (no TensorFlow import, which is slow) where a test is about dtf's own handling of
 # tasks and the program never reaches a server: every scenario here that a server or the training
 # takes part in runs with TensorFlow's.
 FAKE = {"DTF_SERVER": "fake"}
@@ -41,8 +41,7 @@ def task_row(home: Path, task: str) -> dict:
 
 
 # How often a test asks `dtf status` while it waits for a task to change: each call is a dtf
-# start and a launcher start on every host (about 0.7 CPU-s on the lab), which polling every 0.2 s
-# made a third of these tests' CPU.
+# start and a launcher start on every host: polling often would make much of these tests' CPU.
 POLL = 1.0
 
 

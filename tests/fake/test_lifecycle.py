@@ -40,7 +40,7 @@ def test_up_status_down(site: Site):
     lease = json.loads((site.workdir("a") / "fk" / "lease.json").read_text())
     ready = json.loads((site.workdir("a") / "fk" / "worker-0" / "ready.json").read_text())
     assert lease["renewed"] >= ready["time"]
-    # `dtf status --json`'s schema (README): these fields, in every row.
+    # `dtf status --json`'s schema (docs/watching.md): these fields, in every row.
     doc = status_json(site.home)
     assert (doc["schema"], doc["cluster"]) == (1, "fk")
     for row in doc["tasks"]:

@@ -243,7 +243,7 @@ def test_through_a_jump_host_both_sshds_send_replies_without_delay(site: LabSite
     spec = replace(h0_spec(site), host="behind-h0")
     ssh = ssh_binary()
     assert ssh
-    # (what the tests before left: CI saw h2 serve one more connection, on its way out)
+    # (what the tests before left: a host may still serve one more connection, on its way out)
     wait_until(lambda: lab.sshd_nodelay("h0") == [] and lab.sshd_nodelay("h2") == [], timeout=30)
     route = (Master(ssh, spec, str(config), control_path(site.home, "fk", "behind-h0")) if carrier == "openssh"
              else PythonRoute(spec, str(config), 10))

@@ -87,7 +87,7 @@ def test_sync_to_8_hosts_sends_the_data_once_from_the_laptop(cluster: tuple[Lab,
     assert r.returncode == 0, r.stdout + r.stderr
     assert "sent to h0 (" in r.stdout and "h1, h2, h3 and 4 more copied it from other hosts" in r.stdout, r.stdout
     # Once the pack, plus SSH's framing and the 8 hosts' checks; every host receiving it from the
-    # laptop (as before) would be 8 times the pack.
+    # laptop would be 8 times the pack.
     assert pack.bytes <= out < 1.25 * pack.bytes, (out, pack.bytes)
     for h in big.hosts:
         assert_holds(big, h.name, data, pack.digest)

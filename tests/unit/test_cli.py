@@ -214,7 +214,7 @@ def test_missing_or_broken_ssh_config_is_an_inventory_error(tmp_path: Path):
 
 def test_a_slurm_inventorys_ssh_config_is_checked_by_openssh_alone(tmp_path: Path):
     """A Slurm inventory's nodes take their addresses from Slurm: only OpenSSH reads its
-    ssh_config (`ssh -G`), and `up` does not import paramiko (0.1 s) to check the file."""
+    ssh_config (`ssh -G`), and `up` does not import paramiko (a slow import) to check the file."""
     if shutil.which("ssh") is None:
         if os.environ.get("CI") == "true":
             pytest.fail("no ssh (CI=true: `apt-get install openssh-client`: .ci/run does it)")
@@ -238,7 +238,7 @@ def test_a_slurm_inventorys_ssh_config_is_checked_by_openssh_alone(tmp_path: Pat
 def test_an_ssh_inventorys_addresses_are_openssh_s_and_up_does_not_import_paramiko(tmp_path: Path):
     """Where there is an `ssh`, the hosts' TF addresses are the HostName OpenSSH connects to (`ssh
     -G`, every host at once), and each master's look for jump hosts reuses what it said: `up`
-    does not import paramiko (0.15-0.25 s of every `up`'s start)."""
+    does not import paramiko (a slow import at every `up`'s start)."""
     if shutil.which("ssh") is None:
         if os.environ.get("CI") == "true":
             pytest.fail("no ssh (CI=true: `apt-get install openssh-client`: .ci/run does it)")

@@ -87,7 +87,7 @@ def test_the_upload_a_conversation_begins_with_is_read_to_its_last_byte_and_stdi
     """The host's python reads the upload itself, exactly its size (the rest of stdin is the
     command's: `up`'s "go"), writes it atomically, and runs it as `python FILE ARGS` would: the
     zip first on sys.path (its modules import; the current directory's do not shadow them), its
-    __main__ as __main__, without runpy's and pkgutil's imports (20 ms of CPU on every host)."""
+    __main__ as __main__, without runpy's and pkgutil's imports (a cost on every host)."""
     import io
     import zipfile
 

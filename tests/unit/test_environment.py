@@ -262,8 +262,8 @@ def test_wheels_copied_from_another_host_are_checked(tmp_path: Path):
 def test_the_laptops_uv_is_found_once_while_sysconfig_fills_its_variables(monkeypatch: pytest.MonkeyPatch):
     """Two managed hosts ask for the laptop's uv at once. uv's `find_uv_bin` reads
     `sysconfig.get_config_var("EXE")`, and Python 3.11's sysconfig fills its variables on first
-    use without a lock: a second thread read None meanwhile (`"uv" + None`, a TypeError that
-    failed `up` once in CI). Here sysconfig's filling is held open 0.1 s while eight threads ask."""
+    use without a lock: a second thread can read None meanwhile (`"uv" + None`, a TypeError that
+    fails `up`). Here sysconfig's filling is held open 0.1 s while eight threads ask."""
     import sysconfig
     import threading
     import time

@@ -72,7 +72,7 @@ def test_a_server_is_forked_from_its_supervisor_and_restarted_and_stopped_as_a_p
     """The server forked from its supervisor is what a process of its own would be: its variables,
     its directory, stdin from /dev/null, its lines in the task's log, its exit code seen by the
     supervisor (which restarts it), gone with `stop`. With another python (here a link to the same
-    one, under another name) the server is a process of its own, as before."""
+    one, under another name) the server is a process of its own, run by that python (not forked)."""
     launcher = _launcher(tmp_path)
     python = sys.executable
     if not own_python:

@@ -250,7 +250,7 @@ def test_the_mesh_check_in_a_start_waits_for_a_server_still_starting_and_names_w
 
 def test_a_refused_target_is_named_so_when_a_loaded_host_oversleeps_its_time(monkeypatch: pytest.MonkeyPatch):
     """On a loaded host a try can outlast the time left: the target is still named with its last
-    reason (refused), not "no answer" (CI saw it on 2 shared cores)."""
+    reason (refused), not "no answer"."""
     from dtf_server import network
 
     (never,) = listen_ports(1, "127.0.0.1")

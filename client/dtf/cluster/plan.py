@@ -28,7 +28,8 @@ JOBS = ("ps", "worker")
 # stalling its calls until TCP gives up (15 min). Pings only while calls are in flight, and at most
 # two without data in between: below what a gRPC server counts as abuse (it cannot be told more).
 GRPC_KEEPALIVE = "grpc.keepalive_time_ms=30000,grpc.keepalive_timeout_ms=20000"
-# The environment of every server: fail fast on a dead peer instead of retrying (FACTS.md).
+# The environment of every server: fail fast on a dead peer instead of retrying (GRPC_FAIL_FAST, as
+# tensorflow/docs' parameter_server_training tutorial sets it on every task).
 TASK_ENV = (("GRPC_FAIL_FAST", "use_caller"), ("PYTHONUNBUFFERED", "1"),
             ("TF_GRPC_DEFAULT_OPTIONS", GRPC_KEEPALIVE))
 START_TIMEOUT = Defaults.START_TIMEOUT
@@ -466,8 +467,8 @@ def differences(old: Plan, new: Plan) -> list[str]:
 
 def _plain(value: Any) -> Any:
     """dataclasses.asdict's dict of a plan, without its deep copy of every value (a plan holds
-    only strings, numbers, tuples and lists of them, and records of them): a 100-host plan took
-    11 ms, 7 ms so, saved at the end of `up`, when every host is done."""
+    only strings, numbers, tuples and lists of them, and records of them): the copy is wasted
+    work at the end of `up`, when every host is done and waits for the record."""
     if isinstance(value, (list, tuple)):
         return type(value)(_plain(v) for v in value)
     if isinstance(value, dict):

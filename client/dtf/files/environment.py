@@ -156,9 +156,8 @@ def uv_binary() -> str:
 
     Found under a lock: `find_uv_bin` reads `sysconfig.get_config_var("EXE")`, and Python 3.11's
     sysconfig fills its variables on first use without a lock, so a second thread reads None
-    meanwhile. Two managed hosts asking at once made `up` fail with `TypeError: can only
-    concatenate str (not "NoneType") to str` (seen once in CI; tests/unit/test_environment.py
-    holds the race open)."""
+    meanwhile: two managed hosts asking at once would fail `up` with `TypeError: can only
+    concatenate str (not "NoneType") to str` (tests/unit/test_environment.py holds the race open)."""
     global _uv
     with _UV_LOCK:
         if _uv is None:

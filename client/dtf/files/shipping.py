@@ -51,9 +51,9 @@ def _sources(package: str) -> list[tuple[str, bytes]]:
 def _compiled(name: str, source: bytes) -> tuple[str, bytes]:
     """The bytecode of one launcher module, beside its source in the zip (PEP 552: an unchecked
     hash-based pyc, the same bytes on every build). Python cannot write bytecode into a zip, so
-    without it every launcher command compiled the launcher anew: on the lab's loaded 2 cores,
-    most of a command's time. A host whose python is another version (another magic number)
-    ignores it and compiles the source, as before."""
+    without it every launcher command would compile the launcher anew, most of a command's time
+    on a loaded host. A host whose python is another version (another magic number) ignores it
+    and compiles the source."""
     code = compile(source, name, "exec", dont_inherit=True)
     header = importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little") + importlib.util.source_hash(source)
     return name + "c", header + marshal.dumps(code)
@@ -63,7 +63,7 @@ def _compiled(name: str, source: bytes) -> tuple[str, bytes]:
 def launcher_bytes() -> bytes:
     """The zipapp: `dtf_server`, compiled; kept in the laptop's cache (`launchers/`, named by a
     hash of its sources and of this python's bytecode version): every dtf command names the
-    launcher, and building it (compiling it) took a quarter of a second of each command's start.
+    launcher, and building it (compiling it) would slow each command's start.
 
     The first build to reach the cache is every process's: two processes that build it at the same
     moment make different bytes (marshal's refs and the order of frozenset constants are a
@@ -78,8 +78,8 @@ def launcher_bytes() -> bytes:
 def helpers_bytes() -> bytes:
     """dtf's own package as a zip for PYTHONPATH (`import dtf`, `python -m dtf.program.runner`):
     what collective mode's copies of the user's program import on the hosts (helpers_name). Not
-    in the launcher, which every `up` sends to every host and which never imports it: it was
-    more than half the launcher's bytes (it was 365 KB; 162 KB without it)."""
+    in the launcher, which every `up` sends to every host and which never imports it: it would be
+    more than half the launcher's bytes."""
     client = _sources(CLIENT_PACKAGE)
     return _cached(client, ".zip", lambda: _zip(client))
 
@@ -131,7 +131,7 @@ def _zip(files: list[tuple[str, bytes]], main: str | None = None) -> bytes:
 
 # python runs a zip's top-level __main__.py; sys.argv[0] stays the zipapp's path, which `start`
 # passes on to the supervisors it starts. A command that did its work leaves at once, its replies
-# flushed: the interpreter's own end (its modules torn down one by one) was 8-10 ms of CPU of every
+# flushed: the interpreter's own end (its modules torn down one by one) is a cost on every
 # launcher command, a host's `up` and each of `status`'s and `down`'s. The launcher starts no thread
 # that is not a daemon, and registers no atexit handler. An error (an exception, an exit of
 # argparse's) ends as python ends it.

@@ -21,8 +21,8 @@ from dtf_server import layout
 from dtf_server.protocol import CheckReply, EnvReply, FetchReply
 
 ENV_BUILD_TIMEOUT = 1800.0  # seconds a managed environment's build may take on a host
-# A managed environment takes about 4.5 times its wheels on disk (tensorflow-cpu 2.21: 334 MB of
-# wheels, 1.5 GB installed); `up` refuses a host with less free space than wheels + this.
+# A managed environment takes several times its wheels on disk once installed (tensorflow-cpu's
+# wheels unpack and compile); `up` refuses a host with less free space than wheels + this.
 ENV_SIZE_FACTOR = 4.5
 ENV_MIN_FREE = 2_000_000_000  # bytes: less than this free, and no TensorFlow environment fits
 

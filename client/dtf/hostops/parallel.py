@@ -142,8 +142,8 @@ class HostOps:
 
         `turns`: at most that many hosts at once, each from the moment its turn comes, so that
         every deadline of fn counts from there (only where no host waits for another: a host
-        waiting for its turn would never come). Where the hosts share this machine's cores (the
-        lab), 100 launchers started at once each ran past its own deadline, the machine starved."""
+        waiting for its turn would never come). Where the hosts share this machine's cores (local
+        hosts, a test lab), 100 launchers started at once would each run past its own deadline."""
         hosts = self.plan.hosts if hosts is None else hosts
 
         def one(hp: HostPlan) -> Outcome[T]:

@@ -24,8 +24,8 @@ def probe_all(probe: Callable[[TaskPlan], bool], tasks: Sequence[TaskPlan]) -> l
     """`probe` each task, all at once (PROBES_AT_ONCE threads at most): a host that drops packets
     costs one timeout, not one per task. Daemon threads, not a thread pool: a caller may stop
     waiting for them (Starter._reachable's direct probes), and the interpreter's exit joins a
-    pool's workers (a dropped connection kept `dtf up` alive DIRECT_PROBE seconds after its last
-    line). A probe's exception is raised here, as a pool's map would."""
+    pool's workers (a dropped connection would keep `dtf up` alive DIRECT_PROBE seconds after its
+    last line). A probe's exception is raised here, as a pool's map would."""
     answers: list[bool] = [False] * len(tasks)
     errors: list[Exception] = []
     left = iter(range(len(tasks)))
@@ -62,8 +62,8 @@ def others(plan: Plan, hp: HostPlan) -> dict[str, TaskPlan]:
     only the workers and the chief: the device filters the strategy gives every task
     (parameter_server_strategy_v2's _connect_to_cluster). A host's workers need the other hosts'
     ps, its ps their workers; no worker ever connects to another worker, nor a ps to a ps. A
-    100-host cluster of one ps is 198 connections to check so, not 9,900, which on the lab's
-    shared cores had grown as the hosts squared. Without ps (a cluster for `train --collective`
+    100-host cluster of one ps is 198 connections to check so, not 9,900: the check grows with
+    the hosts, not with their square. Without ps (a cluster for `train --collective`
     only: MultiWorkerMirroredStrategy's collectives), every worker reaches every other. `train
     --collective` on a cluster with ps (whose ps it does not use) names a worker that another
     cannot reach when the copies do not all join (collective.run's diagnosis).
@@ -80,8 +80,9 @@ def others(plan: Plan, hp: HostPlan) -> dict[str, TaskPlan]:
 def check_mesh(ops: HostOps, hosts: Sequence[HostPlan] | None = None,
                timeout: float = MESH_TIMEOUT) -> dict[str, Outcome[None]]:
     """From each host (or those in `hosts`), open a connection to every task of the other hosts
-    that its tasks connect to in training (`others`): each reaches them at their planned address
-    (FACTS.md), or training hangs.
+    that its tasks connect to in training (`others`): each reaches them at their planned address,
+    or training hangs: the coordinator gives every task its own cluster spec
+    (tensorflow/python/eager/remote.py: connect_to_cluster).
     HostError names the pairs. (`up` asks it of the hosts whose start did not check it itself:
     `Starter(mesh=True)`.)"""
     def one(hp: HostPlan) -> None:

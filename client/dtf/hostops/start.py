@@ -27,17 +27,17 @@ if TYPE_CHECKING:
 
 CHECK_TIMEOUT = 30.0  # seconds for the launcher's upload and its check (a python start and a look around)
 REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to accept a connection
-# How often a host waiting for the others looks at Ctrl-C (an arrival wakes it at once): 100 hosts
-# waiting 30 s, 10 looks a second each, were 0.15 s of the laptop's CPU.
+# How often a host waiting for the others looks at Ctrl-C (an arrival wakes it at once): seldom,
+# as a hundred hosts may wait at the same time on the laptop.
 GATE_POLL = 0.5
 # The direct probes of a host's TF ports (Starter._reachable), in ssh and auto mode. A firewall that
 # drops them never answers: they are not waited for to the end of their DIRECT_PROBE seconds.
 DIRECT_PROBE = 2.0  # seconds one direct connection attempt gets
 DIRECT_FIRST = 0.25  # seconds an SSH host's direct probes get before the probes through SSH go too
 DIRECT_GRACE = 0.25  # seconds the direct probes get at least, from their start, once those through SSH answered
-# A Slurm node's: a laptop rarely reaches a site's compute nodes, whose network most often drops its
-# packets (the Slurm lab's with bench/slurm_up.py --drop: 1.41x the floor with DIRECT_GRACE, 1.2x
-# with this). Taking a node that answers directly but late for dropped costs only the way through SSH.
+# A Slurm node's, shorter: a laptop rarely reaches a site's compute nodes, whose network most often
+# drops its packets (bench/slurm_up.py --drop shows the cost). Taking a node that answers directly
+# but late for dropped costs only the way through SSH.
 SLURM_GRACE = 0.1
 
 
@@ -162,7 +162,7 @@ class Starter:
                 go = gate.all_serve()
                 if not go:
                     conv.send("stop")
-                else:  # in turns again: 100 hosts checking 99 targets each at once starved the lab
+                else:  # in turns again: 100 hosts checking 99 targets each at once starve hosts that share cores
                     with gate.turn:
                         self.ops.step(hp, "checking it reaches the other hosts' tasks")
                         conv.send("go")
@@ -364,7 +364,7 @@ class Starter:
             lambda task: port_open(task.addr_host, task.port, DIRECT_PROBE), tasks))), name="dtf-direct", daemon=True)
         probes.start()  # (probe_all's threads are daemons too: the exit never waits for them)
         # A compute node rarely takes this machine's connections: the probes through its login
-        # host go out at once, beside the direct ones (a node's were 10 ms after them). An SSH
+        # host go out at once, beside the direct ones. An SSH
         # host's go where the direct ones did not all answer yes within DIRECT_FIRST.
         if hp.spec.connection != "slurm":
             probes.join(DIRECT_FIRST)
@@ -379,8 +379,8 @@ class Starter:
             if not pending or (direct() and network == "auto"):
                 # Direct probes that have not answered by now, given as long again as they have
                 # had (that includes the probes through SSH, which cross the same network, and
-                # more) and DIRECT_GRACE at least, are dropped: not slow. A site's firewall that
-                # drops them cost every `up` DIRECT_PROBE seconds. (As long again: a loaded
+                # more) and DIRECT_GRACE at least, are dropped: not slow. Else a site's firewall
+                # that drops them would cost every `up` DIRECT_PROBE seconds. (As long again: a loaded
                 # machine that is slow to run the direct probes' threads is as slow with the
                 # others; a direct path taken for dropped is only slower, through SSH.) A Slurm
                 # node's: as long again as the probes through its login host took, SLURM_GRACE

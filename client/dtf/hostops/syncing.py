@@ -6,7 +6,7 @@ SYNC_FANOUT children per host): the laptop streams the pack to the root, and eve
 what it receives on to its children as it arrives, over the hosts' own network (the launcher's
 `sync --from/--serve`, dtf_server.receive), each checking the hash of what it received. A host
 that could not get it that way (its parent failed or was cut off, the hosts do not reach each
-other on the relay's port) is then sent the pack by the laptop, as every host was before; local
+other on the relay's port) is then sent the pack by the laptop directly; local
 hosts, and a lone host, are always sent it directly. Only a host the laptop could not send it to
 either fails, named with its reason.
 """

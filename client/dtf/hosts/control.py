@@ -54,12 +54,12 @@ from dtf.hosts.trees import fetch_by_tar
 
 # put_and_converse's python on the host: read the upload from stdin to its last byte (the rest of
 # stdin is the command's), write it under a temporary name in its directory (made here: a `sh -c
-# 'mkdir -p DIR && exec python ...'` was a shell and a mkdir more on every host), rename it, then
+# 'mkdir -p DIR && exec python ...'` would be a shell and a mkdir more on every host), rename it, then
 # run it as `python PATH ARGS` runs a zipapp (the launcher): PATH first on sys.path (in place of
 # `-c`'s current directory, whose modules must not shadow the launcher's, nor TensorFlow's in the
-# servers it forks), its __main__ run as __main__. Not runpy.run_path: its imports (runpy, pkgutil) were 20 ms
-# of CPU of the command on every host, most of the cost of `up` past the floor's python start;
-# zipimport is python's own, already loaded.
+# servers it forks), its __main__ run as __main__. Not runpy.run_path: its imports (runpy, pkgutil)
+# would be most of the command's cost on every host past python's own start; zipimport is python's
+# own, already loaded.
 _BOOT = """import os, sys
 size, path, tmp = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 data = bytearray()

@@ -184,7 +184,7 @@ class Master:
     def ensure(self) -> None:
         """Start the master unless it runs (again, after it was lost). A socket that accepts a
         connection is a running master: 100 hosts behind one jump host ask at once, and an
-        `ssh -O check` each, one after another under the lock, took seconds."""
+        `ssh -O check` each, one after another under the lock, would take seconds."""
         if spawn.listening(self.path):
             return
         with self.lock:
@@ -222,7 +222,7 @@ def parallel(calls: Sequence[Callable[[], object]]) -> list[BaseException | None
     """Run the calls at once; each one's exception, or None."""
     if not calls:
         return []
-    from concurrent.futures import ThreadPoolExecutor  # (here: 10 ms of an `up`'s first handshake, logging's)
+    from concurrent.futures import ThreadPoolExecutor  # (here: it imports logging, a cost to every start)
 
     with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="dtf-ssh") as pool:
         futures = [pool.submit(call) for call in calls]

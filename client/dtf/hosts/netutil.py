@@ -39,8 +39,8 @@ def listen_port(host: str = "0.0.0.0") -> int:
     """A port free on `host` now, for a listener that binds it later (the coordinator's gRPC
     server binds once TensorFlow is imported: seconds). Picked below the kernel's range for
     outgoing connections: a port from `bind(host, 0)` is in that range, and any connect() made
-    meanwhile may take it (seen: the coordinator's "Could not start gRPC server" on a busy
-    machine). Where that range leaves too little room below it, any free port."""
+    meanwhile may take it (the coordinator then fails with "Could not start gRPC server", most
+    often on a busy machine). Where that range leaves too little room below it, any free port."""
     import random
 
     low = _ephemeral_low()

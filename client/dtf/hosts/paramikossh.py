@@ -169,7 +169,7 @@ class ParamikoTransport(Transport):
         """Run argv with its output copied here as it comes, until it ends or Ctrl-C (130).
 
         A paramiko channel of our own, not Fabric's run(): on Ctrl-C that one sends ETX to the
-        remote pty and waits for the command to end, and once in a CI run it never did. Closing
+        remote pty and waits for the command to end, which may never come. Closing
         the channel ends the pty's session, so the remote command gets SIGHUP, without waiting."""
         import codecs
 
@@ -217,7 +217,7 @@ class ParamikoTransport(Transport):
     def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:
         ssh = ssh_binary()
-        if ssh is not None:  # OpenSSH carries the bytes in C, several times faster than paramiko
+        if ssh is not None:  # OpenSSH carries the bytes in C, faster than paramiko's Python
             return feed_process(ssh_argv(ssh, self.spec, self.ssh_config_path, self.connect_timeout, "-T", "--")
                                 + [render(argv)], source, stall, sent)
         return self.feed_channel(argv, source, stall, sent)

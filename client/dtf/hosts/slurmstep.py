@@ -212,7 +212,7 @@ class SlurmStepTransport(Transport):
 
     def put_then_run(self, data: bytes, remote_dir: str, filename: str, argv: Sequence[str],
                      timeout: float = COMMAND_TIMEOUT) -> Result:
-        """One job step for both (each step costs an srun: 0.2-0.4 s on the lab): the file on its
+        """One job step for both (each step costs an srun, slow to start): the file on its
         stdin, then `argv`. A failed write exits 1 with the shell's message, before `argv` runs.
         Over the login host's open connection (a launcher is small: no new SSH handshake); the
         deadline is the upload's (COMMAND_TIMEOUT without progress) plus `timeout`, the command's."""

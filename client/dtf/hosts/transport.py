@@ -127,8 +127,8 @@ def transport_for(spec: HostSpec, ssh_config: str | None = None,
 def resolver(ssh_config: str | None, specs: Sequence[HostSpec] = ()) -> Callable[[HostSpec], str]:
     """A function giving each host's TF address: `address` key, else ssh_config's HostName. Read
     by OpenSSH where there is an `ssh` (the one that connects: `ssh -G`, every host of `specs` at
-    once, and the same settings its master reads for its jump hosts), else by paramiko: importing
-    it was 0.15-0.25 s of every `up`'s start, before any host was reached."""
+    once, and the same settings its master reads for its jump hosts), else by paramiko, whose
+    import would slow every `up`'s start before any host is reached."""
     from dtf.hosts.openssh import prefetch, settings, ssh_binary
 
     ssh = ssh_binary()
@@ -143,7 +143,7 @@ def resolver(ssh_config: str | None, specs: Sequence[HostSpec] = ()) -> Callable
             return "127.0.0.1"
         if ssh is not None and spec.connection == "ssh":
             return settings(ssh, spec, ssh_config).get("hostname") or spec.host
-        if ssh_config:  # a Fabric Connection per host reads its config anew: 100 hosts took seconds
+        if ssh_config:  # read once: a Fabric Connection per host would read the config anew for each
             import paramiko
 
             if not parsed:

@@ -19,9 +19,9 @@ TAR_OUT = ('cd "$1" 2>/dev/null || exit 3; '
            'if tar --version 2>/dev/null | grep -q GNU; then exec tar -cf - --totals .; fi; exec tar -cf - .')
 _TOTALS = re.compile(r"^Total bytes written: (\d+)", re.MULTILINE)
 FETCH_TIMEOUT = 600.0  # seconds a fetch may take in all
-# Tries of a fetch whose stream came back short. Once in CI (a loaded machine, a Slurm node's steps
-# just ended), a chief's output came back cut short with exit status 0: "unexpected end of data"
-# in tarfile, and `dtf train` ended with an internal error.
+# Tries of a fetch whose stream came back short: on a loaded machine, or a Slurm node whose steps
+# just ended, a chief's output can come back cut short with exit status 0 (tarfile's "unexpected
+# end of data"), which must not end `dtf train` with an internal error.
 FETCH_TRIES = 3
 
 

@@ -1,9 +1,9 @@
-"""The seed's shape on a Slurm cluster (the CSCS talk): MultiWorkerMirroredStrategy with
+"""A common shape of a TensorFlow program on a Slurm cluster: MultiWorkerMirroredStrategy with
 SlurmClusterResolver, every parameter read from Slurm, a short `fit` with BackupAndRestore. Run
 unchanged under `dtf train --collective` on a Slurm cluster, as under the user's own `srun`.
 
-CPU nodes: `gpus_per_node=1, auto_set_gpu=False` (FACTS.md "Slurm": the default runs nvidia-smi,
-and 0 divides by zero). Writes summary.json (chief) in its working directory.
+CPU nodes: `gpus_per_node=1, auto_set_gpu=False` (the default runs nvidia-smi, and 0 divides by
+zero: tensorflow/python/distribute/cluster_resolver/slurm_cluster_resolver.py). Writes summary.json (chief) in its working directory.
 """
 
 import json

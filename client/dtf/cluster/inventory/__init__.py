@@ -1,5 +1,5 @@
 """The inventory: which hosts make the cluster, how to reach them, and which tasks run on each.
-See inventory/README.md for the file itself.
+See docs/inventory.md for the file itself.
 
 - `model`: the inventory as immutable dataclasses (`Inventory`, `HostSpec`, ...), no YAML;
 - `loader`: `load(path)` / `loads(text, filename)`, the file read into the model, or

@@ -1,13 +1,14 @@
 """A worker whose function was cut off mid-step gets its datasets rebuilt, as after a lost worker.
 
-TensorFlow's ClusterCoordinator treats an error that names a ps (`Connection reset by peer` from
-`/job:ps`, on a worker whose link came back after a cut) as transient: it runs the same function
-again on the same worker, with the same iterator. But that function was cancelled inside the
-dataset's GetNext, and a tf.data iterator cancelled there stays broken: every later GetNext
-reports `End of sequence`, even on a `.repeat()`ed dataset. The coordinator then takes that for
-the data's end and the program dies of an OutOfRangeError (seen on the lab: a worker host cut off
-for 20 s, then back). On a worker it counts as lost, the coordinator rebuilds every per-worker
-resource (datasets, iterators) before the next function; after a transient failure it does not.
+TensorFlow's ClusterCoordinator (tensorflow/python/distribute/coordinator/cluster_coordinator.py)
+treats an error that names a ps (`Connection reset by peer` from `/job:ps`, on a worker whose link
+came back after a cut) as transient: it runs the same function again on the same worker, with the
+same iterator. But that function was cancelled inside the dataset's GetNext, and a tf.data iterator
+cancelled there stays broken: every later GetNext reports `End of sequence`, even on a
+`.repeat()`ed dataset. The coordinator then takes that for the data's end and the program dies of
+an OutOfRangeError (a worker host cut off for a while, then back). On a worker it counts as lost,
+the coordinator rebuilds every per-worker resource (datasets, iterators) before the next function;
+after a transient failure it does not.
 
 So, per worker: after a transient failure, an OutOfRangeError from the next function that runs
 there is taken for that broken iterator, once. dtf says so, rebuilds the worker's resources
