@@ -30,6 +30,7 @@ import select
 import socket
 import sys
 import threading
+from typing import Any
 
 CONNECT_TIMEOUT = 10.0  # seconds for the connection to the remote forward
 IDLE = 60.0  # seconds between two looks at a quiet connection (it stays open)
@@ -43,8 +44,9 @@ def facing(address: str) -> str:
         return str(s.getsockname()[0])
 
 
-def pump(a: socket.socket, b: socket.socket) -> None:
-    """Copy both ways until either side closes."""
+def pump(a: socket.socket, b: Any) -> None:
+    """Copy both ways until either side closes: `b` a socket, or anything with recv, sendall,
+    close and a fileno (a paramiko channel)."""
     try:
         while True:
             ready, _, _ = select.select([a, b], [], [], IDLE)

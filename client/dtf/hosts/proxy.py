@@ -15,7 +15,6 @@ coordinator makes when it retries.
 from __future__ import annotations
 
 import contextlib
-import select
 import socket
 import subprocess
 import threading
@@ -28,6 +27,7 @@ from dtf.cluster.inventory import HostSpec
 from dtf.hosts.masters import Master, socket_id
 from dtf.hosts.paramikossh import ParamikoTransport
 from dtf.hosts.transport import HostError
+from dtf_server.relay import pump
 
 REQUEST_LIMIT = 8192  # bytes of a CONNECT request, headers included
 REQUEST_TIMEOUT = 10.0
@@ -112,36 +112,18 @@ class PythonRoute:
                         channel.close()
                         return
                     local.settimeout(None)
-                    threading.Thread(target=_pump, args=(local, channel), daemon=True, name="dtf-pump").start()
+                    threading.Thread(target=pump, args=(local, channel), daemon=True, name="dtf-pump").start()
 
                 self.transport.connection().transport.request_port_forward("127.0.0.1", port, handler=back)
 
     def carry(self, sock: socket.socket, target: str) -> None:
         assert self.transport is not None
         channel = self.transport.open_tcp(target, REQUEST_TIMEOUT)
-        threading.Thread(target=_pump, args=(sock, channel), daemon=True, name="dtf-pump").start()
+        threading.Thread(target=pump, args=(sock, channel), daemon=True, name="dtf-pump").start()
 
     def stop(self) -> None:
         if self.transport is not None:
             self.transport.close()
-
-
-def _pump(sock: socket.socket, channel: Any) -> None:
-    """Copy both ways between a local socket and a paramiko channel until either closes."""
-    try:
-        while True:
-            ready, _, _ = select.select([sock, channel], [], [], 60)
-            for source, sink in ((sock, channel), (channel, sock)):
-                if source in ready:
-                    data = source.recv(65536)
-                    if not data:
-                        return
-                    sink.sendall(data)
-    except OSError:
-        pass
-    finally:
-        channel.close()
-        sock.close()
 
 
 @dataclass
