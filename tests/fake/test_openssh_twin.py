@@ -102,3 +102,17 @@ def test_the_mux_switch(h0: ControlTransport, monkeypatch: pytest.MonkeyPatch, m
     second = conv.readline(30)
     r = conv.finish(30)
     assert (first, second, r.exit_code, r.stdout, r.stderr) == ("hello", "got go", 3, "", "e\n")
+
+
+@pytest.mark.parametrize("mux", ["1", "0"])
+def test_a_master_is_closed_both_ways(h0: ControlTransport, monkeypatch: pytest.MonkeyPatch, mux: str):
+    """`dtf down` closes a master over its control socket, or with `ssh -O exit` (DTF_SSH_MUX=0):
+    either way it has exited, its socket removed, when stop returns."""
+    monkeypatch.setenv("DTF_SSH_MUX", mux)
+    h0.open()
+    pid = h0.master.pid()
+    assert pid is not None
+    h0.master.stop()
+    assert not Path(h0.master.path).exists()
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    assert ssh_processes() == []
