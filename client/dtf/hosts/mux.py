@@ -14,10 +14,12 @@ ends, and the master's closing of the control connection once the session's outp
 connection is held open until then: closed early, the master drops what it has not written).
 The master runs the session as it runs ssh's.
 
-`MuxProcess` is what `Conversation` needs of a subprocess.Popen. A master that does not answer
-the hello as version 4 raises MuxRefused before anything ran: the caller runs the ssh command
-instead. The session's end as ssh's mux client reports it: the exit status; 255 where the master
-ended the session without one (the connection lost, the command killed by a signal) or refused it.
+`MuxProcess` is what `Conversation` and `ControlTransport.run` need of a subprocess.Popen;
+`terminate` closes a master as `ssh -O check` and `ssh -O exit` do (`dtf down`, one per host).
+A master that does not answer the hello as version 4 raises MuxRefused before anything ran: the
+caller runs the ssh command instead. The session's end as ssh's mux client reports it: the exit
+status; 255 where the master ended the session without one (the connection lost, the command
+killed by a signal) or refused it.
 """
 
 from __future__ import annotations
