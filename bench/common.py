@@ -27,7 +27,10 @@ def as_installed() -> None:
     used: a virtual environment of the same interpreter whose one .pth puts the checkout's sources
     and the development environment's packages on sys.path (as a wheel's install does: no hook,
     no other .pth run), kept beside it as .venv/installed. Both sides of a comparison run on it:
-    dtf, its hosts, and the floor."""
+    dtf, its hosts, and the floor. An install holds its modules' bytecode (pip compiles them):
+    where this environment says not to write it (PYTHONDONTWRITEBYTECODE), each dtf command
+    compiled its client's sources again; here bytecode is kept below .venv/installed/pycache
+    (PYTHONPYCACHEPREFIX), away from the checkout."""
     if os.environ.get("DTF_BENCH_AS_INSTALLED") or sys.prefix == sys.base_prefix:
         return
     site = sysconfig.get_paths()["purelib"]
@@ -42,4 +45,6 @@ def as_installed() -> None:
     Path(target, "dtf-checkout.pth").write_text(f"{REPO / 'client'}\n{REPO / 'server'}\n{site}\n")
     print(f"(running under {python}: dtf as installed, without the editable install's import hook)",
           flush=True)
-    os.execve(str(python), [str(python), *sys.argv], {**os.environ, "DTF_BENCH_AS_INSTALLED": "1"})
+    env_vars = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    os.execve(str(python), [str(python), *sys.argv],
+              {**env_vars, "DTF_BENCH_AS_INSTALLED": "1", "PYTHONPYCACHEPREFIX": str(env / "pycache")})

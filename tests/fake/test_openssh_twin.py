@@ -16,6 +16,7 @@ from dtf.hosts.base import Conversation, Transport
 from dtf.hosts.control import ControlTransport
 from dtf.hosts.masters import Master, control_path, ssh_binary
 from dtf.hosts.paramikossh import ParamikoTransport
+from dtf.hosts.transport import HostError
 from helpers import ssh_processes
 from lab import Lab
 from sites import LabSite
@@ -102,3 +103,29 @@ def test_the_mux_switch(h0: ControlTransport, monkeypatch: pytest.MonkeyPatch, m
     second = conv.readline(30)
     r = conv.finish(30)
     assert (first, second, r.exit_code, r.stdout, r.stderr) == ("hello", "got go", 3, "", "e\n")
+
+
+@pytest.mark.parametrize("mux", ["1", "0"])
+def test_a_master_is_closed_both_ways(h0: ControlTransport, monkeypatch: pytest.MonkeyPatch, mux: str):
+    """`dtf down` closes a master over its control socket, or with `ssh -O exit` (DTF_SSH_MUX=0):
+    either way it has exited, its socket removed, when stop returns."""
+    monkeypatch.setenv("DTF_SSH_MUX", mux)
+    h0.open()
+    pid = h0.master.pid()
+    assert pid is not None
+    h0.master.stop()
+    assert not Path(h0.master.path).exists()
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    assert ssh_processes() == []
+
+
+@pytest.mark.parametrize("mux", ["1", "0"])
+def test_a_command_runs_alike_both_ways(h0: ControlTransport, monkeypatch: pytest.MonkeyPatch, mux: str):
+    """`run` over the master's protocol and through ssh's mux client: the same bytes in and out,
+    the same exit status, the same timeout."""
+    monkeypatch.setenv("DTF_SSH_MUX", mux)
+    r = h0.run_with_input(["sh", "-c", "cat; printf no-newline; printf e >&2; exit 5"], b"x\ny")
+    assert (r.exit_code, r.stdout, r.stderr) == (5, "x\nyno-newline", "e")
+    with pytest.raises(HostError, match="timed out after 1s"):
+        h0.run(["sleep", "30"], timeout=1)
+    assert h0.run(["true"]).ok

@@ -231,8 +231,11 @@ class ControlTransport(Transport):
             named: Sequence[str] | None = None) -> Result:
         """Run argv over the master (`named`: the command its errors name, when argv wraps it)."""
         self.open()
-        full = self.command() + [render(argv)]
+        command, full = render(argv), self.command() + [render(argv)]
         argv = named or argv
+        if mux_enabled():  # asked of the master: no ssh process per host and command (`status`, `down`)
+            with contextlib.suppress(MuxRefused):
+                return self.result(self._mux_run(command, stdin or b"", timeout, argv))
         try:
             p = subprocess.run(full, input=stdin if stdin is not None else b"", capture_output=True,
                                timeout=timeout, start_new_session=True)
@@ -242,6 +245,38 @@ class ControlTransport(Transport):
             raise HostError(f"cannot run {self.ssh}: {e.strerror or e}")
         return self.result(Result(p.returncode, p.stdout.decode(errors="replace"),
                                          p.stderr.decode(errors="replace")))
+
+    def _mux_run(self, command: str, stdin: bytes, timeout: float, named: Sequence[str]) -> Result:
+        """`command` as a session of the master (dtf.hosts.mux), `stdin` written to it and its
+        output read whole, as `run`'s ssh does; MuxRefused where the master did not take it."""
+        proc = MuxProcess(self.master.path, command)
+        out: list[bytes] = []
+        err: list[bytes] = []
+
+        def write() -> None:
+            with contextlib.suppress(OSError):  # (it ended early: its exit status and stderr say why)
+                proc.stdin.write(stdin)
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+
+        threads = [threading.Thread(target=write, daemon=True, name="dtf-run-in"),
+                   threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True, name="dtf-run-out"),
+                   threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True, name="dtf-run-err")]
+        for thread in threads:
+            thread.start()
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # Its readers are not waited for: the master keeps the session's pipes open until the
+            # command ends (a command outlives a killed ssh client too).
+            proc.kill()
+            raise HostError(f"command timed out after {timeout:g}s: {named[0]} {' '.join(named[2:3])}")
+        for thread in threads:
+            thread.join(5)  # (the master has closed the session's pipes by the time it says the end)
+        for f in (proc.stdout, proc.stderr):
+            f.close()
+        return Result(code, b"".join(out).decode(errors="replace"),
+                      b"".join(err).decode(errors="replace") + (f"{proc.message}\n" if proc.message else ""))
 
     @staticmethod
     def _put_script(remote_dir: str, filename: str) -> str:

@@ -14,10 +14,12 @@ ends, and the master's closing of the control connection once the session's outp
 connection is held open until then: closed early, the master drops what it has not written).
 The master runs the session as it runs ssh's.
 
-`MuxProcess` is what `Conversation` needs of a subprocess.Popen. A master that does not answer
-the hello as version 4 raises MuxRefused before anything ran: the caller runs the ssh command
-instead. The session's end as ssh's mux client reports it: the exit status; 255 where the master
-ended the session without one (the connection lost, the command killed by a signal) or refused it.
+`MuxProcess` is what `Conversation` and `ControlTransport.run` need of a subprocess.Popen;
+`terminate` closes a master as `ssh -O check` and `ssh -O exit` do (`dtf down`, one per host).
+A master that does not answer the hello as version 4 raises MuxRefused before anything ran: the
+caller runs the ssh command instead. The session's end as ssh's mux client reports it: the exit
+status; 255 where the master ended the session without one (the connection lost, the command
+killed by a signal) or refused it.
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ import threading
 
 MUX_MSG_HELLO = 0x00000001
 MUX_C_NEW_SESSION = 0x10000002
+MUX_C_ALIVE_CHECK = 0x10000004
+MUX_C_TERMINATE = 0x10000005
+MUX_S_OK = 0x80000001
 MUX_S_PERMISSION_DENIED = 0x80000002
 MUX_S_FAILURE = 0x80000003
 MUX_S_EXIT_MESSAGE = 0x80000004
+MUX_S_ALIVE = 0x80000005
 MUX_S_SESSION_OPENED = 0x80000006
 MUX_S_TTY_ALLOC_FAIL = 0x80000008
 VERSION = 4
@@ -86,6 +92,53 @@ def _text(body: bytes) -> str:
     return body[8:8 + length].decode(errors="replace")
 
 
+def _hello(sock: socket.socket, path: str) -> None:
+    """Connect to the master at `path` and exchange the hellos; MuxRefused where it does not
+    answer as version 4."""
+    try:
+        sock.connect(path)
+        sock.sendall(_packet(struct.pack(">II", MUX_MSG_HELLO, VERSION)))
+        kind, body = _read_packet(sock)
+    except (OSError, EOFError) as e:
+        raise MuxRefused(f"no hello from the master: {e}") from None
+    if kind != MUX_MSG_HELLO or body[:4] != struct.pack(">I", VERSION):
+        raise MuxRefused(f"the master speaks another protocol ({kind:#x})")
+
+
+def _request(path: str, kind: int, reply: int, gone_is_ok: bool = False) -> bytes:
+    """One control request to the master at `path` on a connection of its own, as ssh's `-O`
+    commands ask: the reply's body after its request id. MuxRefused where it did not answer
+    `reply`; `gone_is_ok`: the master closing the connection is the answer (an exiting master
+    may close it before its reply is out: ssh's mux client takes that so too, mux.c)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(HELLO_TIMEOUT)
+        _hello(sock, path)
+        try:
+            sock.sendall(_packet(struct.pack(">II", kind, 1)))
+            got, body = _read_packet(sock)
+        except EOFError as e:
+            if gone_is_ok:
+                return b""
+            raise MuxRefused(f"the master did not answer: {e}") from None
+        except (OSError, struct.error) as e:
+            raise MuxRefused(f"the master did not answer: {e}") from None
+    if got != reply:
+        raise MuxRefused(f"the master refused: {_text(body) or hex(got)}")
+    return body[4:]
+
+
+def terminate(path: str) -> int:
+    """Ask the master at `path` to exit, as `ssh -O check` then `ssh -O exit` do (mux.c,
+    mux_client_request_alive and mux_client_request_terminate), with no ssh process: its process
+    id, for the caller to wait for its end. MuxRefused where it did not answer, or refused."""
+    alive = _request(path, MUX_C_ALIVE_CHECK, MUX_S_ALIVE)
+    if len(alive) < 4:
+        raise MuxRefused("the master did not say its process id")
+    (pid,) = struct.unpack(">I", alive[:4])
+    _request(path, MUX_C_TERMINATE, MUX_S_OK, gone_is_ok=True)
+    return int(pid)
+
+
 class MuxProcess:
     """`command` run by the master at `path` (see the module's doc), with stdin, stdout and stderr
     as pipes here: the part of subprocess.Popen that Conversation uses."""
@@ -102,14 +155,7 @@ class MuxProcess:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(HELLO_TIMEOUT)
-            try:
-                sock.connect(path)
-                sock.sendall(_packet(struct.pack(">II", MUX_MSG_HELLO, VERSION)))
-                kind, body = _read_packet(sock)
-            except (OSError, EOFError) as e:
-                raise MuxRefused(f"no hello from the master: {e}") from None
-            if kind != MUX_MSG_HELLO or body[:4] != struct.pack(">I", VERSION):
-                raise MuxRefused(f"the master speaks another protocol ({kind:#x})")
+            _hello(sock, path)
             try:  # (the master opens the session only once it has all three descriptors)
                 sock.sendall(_packet(struct.pack(">II", MUX_C_NEW_SESSION, 1), _string(b""),
                                      struct.pack(">IIIII", 0, 0, 0, 0, NO_ESCAPE), _string(b""),

@@ -3,11 +3,14 @@ answers (`listening`) and closed (`stop`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import subprocess
 import time
+
+from dtf.hosts import mux
 
 STOP_WAIT = 5.0  # seconds a master has to exit after `-O exit`
 
@@ -47,7 +50,25 @@ def _wait_exited(pid: int, timeout: float) -> bool:
 
 def stop(ssh: str, path: str) -> None:
     """Close the master at `path` and wait until it has exited (a hop's carries the hosts' until
-    they have); its socket is removed."""
+    they have); its socket is removed. Asked of the master itself (dtf.hosts.mux: `dtf down`
+    closes one per host, and two ssh processes each were most of its CPU here), else, where it
+    does not take that or DTF_SSH_MUX=0, with `ssh -O check` and `ssh -O exit`."""
+    pid: int | None = None
+    if mux.enabled() and listening(path):
+        with contextlib.suppress(mux.MuxRefused):
+            pid = mux.terminate(path)
+    if pid is None:
+        pid = _stop_by_ssh(ssh, path)
+    if pid is not None:
+        _wait_exited(pid, STOP_WAIT)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _stop_by_ssh(ssh: str, path: str) -> int | None:
+    """`ssh -O exit` to the master at `path`: its process id once it agreed to exit, else None."""
 
     def control(command: str) -> str | None:
         try:
@@ -60,12 +81,7 @@ def stop(ssh: str, path: str) -> None:
 
     checked = control("check") if listening(path) else None
     m = re.search(r"pid=(\d+)", checked or "")
-    if m and control("exit") is not None:
-        _wait_exited(int(m.group(1)), STOP_WAIT)
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+    return int(m.group(1)) if m and control("exit") is not None else None
 
 
 def start(argv: list[str], path: str) -> subprocess.Popen[bytes]:
