@@ -130,11 +130,14 @@ class Meter:
                 raise SystemExit(f"an sshd (pid {pid}) is in the laptop's control group")
 
 
-def floor(meter: Meter, hosts: Sequence[str], code: str = "pass", *options: str) -> Figure:
+def floor(meter: Meter, hosts: Sequence[str], code: str = "pass", *options: str,
+          failed: list[str] | None = None) -> Figure:
     """One `ssh HOST PYTHON -c CODE` per host, all started at once (PYTHON: the hosts' python,
-    the inventory's). ssh hands the remote shell one line: the code is quoted for it."""
+    the inventory's). ssh hands the remote shell one line: the code is quoted for it. A host that
+    fails ends the benchmark, unless `failed` is given: its failures are added there."""
+    tolerated = failed is not None
     lab = meter.lab
-    failed = []
+    failed = [] if failed is None else failed
 
     def run() -> None:
         procs = [meter.popen(["ssh", "-F", str(lab.ssh_config), "-i", str(lab.key), "-o", "BatchMode=yes",
@@ -146,7 +149,7 @@ def floor(meter: Meter, hosts: Sequence[str], code: str = "pass", *options: str)
                 failed.append(f"{h}: {err.strip()[-200:]}")
 
     figure = meter.measure(hosts, run)
-    if failed:
+    if failed and not tolerated:
         raise SystemExit(f"the floor failed on {len(failed)} host(s): {failed[0]}")
     return figure
 
@@ -239,9 +242,12 @@ def fake_counts(meter: Meter, names: list[str], counts: list[int], args: argpars
         row = Row(n)
         for i in range(args.repeat):
             if args.bastion:
-                through = floor(meter, hosts)
-                print(f"  floor through the bastion (ssh's own ProxyJump), {n} hosts: {through.wall_s:.2f} s",
-                      flush=True)
+                # (the bastion's sshd drops connections beyond MaxStartups: ssh's own ProxyJump fails
+                # on some hosts, which is said, not an end of the benchmark)
+                dropped: list[str] = []
+                through = floor(meter, hosts, failed=dropped)
+                print(f"  floor through the bastion (ssh's own ProxyJump), {n} hosts: {through.wall_s:.2f} s, "
+                      f"{len(dropped)} failed", flush=True)
             row.runs["floor"].append(floor(meter, hosts, "pass", "-o", "ProxyJump=none"))
             try:
                 for what in COMMANDS:
