@@ -68,16 +68,16 @@ def _patch(tf: ModuleType) -> None:
 
 def fail(message: str) -> None:
     """End the program with one line (SystemExit: exit code 1, no traceback)."""
-    raise SystemExit(f"dtf: error: {message}{_where()}")
+    raise SystemExit(f"dtf: error: {message}{program_line()}")
 
 
 def warn(kind: str, message: str) -> None:
     if kind not in _warned:
         _warned.add(kind)
-        print(f"dtf: warning: {message}{_where()}", file=sys.stderr, flush=True)
+        print(f"dtf: warning: {message}{program_line()}", file=sys.stderr, flush=True)
 
 
-def _where() -> str:
+def program_line() -> str:
     """' (program.py:LINE)': the program's own line that led here, if any."""
     program = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else None
     for frame in reversed(traceback.extract_stack()):

@@ -29,7 +29,7 @@ from typing import Any
 
 from dtf.errors import ExitCode
 from dtf.program.hooks import on_import
-from dtf.program.hooks.guards import _where
+from dtf.program.hooks.guards import program_line
 
 FIX = ("run `dtf train --wrap PROGRAM` (a single-machine script, unchanged), or build and compile the model "
        "inside `with dtf.strategy().scope():`")
@@ -39,7 +39,7 @@ class NotOnCluster(SystemExit):
     """One line, exit code 9, no traceback (raised in the program)."""
 
     def __init__(self, message: str) -> None:
-        print(f"dtf: error: {message}{_where()}", file=sys.stderr, flush=True)
+        print(f"dtf: error: {message}{program_line()}", file=sys.stderr, flush=True)
         super().__init__(int(ExitCode.NOT_ON_CLUSTER))
 
 
