@@ -103,7 +103,7 @@ def main() -> None:
               f"{os.cpu_count()} cores shared with other work (figures are noisy)")
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
         from dtf.files import environment
-        from dtf_server.envs import platform_info
+        from dtf_server.procs import platform_info
 
         machine, system, libc = platform_info()
         py = subprocess.run([BARE, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True,
