@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeGuard
 
 import yaml
@@ -219,18 +219,23 @@ def read_seconds(node: yaml.Node) -> float:
 _REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._, -]*\])?\s*([<>=!~;@ ][^\n\r]*)?")
 
 
-def read_packages(node: yaml.Node) -> tuple[str, ...]:
+def read_strings(node: yaml.Node, expected: str, ok: Callable[[str], object]) -> Iterator[str]:
+    """A list's strings, in order, each of which passes `ok`; Invalid naming `expected` at the
+    first that does not (a caller's own checks of each come before the next item's)."""
     value = plain(node)
-    expected = "a list of requirements such as 'pandas==2.2.3' or 'scipy>=1.13'"
     if not isinstance(value, yaml.SequenceNode):
         raise Invalid(f"expected {expected}, got {describe(node)}")
-    packages = []
     for item in value.value:
         text = plain(item)
-        if not isinstance(text, str) or not _REQUIREMENT.fullmatch(text.strip()):
+        if not isinstance(text, str) or not ok(text):
             raise Invalid(f"expected {expected}, got {describe(item)} in the list")
-        packages.append(text.strip())
-    return tuple(packages)
+        yield text
+
+
+def read_packages(node: yaml.Node) -> tuple[str, ...]:
+    texts = read_strings(node, "a list of requirements such as 'pandas==2.2.3' or 'scipy>=1.13'",
+                         lambda text: _REQUIREMENT.fullmatch(text.strip()))
+    return tuple(text.strip() for text in texts)
 
 
 # Slurm's time formats (sbatch --time): minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
@@ -294,15 +299,9 @@ def gres_gpus(sbatch: tuple[str, ...]) -> int | None:
 
 def read_sbatch(node: yaml.Node) -> tuple[str, ...]:
     """More sbatch options: a list of options, each one argument (`--constraint=a100`)."""
-    value = plain(node)
-    expected = "a list of sbatch options such as '--constraint=a100' or '--exclusive'"
-    if not isinstance(value, yaml.SequenceNode):
-        raise Invalid(f"expected {expected}, got {describe(node)}")
     options = []
-    for item in value.value:
-        text = plain(item)
-        if not isinstance(text, str) or not text.startswith("-") or any(c in text for c in "\n\r\0"):
-            raise Invalid(f"expected {expected}, got {describe(item)} in the list")
+    for text in read_strings(node, "a list of sbatch options such as '--constraint=a100' or '--exclusive'",
+                             lambda text: text.startswith("-") and not any(c in text for c in "\n\r\0")):
         name = text.split("=", 1)[0] if text.startswith("--") else text[:2]
         if name in _SBATCH_OWN:
             key = _SBATCH_OWN[name]
