@@ -35,6 +35,24 @@ def as_in_a_terminal() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
+def train_interrupted(home: Path, *args: str, timeout: float) -> tuple[int, str, str]:
+    """`dtf train ARGS` in a session of its own, like a terminal's foreground job, Ctrl-C'd (SIGINT
+    to the whole group) once the program prints its first line, `training`: (exit code, the rest of
+    its stdout, its stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "train", *args],
+                            env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_in_a_terminal)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "training"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, out, err
+
+
 def dtf(*args: str, home: Path, timeout: float = 300, env: dict | None = None,
         cwd: Path | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
     """Run `dtf ARGS` with DTF_HOME=home; never hangs (timeout). `check`: a failure ends the

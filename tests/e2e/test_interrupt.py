@@ -3,16 +3,12 @@ no KeyboardInterrupt traceback (dtf.program.runner's excepthook)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from helpers import LOCAL_CLUSTER, as_in_a_terminal
+from helpers import LOCAL_CLUSTER, train_interrupted
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow, LOCAL_CLUSTER]
 
@@ -37,18 +33,7 @@ def test_ctrl_c_during_fit_prints_no_traceback(tmp_path: Path, local_cluster):
     _, home = local_cluster
     program = tmp_path / "fitting.py"
     program.write_text(FITTING)
-    # Its own session, like a terminal's foreground job: Ctrl-C is SIGINT to the whole group.
-    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "train", "--wrap", str(program)],
-                            env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=as_in_a_terminal)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "training"
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, (out, err)
+    code, out, err = train_interrupted(home, "--wrap", str(program), timeout=120)
+    assert code == 130, (out, err)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-4000:]
     assert "dtf: program interrupted; cluster 'loc' is still up (`dtf down` stops it)" in err, err[-4000:]

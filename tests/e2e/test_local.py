@@ -16,11 +16,11 @@ import pytest
 from helpers import (
     LOCAL_CLUSTER,
     Train,
-    as_in_a_terminal,
     assert_one_line_error,
     dtf,
     pids_alive,
     status_json,
+    train_interrupted,
     wait_until,
     write_local_inventory,
 )
@@ -157,19 +157,8 @@ def test_ctrl_c_stops_the_program_and_leaves_the_cluster_up(tmp_path: Path, loca
     _, home = local_cluster
     program = tmp_path / "slow.py"
     program.write_text(SLOW)
-    # Its own session, like a terminal's foreground job: Ctrl-C is SIGINT to the whole group.
-    proc = subprocess.Popen([sys.executable, "-m", "dtf.cli", "train", str(program)],
-                            env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=as_in_a_terminal)
-    try:
-        assert proc.stdout.readline().strip() == "training"
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, (out, err)
+    code, out, err = train_interrupted(home, str(program), timeout=60)
+    assert code == 130, (out, err)
     assert "program got Ctrl-C" in out, (out, err)
     assert "cluster 'loc' is still up" in err and "Traceback" not in err
     assert [r["state"] for r in status_json(home)["tasks"]] == ["alive"] * 3

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from lab import Lab
 from sites import LabSite, LocalSite, Site
 
 
@@ -27,6 +28,18 @@ def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
 def local_site(tmp_path: Path) -> Iterator[Site]:
     """Local processes only: for what happens on the laptop alone (dtf's own decisions)."""
     the_site = LocalSite(tmp_path)
+    try:
+        yield the_site
+    finally:
+        the_site.cleanup()
+
+
+@pytest.fixture
+def netns_site(tmp_path: Path, lab: Lab) -> Iterator[Site]:
+    """The SSH lab only, in network namespaces: for what needs hosts of their own addresses."""
+    if lab.mode != "netns":
+        pytest.skip("needs network namespaces")
+    the_site = LabSite(tmp_path, lab)
     try:
         yield the_site
     finally:

@@ -25,14 +25,8 @@ pytestmark = pytest.mark.lab
 
 
 @pytest.fixture
-def site(tmp_path: Path, lab: Lab):
-    if lab.mode != "netns":
-        pytest.skip("needs network namespaces")
-    the_site = LabSite(tmp_path, lab)
-    try:
-        yield the_site
-    finally:
-        the_site.cleanup()
+def site(netns_site: LabSite) -> LabSite:
+    return netns_site  # every test here needs hosts of their own addresses
 
 
 def logins(lab: Lab, host: str) -> int:

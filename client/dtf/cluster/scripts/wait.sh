@@ -44,7 +44,7 @@ if [ "$1" = --submit ]; then
   said=$(mktemp)
   ( trap '' HUP; exec "$@" ) >"$said" 2>&1 </dev/null &
   salloc=$!
-  # Read with the shell's own `read`, the deadline counted in 10 ms sleeps (at least ID_MS, later
+  # Read with the shell's own `read`, the deadline counted in short sleeps (at least ID_MS, later
   # on a loaded host): a look costs a sleep, not a sed and a date each.
   tries=$((ID_MS / 10))
   while :; do
