@@ -189,12 +189,15 @@ def test_the_benchmark_counts_the_laptop_and_each_host_apart(big: Lab, monkeypat
     with CpuGroups() as groups:
         meter = Meter(groups, big)
         hosts = names(big)
+        before = accepted(big)
         figure = floor(meter, hosts, "pass", "-o", "ProxyJump=none")
         meter.check_apart()
         assert figure.laptop_s > 0
         assert [h for h, spent in zip(hosts, figure.hosts_s) if spent <= 0] == []
-        idle = [h.name for h in big.hosts if h.name not in hosts]  # the bastion: nothing went through it
-        assert all(meter.hosts[h].usage_ns() == 0 for h in idle)
+        # The bastion served no login (its listening sshd may still spend a little CPU reaping
+        # sessions that earlier tests left, so its log says it, not its group's CPU).
+        after = accepted(big)
+        assert [h.name for h in big.hosts if h.name not in hosts and after[h.name] != before[h.name]] == []
     assert not groups.parent.exists()
 
 
