@@ -183,6 +183,9 @@ def train(
                                       "it to serve again and runs the program again (it resumes "
                                       "from its last checkpoint)."),
     ps_wait: float = typer.Option(120.0, "--ps-wait", help="Seconds to wait for a lost ps to serve again."),
+    slurm_wait: float = typer.Option(600.0, "--slurm-wait",
+                                     help="Slurm: seconds the new allocation that replaces an ended job "
+                                          "may pend before dtf cancels it and ends the run."),
     collective: bool = typer.Option(False, "--collective",
                                     help="Run PROGRAM on the hosts, one copy per worker task, under "
                                          "MultiWorkerMirroredStrategy."),
@@ -226,7 +229,8 @@ def train(
                                         verbose=verbose))
     code = run_program(lifecycle.recorded(cluster), str(program), list(args or []),
                        str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
-                       connect_timeout=connect_timeout, verbose=verbose, hook_env=hook_env)
+                       connect_timeout=connect_timeout, verbose=verbose, hook_env=hook_env,
+                       slurm_wait=slurm_wait)
     raise typer.Exit(code)
 
 

@@ -300,7 +300,7 @@ def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: 
     if plan.slurm is not None and job is not None:
         slurm = {"job": plan.slurm.job, "submitted_by_dtf": plan.slurm.submitted, "state": job.state or "gone",
                  "reason": job.reason, "time_used": job.used, "time_left": job.left, "nodes": list(plan.slurm.nodes),
-                 "ended": ended}
+                 "ended": ended, "allocation": record.allocation, "replaced": list(record.replaced)}
     if as_json:
         console().print_json(json.dumps({"schema": STATUS_SCHEMA, "cluster": plan.cluster,
                                          "network": record.network, "firewall": plan.firewall, "tasks": rows,
@@ -310,6 +310,8 @@ def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: 
         return
     if slurm is not None and job is not None:
         whose = "submitted by dtf" if slurm["submitted_by_dtf"] else "yours"
+        if record.replaced:  # `dtf train` replaced an ended job (dtf.hostops.realloc)
+            whose += f"; allocation {record.allocation}, after job {record.replaced[-1]}"
         say(f"slurm job {slurm['job']} ({whose}): " + (
             f"{job.state}, time used {job.used}, left {job.left}" if not job.gone else
             "no longer in the queue: its tasks ended with it (`dtf down` forgets it)"))

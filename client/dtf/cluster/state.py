@@ -44,6 +44,10 @@ class Record:
     network: str = "direct"  # how this machine reaches the tasks: "direct", or "ssh" (dtf.hosts.tunnel)
     tf_ports_open: bool = True  # the TF ports accepted connections from this machine directly
     synced: dict[str, Synced] = field(default_factory=dict)  # name -> what every host holds (dtf sync)
+    # Slurm: which allocation of the cluster its job is (1: `up`'s; more: `dtf train` replaced an
+    # ended job, dtf.hostops.realloc), and the jobs it replaced, each "JOB: why it ended".
+    allocation: int = 1
+    replaced: list[str] = field(default_factory=list)
 
     @property
     def cluster(self) -> str:
@@ -54,7 +58,8 @@ class Record:
                 "created": self.created, "chief_host": self.chief_host, "pids": dict(self.pids),
                 "taking_down": self.taking_down, "network": self.network,
                 "tf_ports_open": self.tf_ports_open, "plan": self.plan.to_dict(),
-                "synced": {name: s.to_dict() for name, s in self.synced.items()}}
+                "synced": {name: s.to_dict() for name, s in self.synced.items()},
+                "allocation": self.allocation, "replaced": list(self.replaced)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
@@ -67,7 +72,8 @@ class Record:
                    taking_down=bool(data.get("taking_down", False)),
                    network=str(data.get("network", "direct")),
                    tf_ports_open=bool(data.get("tf_ports_open", True)),
-                   synced={str(k): Synced.from_dict(v) for k, v in data.get("synced", {}).items()})
+                   synced={str(k): Synced.from_dict(v) for k, v in data.get("synced", {}).items()},
+                   allocation=int(data.get("allocation", 1)), replaced=[str(x) for x in data.get("replaced", [])])
 
     def replace(self, **changes: Any) -> Record:
         return dataclasses.replace(self, **changes)

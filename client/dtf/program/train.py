@@ -20,7 +20,7 @@ from dtf.cluster import state
 from dtf.cluster.plan import GRPC_KEEPALIVE, Plan
 from dtf.cluster.state import Record
 from dtf.errors import ClusterDown, DtfError, UsageError
-from dtf.hostops import reach
+from dtf.hostops import reach, realloc
 from dtf.hostops.lease import LeaseKeeper
 from dtf.hostops.parallel import HostOps
 from dtf.hostops.status import TaskState, states
@@ -104,7 +104,7 @@ def say(message: str) -> None:
 def run_program(record: Record, program: str, args: list[str], output: str | None,
                 attempts: int = 3, ps_wait: float = 120.0,
                 connect_timeout: float = CONNECT_TIMEOUT, verbose: bool = False,
-                hook_env: dict[str, str] | None = None) -> int:
+                hook_env: dict[str, str] | None = None, slurm_wait: float = realloc.SLURM_WAIT) -> int:
     """Run `python PROGRAM ARGS` as the cluster's chief; return its exit code.
 
     While it runs, the cluster's lease is renewed. If the program fails because a ps was lost
@@ -112,6 +112,9 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     `ps_wait` seconds for every task to serve again and runs the program again, up to `attempts`
     runs in all: the program resumes from its last checkpoint (a lost ps loses its variables).
     A failure with every ps intact is the program's own: its exit code is returned at once.
+    A Slurm job that ended meanwhile (a lost node, a preemption, the time limit) is replaced by a
+    new allocation from the same inventory, pending up to `slurm_wait` seconds (dtf.hostops.realloc),
+    and the program runs again there; a job of the user's own (`job:`) ends the run in one line.
     Unless `verbose`, TensorFlow's own chatter is filtered out of the program's stderr (dtf.program.noise).
     """
     plan = record.plan
@@ -125,36 +128,60 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
         raise ClusterDown(f"cluster {plan.cluster!r}: not serving: {', '.join(dead)} "
                           f"(see `dtf status`, `dtf logs TASK`)")
     with contextlib.ExitStack() as stack:
-        stack.enter_context(LeaseKeeper(plan, warn=lambda m: say(f"warning: {m}"), connect_timeout=connect_timeout))
-        tunnel = stack.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
         run = stack.enter_context(RunFigures(plan.cluster, attempts))
+        held = stack.enter_context(contextlib.ExitStack())  # the lease and the tunnel of one allocation
+        tunnel = hold(held, record, connect_timeout)
         attempt = 1
         while True:
-            run.update(attempt=attempt)
+            run.update(attempt=attempt, job=record.plan.slurm.job if record.plan.slurm else None)
             before = ps_incarnations(ops)
             code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose, hook_env)
             if code == 0 or interrupted:
                 return code
-            job_ended(record, connect_timeout, raise_it=True)  # a Slurm job's end: no attempt brings it back
-            lost = lost_ps(ops, before, record.network)
-            if not lost:
-                return code
-            if attempt >= attempts:
-                say(f"{', '.join(lost)} lost during attempt {attempt}; no attempts left "
-                    f"(--attempts {attempts})")
-                return code
-            say(f"{', '.join(lost)} lost during attempt {attempt} of {attempts}; waiting up to "
-                f"{ps_wait:g}s for every task to serve again")
-            run.update(last_retry=f"{', '.join(lost)} lost during attempt {attempt}", waiting=True)
-            t0 = time.monotonic()
-            still = wait_serving(ops, record.network, ps_wait)
-            if still:
-                raise ClusterDown(f"cluster {plan.cluster!r}: still not serving after {ps_wait:g}s: "
-                                  f"{', '.join(still)} (see `dtf status`, `dtf logs TASK`)")
+            ended = job_ended(record, connect_timeout)
+            if ended is None:
+                lost = lost_ps(ops, before, record.network)
+                if not lost:
+                    return code
+                if attempt >= attempts:
+                    say(f"{', '.join(lost)} lost during attempt {attempt}; no attempts left "
+                        f"(--attempts {attempts})")
+                    return code
+                say(f"{', '.join(lost)} lost during attempt {attempt} of {attempts}; waiting up to "
+                    f"{ps_wait:g}s for every task to serve again")
+                run.update(last_retry=f"{', '.join(lost)} lost during attempt {attempt}", waiting=True)
+                t0 = time.monotonic()
+                watch = realloc.JobWatch(record, connect_timeout, job_ended)  # a Slurm job may end meanwhile
+                still = wait_serving(ops, record.network, ps_wait, stop=watch)
+                ended = watch.ended
+                if still and ended is None:
+                    raise ClusterDown(f"cluster {plan.cluster!r}: still not serving after {ps_wait:g}s: "
+                                      f"{', '.join(still)} (see `dtf status`, `dtf logs TASK`)")
+            if ended is not None:  # a Slurm job's end: a new allocation, where dtf made the job
+                refused = realloc.refusal(record, ended, attempt, attempts)
+                if refused is not None:
+                    raise ClusterDown(refused)
+                run.update(last_retry=f"slurm job {record.plan.slurm.job if record.plan.slurm else '?'} ended "
+                                      f"during attempt {attempt}", waiting=True)
+                held.close()
+                record = realloc.comeback(record, ended, wait=slurm_wait, connect_timeout=connect_timeout, say=say)
+                plan, ops = record.plan, HostOps(record.plan, connect_timeout=connect_timeout)
+                tunnel = hold(held, record, connect_timeout)
+                attempt += 1
+                run.update(waiting=False)
+                say(f"running the program again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
+                continue
             attempt += 1
             run.update(waiting=False)
             say(f"cluster serving again after {time.monotonic() - t0:.1f}s; running the program "
                 f"again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
+
+
+def hold(stack: contextlib.ExitStack, record: Record, connect_timeout: float) -> Tunnel | None:
+    """What `dtf train` keeps while it runs on the cluster `record` holds: the lease renewed, and in
+    ssh mode the tunnel to the tasks (its value)."""
+    stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"), connect_timeout=connect_timeout))
+    return stack.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
 
 
 class NoFigures:
@@ -263,12 +290,14 @@ def lost_ps(ops: HostOps, before: dict[str, tuple[int, int | None]], network: st
     return [f"{name} ({why})" for name, why in sorted(lost.items())]
 
 
-def wait_serving(ops: HostOps, network: str, timeout: float) -> list[str]:
-    """Wait until every task accepts connections from here; the ones that still do not."""
+def wait_serving(ops: HostOps, network: str, timeout: float, stop: Callable[[], bool] = lambda: False
+                 ) -> list[str]:
+    """Wait until every task accepts connections from here; the ones that still do not (at the
+    deadline, or as soon as `stop()` says so)."""
     deadline = time.monotonic() + timeout
     while True:
         dead = dead_tasks(ops, network, timeout=min(PROBE_TIMEOUT, max(0.1, deadline - time.monotonic())))
-        if not dead or time.monotonic() >= deadline:
+        if not dead or time.monotonic() >= deadline or stop():
             return dead
         time.sleep(0.25)
 
