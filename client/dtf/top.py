@@ -51,7 +51,8 @@ def training(live: Path) -> dict[str, Any] | None:
         return None
     doc: dict[str, Any] = {"mode": run.get("kind"), "attempt": run.get("attempt"), "attempts": run.get("attempts"),
                            "last_retry": run.get("last_retry"), "waiting_for_ps": bool(run.get("waiting")),
-                           "started": run.get("started")}
+                           "started": run.get("started"), "slurm_job": run.get("job"),
+                           "reallocating": bool(run.get("reallocating"))}
     if run.get("kind") == "collective":
         copies = run.get("copies") or {}
         doc["copies"] = copies
@@ -151,6 +152,10 @@ def training_lines(train: dict[str, Any] | None) -> list[str]:
     if train is None:
         return ["training: none (no `dtf train` running)"]
     head = f"training ({train['mode']}): attempt {train['attempt']} of {train['attempts']}"
+    if train.get("slurm_job"):  # the allocation it runs on (a new one after an ended job)
+        head += f" on slurm job {train['slurm_job']}"
+    if train.get("reallocating"):
+        head += ", waiting for a new Slurm allocation"
     if train.get("waiting_for_ps"):
         head += ", waiting for the ps to serve again"
     if train["mode"] == "collective":

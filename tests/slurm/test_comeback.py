@@ -176,7 +176,7 @@ def test_a_lost_node_gives_a_new_allocation_and_the_run_completes(slurm_lab: Slu
     assert r.returncode == 0, r.stdout + r.stderr
     first = job_of(r.stdout)
     node = status_json(home)["slurm"]["nodes"][0]
-    epochs, steps = 3, 10
+    epochs, steps = 2, 10
     run = Train(home, tmp_path / "train.log", "--attempts", "2", "--output", str(tmp_path / "out"),
                 str(REPO / "examples" / "mnist_fit.py"), "--epochs", str(epochs), "--steps-per-epoch", str(steps),
                 "--steps-per-execution", "5", cwd=tmp_path)
@@ -184,17 +184,18 @@ def test_a_lost_node_gives_a_new_allocation_and_the_run_completes(slurm_lab: Slu
         run.wait_for(rf"^epoch 1/{epochs} done", timeout=400)
         crash(slurm_lab, node)
         code, text = run.finish(timeout=600)
+        assert code == 0, text[-5000:]
+        assert f"slurm job {first} lost a node" in text or f"slurm job {first} is no longer in the queue" in text, text
+        second = new_job(text)
+        assert f"job {second} replaces job {first}" in text, text
+        summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+        assert summary["attempt"] == 2 and summary["steps"] == epochs * steps, summary  # resumed, no step twice
+        assert summary["epochs_this_attempt"] < epochs, summary
+        assert Path(summary["saved_model"], "saved_model.pb").exists()  # on the laptop
+        r = dtf("down", home=home, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert gone(slurm_lab, first) and gone(slurm_lab, second)
     finally:
+        dtf("down", home=home, timeout=120)  # (what an assertion left: the nodes must be idle for the restart)
         slurm_lab.restart_slurmd(node)
-    assert code == 0, text[-5000:]
-    assert f"slurm job {first} lost a node" in text or f"slurm job {first} is no longer in the queue" in text, text
-    second = new_job(text)
-    assert f"job {second} replaces job {first}" in text, text
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["attempt"] == 2 and summary["steps"] == epochs * steps, summary  # resumed, no step twice
-    assert summary["epochs_this_attempt"] < epochs, summary
-    assert Path(summary["saved_model"], "saved_model.pb").exists()  # on the laptop
-    r = dtf("down", home=home, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert gone(slurm_lab, first) and gone(slurm_lab, second)
     assert left_behind(slurm_lab, timeout=30) == []

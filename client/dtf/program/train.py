@@ -162,13 +162,13 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                 if refused is not None:
                     raise ClusterDown(refused)
                 run.update(last_retry=f"slurm job {record.plan.slurm.job if record.plan.slurm else '?'} ended "
-                                      f"during attempt {attempt}", waiting=True)
+                                      f"during attempt {attempt}", reallocating=True)
                 held.close()
                 record = realloc.comeback(record, ended, wait=slurm_wait, connect_timeout=connect_timeout, say=say)
                 plan, ops = record.plan, HostOps(record.plan, connect_timeout=connect_timeout)
                 tunnel = hold(held, record, connect_timeout)
                 attempt += 1
-                run.update(waiting=False)
+                run.update(reallocating=False)
                 say(f"running the program again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
                 continue
             attempt += 1
