@@ -180,8 +180,9 @@ def train(
     output: Path | None = typer.Option(None, help="Sets $DTF_OUTPUT_DIR (dtf.output_dir())."),
     attempts: int = typer.Option(3, "--attempts", min=1,
                                  help="Runs of the program in all: after a lost ps, dtf waits for "
-                                      "it to serve again and runs the program again (it resumes "
-                                      "from its last checkpoint)."),
+                                      "it to serve again (on Slurm, replaces a job that ended with a "
+                                      "new allocation) and runs the program again (it resumes from "
+                                      "its last checkpoint)."),
     ps_wait: float = typer.Option(120.0, "--ps-wait", help="Seconds to wait for a lost ps to serve again."),
     slurm_wait: float = typer.Option(600.0, "--slurm-wait",
                                      help="Slurm: seconds the new allocation that replaces an ended job "

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from slurmlab import SlurmLab
 
 PROGRAM = """\
 import os, sys, time
+from collections.abc import Callable
 from pathlib import Path
 
 here = Path(sys.argv[1])
@@ -55,14 +57,15 @@ def gone(lab: SlurmLab, job: str) -> bool:
     return ours(lab, job) == []
 
 
-def end_attempt_one(lab: SlurmLab, run: Train, here: Path, job: str) -> None:
+def end_attempt_one(lab: SlurmLab, run: Train, here: Path, job: str, then: Callable[[], None] = lambda: None) -> None:
     """Once the program's first attempt runs: cancel its job from outside (as a preemption does),
-    wait until the queue no longer lists it, and let the program fail."""
+    wait until the queue no longer lists it, do `then`, and let the program fail."""
     wait_until(lambda: (here / "attempt-1").exists() or run.proc.poll() is not None, 120)
     assert run.proc.poll() is None, run.text()[-3000:]
     r = lab.slurm(["scancel", job])
     assert r.returncode == 0, r.stderr
     wait_until(lambda: gone(lab, job), 60)
+    then()
     (here / "go").write_text("")
 
 
@@ -118,6 +121,43 @@ def test_no_attempt_left_is_one_line(slurm_lab: SlurmLab, tmp_path: Path) -> Non
     assert [line for line in slurm_lab.queue() if "dtf-last" in line] == []  # nothing asked for
     r = dtf("down", home=home, env=FAKE, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_new_allocation_pending_past_its_deadline_is_one_line(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """The nodes are taken (by a job of someone else's) when dtf asks for the new allocation: it
+    pends; past `--slurm-wait` it is cancelled, and the run ends in one line naming both jobs."""
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="wait")
+    home = tmp_path / "home"
+    r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = job_of(r.stdout)
+    prog, here = program(tmp_path)
+    run = Train(home, tmp_path / "train.log", "--attempts", "3", "--slurm-wait", "3", str(prog), str(here))
+    other: list[str] = []
+
+    def take_the_nodes() -> None:
+        r = slurm_lab.slurm(["sbatch", "--parsable", "-N2", "--exclusive", "--output=/dev/null", "--wrap",
+                             "exec sleep infinity"])
+        assert r.returncode == 0, r.stderr
+        other.append(r.stdout.strip())
+        wait_until(lambda: ours(slurm_lab, other[0]) == [f"{other[0]} RUNNING"], 60)
+
+    try:
+        end_attempt_one(slurm_lab, run, here, first, then=take_the_nodes)
+        code, text = run.finish(timeout=120)
+        assert code == 7, text
+        errors = [line for line in text.splitlines() if line.startswith("dtf: error:")]
+        second = new_job(text)
+        assert len(errors) == 1, text
+        for needle in (f"cluster 'wait': slurm job {first}", "no new allocation",
+                       f"job {second} still PENDING after 3s", "cancelled", "`dtf up` starts the cluster anew"):
+            assert needle in errors[0], (needle, text)
+        assert "Traceback" not in text and not (here / "attempt-2").exists(), text
+        assert gone(slurm_lab, second)
+        assert not (home / "state" / "wait.json").exists()  # nothing of the cluster is left to take down
+    finally:
+        for job in other:
+            slurm_lab.slurm(["scancel", job])
 
 
 def test_a_job_of_the_users_own_is_never_replaced(slurm_lab: SlurmLab, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from dtf.cluster import state
 from dtf.cluster.state import Record
 from dtf.errors import ClusterDown, DtfError
-from dtf.hostops.parallel import no_view
+from dtf.hostops.parallel import HostOps, no_view
 
 Say = Callable[[str], None]
 SLURM_WAIT = 600.0  # seconds a new allocation may pend (`dtf train --slurm-wait`), as `dtf up`'s
@@ -49,6 +49,7 @@ def comeback(record: Record, ended: str, *, wait: float, connect_timeout: float,
     from dtf.cluster.inventory import load as load_inventory
     from dtf.files import sync
     from dtf.hostops import lifecycle
+    from dtf.hostops import slurm as slurm_ops
 
     plan = record.plan
     old = plan.slurm
@@ -59,17 +60,21 @@ def comeback(record: Record, ended: str, *, wait: float, connect_timeout: float,
         inv = load_inventory(path)
     except DtfError as e:
         raise ClusterDown(f"cluster {cluster!r}: {ended}; its inventory cannot be read again for a new "
-                          f"allocation: {str(e).splitlines()[0]}")
+                          f"allocation: {' '.join(x.strip() for x in e.lines())}")
     if inv.slurm is None or slurm.request(inv) != old.request:
         raise ClusterDown(f"cluster {cluster!r}: {ended}; its inventory {path} now asks for another "
                           f"allocation than job {old.job}'s: run `dtf up {path}` for it")
     t0 = time.monotonic()
     say(f"{ended}; asking Slurm for a new allocation (up to {wait:g}s)")
-    with state.locked():  # what is left of the job: its steps on the nodes that still answer
-        lifecycle.teardown(record, keep_logs=True, grace=0, connect_timeout=connect_timeout, say=say)
     server = plan.hosts[0].server if plan.hosts else "tensorflow"
     network = None if plan.network == "auto" else plan.network
     try:
+        if slurm_ops.cancel_ended(old, cluster, plan.ssh_config, plan.ttl, connect_timeout):
+            say(f"job {old.job} cancelled (what was left of it)")
+        with state.locked():  # the cluster's record and connections go with the job
+            HostOps(plan).close_control()
+            slurm_ops.close_masters(cluster)
+            state.remove(cluster)
         with lifecycle.allocated(inv, path, wait=wait, say=say, connect_timeout=connect_timeout, ttl=plan.ttl,
                                  server=server, network=network) as allocation:
             new_plan = lifecycle.load_plan(path, plan.ttl, server, network=network, slurm=allocation, inv=inv,
@@ -78,8 +83,9 @@ def comeback(record: Record, ended: str, *, wait: float, connect_timeout: float,
                 result = lifecycle.up(new_plan, path, ttl=plan.ttl, replace=True, connect_timeout=connect_timeout,
                                       view=no_view, packs=packs)
     except DtfError as e:
-        first = str(e).strip().splitlines() or [type(e).__name__]
-        raise ClusterDown(f"cluster {cluster!r}: {ended}; no new allocation: {' '.join(x.strip() for x in first)}")
+        lines = [x.strip() for line in e.lines() for x in line.splitlines() if x.strip()] or [type(e).__name__]
+        raise ClusterDown(f"cluster {cluster!r}: {ended}; no new allocation: {' '.join(lines)} "
+                          f"(`dtf up` starts the cluster anew)")
     job = result.record.plan.slurm
     assert job is not None
     new = result.record.replace(allocation=record.allocation + 1, replaced=[*record.replaced, f"{old.job}: {ended}"],

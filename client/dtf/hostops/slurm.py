@@ -254,6 +254,25 @@ def release(allocation: Allocation, ssh_config: str | None, say: Say,
             close_masters(cluster)
 
 
+def cancel_ended(allocation: Allocation, cluster: str, ssh_config: str | None, ttl: float,
+                 connect_timeout: float = CONNECT_TIMEOUT) -> bool:
+    """What is left of a job dtf submitted that has ended or lost a node, cancelled (True; False:
+    Slurm had ended it): scancel, not waiting until the queue no longer lists it (a job on a node
+    that does not answer stays there, COMPLETING, until Slurm marks the node down: SlurmdTimeout).
+    Slurm gives none of its nodes to another job before it has ended the job's steps there. Over
+    the cluster's master to the login host, opened again for `ttl` if it has gone."""
+    assert allocation.submitted
+    try:
+        with login_master(allocation.login, cluster, ssh_config, connect_timeout, ttl) as t:
+            state = job_state(t, allocation.job).state
+            if state in ("", "COMPLETING", *slurm.ENDINGS):
+                return False
+            _run(t, ["scancel", allocation.job], "scancel")
+            return True
+    except HostError as e:
+        raise HostFailure("dtf train (Slurm)", {allocation.login.host: str(e)})
+
+
 def allocation_state(allocation: Allocation, cluster: str, ssh_config: str | None, ttl: float,
                      connect_timeout: float = CONNECT_TIMEOUT, what: str = "dtf status") -> tuple[JobState, str | None]:
     """The job's state as squeue shows it (`status`, `train`), and unless it runs, one line on
