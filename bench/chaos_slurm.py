@@ -14,8 +14,10 @@ Per fault it prints the time from the crash to:
 - serving: the new allocation's tasks serve;
 - training again: the second attempt's first step done (the program's figures, which `dtf top`
   reads, published once a second: to within that second);
-and the run's goodput: the no-fault run's wall time over the faulty run's (the same steps done;
-the final step count is checked, so no step counted twice).
+what the fault cost the run (the difference of the wall times), and the run's goodput: the
+no-fault run's wall time over the faulty run's (the same steps done; the final step count is
+checked, so no step counted twice). The cost is mostly fixed (Slurm's time to find the node, the
+start, the restore): the longer the run, the nearer its goodput to 1.
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ def main() -> None:
                   f"{run['training']:>15.1f}s")
         print(f"no fault:   {fmt([r['wall'] for r in clean])}")
         print(f"node lost:  {fmt([r['wall'] for r in faulty])}")
+        cost = statistics.median(r["wall"] for r in faulty) - statistics.median(r["wall"] for r in clean)
+        print(f"what the lost node cost the run (difference of the medians): {cost:.1f}s")
         goodput = statistics.median(r["wall"] for r in clean) / statistics.median(r["wall"] for r in faulty)
         print(f"goodput (no-fault wall / faulty wall, the same {total} steps): {goodput:.2f}")
 
