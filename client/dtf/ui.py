@@ -311,7 +311,7 @@ def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: 
     if slurm is not None and job is not None:
         whose = "submitted by dtf" if slurm["submitted_by_dtf"] else "yours"
         if record.replaced:  # `dtf train` replaced an ended job (dtf.hostops.realloc)
-            whose += f"; allocation {record.allocation}, after job {record.replaced[-1]}"
+            whose += f"; allocation {record.allocation}, after job {record.replaced[-1].split(':', 1)[0]} ended"
         say(f"slurm job {slurm['job']} ({whose}): " + (
             f"{job.state}, time used {job.used}, left {job.left}" if not job.gone else
             "no longer in the queue: its tasks ended with it (`dtf down` forgets it)"))
