@@ -88,8 +88,9 @@ def comeback(record: Record, ended: str, *, wait: float, connect_timeout: float,
                           f"(`dtf up` starts the cluster anew)")
     job = result.record.plan.slurm
     assert job is not None
-    new = result.record.replace(allocation=record.allocation + 1, replaced=[*record.replaced, f"{old.job}: {ended}"],
-                      created=record.created)
+    # `created` stays: the same cluster to the watch for `dtf down` (dtf.program.train.taken_down).
+    new = result.record.replace(allocation=record.allocation + 1, created=record.created,
+                                replaced=[*record.replaced, f"{old.job}: {ended}"])
     with state.locked():
         state.save(new)
     say(f"job {job.job} replaces job {old.job} (allocation {new.allocation} of cluster {cluster}): "

@@ -161,8 +161,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                 refused = realloc.refusal(record, ended, attempt, attempts)
                 if refused is not None:
                     raise ClusterDown(refused)
-                run.update(last_retry=f"slurm job {record.plan.slurm.job if record.plan.slurm else '?'} ended "
-                                      f"during attempt {attempt}", reallocating=True)
+                run.update(last_retry=f"{ended} (attempt {attempt})", reallocating=True)
                 held.close()
                 record = realloc.comeback(record, ended, wait=slurm_wait, connect_timeout=connect_timeout, say=say)
                 plan, ops = record.plan, HostOps(record.plan, connect_timeout=connect_timeout)
