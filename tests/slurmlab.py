@@ -227,11 +227,13 @@ class SlurmLab(Lab):
                 proc.wait(timeout=10)
                 self._daemons.remove(proc)
 
-    def restart_slurmd(self, host: Host | str, timeout: float = 120) -> None:
+    def restart_slurmd(self, host: Host | str, timeout: float = 120, idle: bool = True) -> None:
         """Start a killed slurmd again and wait until every compute node is idle (ReturnToService=2:
-        a DOWN node returns once its slurmd registers)."""
+        a DOWN node returns once its slurmd registers); `idle=False`: not waiting (a job pending
+        for the node takes it at once)."""
         self._start_slurmd(self.host(host))
-        self._wait_idle(time.monotonic() + timeout)
+        if idle:
+            self._wait_idle(time.monotonic() + timeout)
 
     # ---- tearing down ---------------------------------------------------------------------
 

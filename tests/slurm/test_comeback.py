@@ -185,6 +185,46 @@ def test_a_job_of_the_users_own_is_never_replaced(slurm_lab: SlurmLab, tmp_path:
         slurm_lab.slurm(["scancel", job])
 
 
+def test_a_killed_slurmd_gives_a_new_allocation_once_the_node_is_back(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """slurmd killed on one of the job's two nodes (its tasks there live on, orphaned): Slurm ends
+    the job (NODE_FAIL) once the node has not answered for SlurmdTimeout, and the other node's tasks
+    with it. The new allocation needs both nodes: it pends, saying why, until the node's slurmd is
+    back; then the tasks start on both (the orphans gone) and the program runs again."""
+    inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="node")
+    home = tmp_path / "home"
+    r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = job_of(r.stdout)
+    lost = slurm_lab.computes[1]
+    prog, here = program(tmp_path)
+    run = Train(home, tmp_path / "train.log", "--attempts", "2", str(prog), str(here))
+    restarted = False
+    try:
+        wait_until(lambda: (here / "attempt-1").exists() or run.proc.poll() is not None, 120)
+        slurm_lab.kill_slurmd(lost)
+        wait_until(lambda: gone(slurm_lab, first), 180, every=1)  # NODE_FAIL after SlurmdTimeout
+        (here / "go").write_text("")
+        run.wait_for(r"^dtf: job \d+: PENDING", timeout=120)
+        slurm_lab.restart_slurmd(lost, idle=False)
+        restarted = True
+        code, text = run.finish(timeout=300)
+        assert code == 0, text[-4000:]
+        assert f"slurm job {first} lost a node (NODE_FAIL" in text or \
+            f"slurm job {first} is no longer in the queue" in text, text
+        second = new_job(text)
+        assert f"job {second} replaces job {first} (allocation 2 of cluster node)" in text, text
+        assert (here / "attempt-2").exists()
+        doc = status_json(home)
+        assert doc["slurm"]["job"] == second and sorted(doc["slurm"]["nodes"]) == sorted(
+            h.name for h in slurm_lab.computes), doc
+        assert [t["state"] for t in doc["tasks"]] == ["alive"] * 4, doc
+    finally:
+        dtf("down", home=home, env=FAKE, timeout=120)
+        if not restarted:
+            slurm_lab.restart_slurmd(lost)
+    assert left_behind(slurm_lab, timeout=30) == []
+
+
 def crash(lab: SlurmLab, node: str) -> None:
     """The node goes as in a crash: its slurmd killed (Slurm learns it after SlurmdTimeout), and
     every process of the job's there (slurmstepd, dtf's supervisors and servers) with it."""
