@@ -44,6 +44,8 @@ class Record:
     network: str = "direct"  # how this machine reaches the tasks: "direct", or "ssh" (dtf.hosts.tunnel)
     tf_ports_open: bool = True  # the TF ports accepted connections from this machine directly
     synced: dict[str, Synced] = field(default_factory=dict)  # name -> what every host holds (dtf sync)
+    # task name -> what dtf did to bring it back (restarted, moved to a spare): `status`, `top`
+    recovered: dict[str, str] = field(default_factory=dict)
 
     @property
     def cluster(self) -> str:
@@ -54,7 +56,8 @@ class Record:
                 "created": self.created, "chief_host": self.chief_host, "pids": dict(self.pids),
                 "taking_down": self.taking_down, "network": self.network,
                 "tf_ports_open": self.tf_ports_open, "plan": self.plan.to_dict(),
-                "synced": {name: s.to_dict() for name, s in self.synced.items()}}
+                "synced": {name: s.to_dict() for name, s in self.synced.items()},
+                "recovered": dict(self.recovered)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
@@ -67,7 +70,8 @@ class Record:
                    taking_down=bool(data.get("taking_down", False)),
                    network=str(data.get("network", "direct")),
                    tf_ports_open=bool(data.get("tf_ports_open", True)),
-                   synced={str(k): Synced.from_dict(v) for k, v in data.get("synced", {}).items()})
+                   synced={str(k): Synced.from_dict(v) for k, v in data.get("synced", {}).items()},
+                   recovered={str(k): str(v) for k, v in data.get("recovered", {}).items()})
 
     def replace(self, **changes: Any) -> Record:
         return dataclasses.replace(self, **changes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import platform
@@ -20,7 +21,7 @@ from dtf.cluster import state
 from dtf.cluster.plan import GRPC_KEEPALIVE, Plan
 from dtf.cluster.state import Record
 from dtf.errors import ClusterDown, DtfError, UsageError
-from dtf.hostops import reach
+from dtf.hostops import reach, repair
 from dtf.hostops.lease import LeaseKeeper
 from dtf.hostops.parallel import HostOps
 from dtf.hostops.status import TaskState, states
@@ -125,18 +126,29 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
         raise ClusterDown(f"cluster {plan.cluster!r}: not serving: {', '.join(dead)} "
                           f"(see `dtf status`, `dtf logs TASK`)")
     with contextlib.ExitStack() as stack:
-        stack.enter_context(LeaseKeeper(plan, warn=lambda m: say(f"warning: {m}"), connect_timeout=connect_timeout))
-        tunnel = stack.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
+        keeper = stack.enter_context(LeaseKeeper(plan, warn=lambda m: say(f"warning: {m}"),
+                                                 connect_timeout=connect_timeout))
+        tunnels = stack.enter_context(contextlib.ExitStack())  # opened again when tasks move
+        tunnel = tunnels.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
         run = stack.enter_context(RunFigures(plan.cluster, attempts))
+        # Dead tasks started again, lost hosts' tasks moved to spares (dtf.hostops.repair).
+        mender = stack.enter_context(repair.Mender(record, connect_timeout, say, on_plan=keeper.follow))
         attempt = 1
         while True:
             run.update(attempt=attempt)
             before = ps_incarnations(ops)
-            code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose, hook_env)
+            changes = mender.changes
+            code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose, hook_env,
+                                         stop_if=functools.partial(mender.stop_reason, changes))
             if code == 0 or interrupted:
                 return code
             job_ended(record, connect_timeout, raise_it=True)  # a Slurm job's end: no attempt brings it back
-            lost = lost_ps(ops, before, record.network)
+            if mender.lost is not None:
+                raise ClusterDown(mender.lost)
+            moved = [f"{t.name} (moved to {t.host})" for t in mender.plan.tasks()
+                     if (was := plan.task(t.name)) is not None and was.host != t.host]
+            lost = moved + [x for x in lost_ps(ops, before, record.network)
+                            if x.split(" ")[0] not in {m.split(" ")[0] for m in moved}]
             if not lost:
                 return code
             if attempt >= attempts:
@@ -147,10 +159,19 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                 f"{ps_wait:g}s for every task to serve again")
             run.update(last_retry=f"{', '.join(lost)} lost during attempt {attempt}", waiting=True)
             t0 = time.monotonic()
-            still = wait_serving(ops, record.network, ps_wait)
+            still = mender.wait_serving(ps_wait)
+            if mender.lost is not None:
+                raise ClusterDown(mender.lost)
             if still:
                 raise ClusterDown(f"cluster {plan.cluster!r}: still not serving after {ps_wait:g}s: "
                                   f"{', '.join(still)} (see `dtf status`, `dtf logs TASK`)")
+            if mender.record.plan != plan:  # tasks moved: the next attempt's addresses
+                record = mender.record
+                plan = record.plan
+                ops = HostOps(plan, connect_timeout=connect_timeout)
+                if tunnel is not None:
+                    tunnels.close()
+                    tunnel = tunnels.enter_context(open_tunnel(record, connect_timeout))
             attempt += 1
             run.update(waiting=False)
             say(f"cluster serving again after {time.monotonic() - t0:.1f}s; running the program "
@@ -285,12 +306,14 @@ def taken_down(record: Record) -> bool:
 
 def run_once(record: Record, program: str, args: list[str], output: str | None,
              attempt: int, tunnel: Tunnel | None = None, verbose: bool = False,
-             hook_env: dict[str, str] | None = None) -> tuple[int, bool]:
+             hook_env: dict[str, str] | None = None,
+             stop_if: Callable[[], str | None] = lambda: None) -> tuple[int, bool]:
     """One run of the program: (exit code, stopped on purpose: Ctrl-C, or `dtf down`).
 
     Ctrl-C reaches the program (it is in our terminal's process group) and stops it; dtf waits
     for it and leaves the cluster up. SIGTERM sent to dtf alone is passed on to the program.
-    `dtf down` on the cluster stops it too (its workers are going away: it would wait for them).
+    `dtf down` on the cluster stops it too (its workers are going away: it would wait for them),
+    and so does `stop_if` saying why (tasks moved to a spare: not a stop on purpose).
     """
     plan = record.plan
     env = program_env(plan, record.chief_host, output, attempt, tunnel,
@@ -304,7 +327,11 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
         if taken_down(record):
             down = True
             say(f"cluster {plan.cluster!r} is being taken down (`dtf down`): stopping the program")
-        return down
+            return True
+        why = stop_if()
+        if why is not None:
+            say(why)
+        return why is not None
 
     def on_sigint(signum: int, frame: object) -> None:
         nonlocal interrupted_at
