@@ -211,7 +211,6 @@ class Mender:
         else:
             self.lost = no_spare_line(plan, lost, waited)
             self.changes += 1
-            self.say(self.lost)
             return
         if not self.restart:
             pids = {}
@@ -243,7 +242,7 @@ class Mender:
     def stop_reason(self, changes: int) -> str | None:
         """Why the running program must stop (its cluster changed since `changes`), else None."""
         if self.lost is not None:
-            return self.lost
+            return "a host is lost and no spare is left: stopping the program"
         if self.changes > changes:
             return "tasks moved to a spare: stopping the program, whose next attempt uses the new placement"
         return None
