@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import EXAMPLES, Barrier, Train, dtf, status_json, wait_gone, wait_until
+from helpers import EXAMPLES, REPO, Barrier, Train, dtf, status_json, wait_gone, wait_until
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
@@ -190,3 +190,39 @@ def test_no_spare_left_ends_the_run_with_one_line(lab, write_inventory, home, tm
     assert f"(host_timeout {HOST_TIMEOUT}s) and no spare left to take its tasks (worker:1)" in errors[0]
     # The tasks of the hosts that are left still serve; the lost one is still in the record.
     wait_until(lambda: [x["state"] for x in status_json(home)["tasks"]][:2] == ["alive", "alive"], timeout=60)
+
+
+# -- collective mode ---------------------------------------------------------------------------------
+
+def test_collective_copies_start_again_on_the_spare_for_a_host_lost_for_good(lab, write_inventory, home, tmp_path):
+    if lab.mode != "netns":
+        pytest.skip("cutting one host off needs network namespaces (lab in loopback mode)")
+    from test_collective import held_program_on_laptop, runner_processes
+
+    w0, w1 = lab.ports(2)
+    inv = with_spares(write_inventory([{"host": "h0", "workers": [w0]}, {"host": "h1", "workers": [w1]}]),
+                      lab, ["h2"])
+    assert dtf("up", str(inv), home=home, timeout=300, env={"DTF_SERVER": "fake"}).returncode == 0
+    barrier = Barrier(tmp_path / "barrier", r"^epoch 1 done")  # the chief waits there until the cut
+    out = tmp_path / "out"
+    run = Train(home, tmp_path / "train.out", "--collective", "--attempts", "2", "--output", str(out),
+                *held_program_on_laptop(lab, "collective-spare", barrier, "--epochs", "5", "--steps", "10"),
+                cwd=REPO)
+    try:
+        with barrier.held(run):
+            lose_for_good(lab, "h1")
+        code, text = run.finish(timeout=600)
+    finally:
+        come_back(lab, "h1")
+    dtf_lines = "\n".join(x for x in text.splitlines() if x.startswith("dtf:"))
+    assert code == 0, text[-4000:]
+    assert "worker:1 moved to spare h2" in text and "attempt 2 of 2" in text, dtf_lines
+    assert "[worker:1 h2]" in text  # the copy ran on the spare
+    epochs = [line.split() for line in (out / "epochs.txt").read_text().splitlines()]
+    first = [int(e[3]) for e in epochs if e[1] == "1"]
+    second = [int(e[3]) for e in epochs if e[1] == "2"]
+    assert first and second and second[0] == first[-1] + 1, epochs  # resumed from the backup, on the new set
+    assert sorted(set(first + second)) == list(range(5)) and second[-1] == 4, epochs
+    assert all(runner_processes(lab, h) == [] for h in lab.hosts)
+    rows = status_json(home)["tasks"]  # the worker servers serve again, on the new set
+    assert [(x["task"], x["host"], x["state"]) for x in rows] == [("worker:0", "h0", "alive"), ("worker:1", "h2", "alive")]

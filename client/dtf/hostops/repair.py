@@ -17,7 +17,9 @@ thread), every `WATCH_EVERY` seconds; the status call renews the lease as it goe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from dtf.cluster import state
 from dtf.cluster.plan import HostPlan, Plan
 from dtf.cluster.state import Record
-from dtf.errors import DtfError, HostFailure
+from dtf.errors import ClusterDown, DtfError, HostFailure
 from dtf.hostops import reach, stop
 from dtf.hostops.parallel import HostOps, ProgressView, failures, no_view
 from dtf.hostops.start import Starter, local_tf_version
@@ -81,6 +83,25 @@ def check_spares(plan: Plan, connect_timeout: float, view: ProgressView = no_vie
         raise HostFailure("dtf up", failed)
 
 
+def answered_or_moved(record: Record, hosts: list[str], connect_timeout: float,
+                      say: Callable[[str], None]) -> Record:
+    """Collective mode, after an attempt that lost `hosts`: wait until each answers again, or,
+    past the plan's `host_timeout`, has its tasks moved to a spare in the record (nothing is
+    started there: the next attempt's copies take the ports). The record as it is then;
+    ClusterDown with the one line where a host is lost and no spare is left."""
+    mender = Mender(record, connect_timeout, say, restart=False)
+    begun = time.monotonic()
+    while True:
+        mender.look()
+        if mender.lost is not None:
+            raise ClusterDown(mender.lost)
+        names = {hp.name for hp in mender.plan.hosts}
+        with mender.lock:
+            if all(h not in names or mender.answered.get(h, 0) > begun for h in hosts):
+                return mender.record
+        time.sleep(WATCH_EVERY)
+
+
 class Mender:
     """Watches the hosts of a running cluster and brings its tasks back (see the module).
 
@@ -104,6 +125,7 @@ class Mender:
         now = time.monotonic()
         self.answered = {hp.name: now for hp in record.plan.hosts}  # host -> when it last answered
         self.asking: set[str] = set()
+        self.failed = False  # a repair raised (a bug): said once
         self.thread = threading.Thread(target=self._run, name="dtf-mender", daemon=True)
 
     @property
@@ -121,7 +143,21 @@ class Mender:
     # -- watching ---------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self.stopped.wait(self.every):
-            self.look()
+            self._guarded(self.look)
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """A bug in a repair is said once and written to $DTF_HOME/debug.log; the run goes on."""
+        try:
+            step()
+        except Exception as e:  # the training must not end with the watcher
+            import traceback
+
+            with contextlib.suppress(OSError), open(state.home() / "debug.log", "a") as log:
+                log.write(f"--- dtf train's mender, {time.ctime()}\n{traceback.format_exc()}")
+            if not self.failed:
+                self.failed = True
+                self.say(f"warning: dead tasks and lost hosts are not repaired: {type(e).__name__}: {e} "
+                         f"(traceback in {state.home() / 'debug.log'})")
 
     def look(self) -> None:
         """Ask every host not being asked already; move the tasks of each host lost past the timeout."""
@@ -130,8 +166,8 @@ class Mender:
             for hp in plan.hosts:
                 if hp.name not in self.asking:
                     self.asking.add(hp.name)
-                    threading.Thread(target=self._ask, args=(plan, hp), name=f"dtf-mender-{hp.name}",
-                                     daemon=True).start()
+                    threading.Thread(target=self._guarded, args=(functools.partial(self._ask, plan, hp),),
+                                     name=f"dtf-mender-{hp.name}", daemon=True).start()
             if self.lost is not None:
                 return
             now = time.monotonic()
