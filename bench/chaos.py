@@ -64,6 +64,15 @@ class Output:
             self.lines.append((now, line))
         self.read = len(complete)
 
+    def epoch_done(self, epoch: int, since: float, back: str | None) -> bool:
+        """Whether an epoch at or past `epoch` was reported after the line `back` (seen after
+        `since`): a fault strikes in training, not while the program starts again."""
+        after = since if back is None else self.first(back, since)
+        if after is None:
+            return False
+        return any(int(m.group(1)) >= epoch for t, line in self.lines if t >= after
+                   and (m := re.match(r"^epoch (\d+)/\d+ done", line)))
+
     def first(self, pattern: str, after: float = 0.0) -> float | None:
         return next((t for t, line in self.lines if t >= after and re.search(pattern, line)), None)
 
@@ -88,8 +97,8 @@ def run_schedule(home: Path, args: list[str], log: Path, faults: list[Fault], to
     while run.proc.poll() is None:
         seen.poll()
         # A fault strikes once its epoch is done and the one before is over (training again).
-        if pending and seen.first(rf"^epoch {pending[0].after_epoch}/\d+ done") is not None and (
-                last is None or seen.first(last.back, after=struck[last.name]) is not None):
+        if pending and seen.epoch_done(pending[0].after_epoch, struck[last.name] if last else 0.0,
+                                       last.back if last else None):
             last = pending.pop(0)
             last.act()
             struck[last.name] = time.monotonic()

@@ -133,12 +133,16 @@ class Mender:
         return self.record.plan
 
     def __enter__(self) -> Mender:
-        self.thread.start()
+        # A Slurm allocation's nodes are asked through job steps, too dear to ask every few
+        # seconds; a job that ends is replaced as a whole (dtf.program.train), not host by host.
+        if self.plan.slurm is None:
+            self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stopped.set()
-        self.thread.join(timeout=self.connect_timeout + 60)
+        if self.thread.is_alive():
+            self.thread.join(timeout=self.connect_timeout + 60)
 
     # -- watching ---------------------------------------------------------------------------------
     def _run(self) -> None:

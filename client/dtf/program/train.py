@@ -147,7 +147,9 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                 raise ClusterDown(mender.lost)
             moved = [f"{t.name} (moved to {t.host})" for t in mender.plan.tasks()
                      if (was := plan.task(t.name)) is not None and was.host != t.host]
-            lost = moved + [x for x in lost_ps(ops, before, record.network)
+            # The ps as placed now: a host lost for good is not asked again (it would not answer).
+            now = ops if not moved else HostOps(mender.plan, connect_timeout=connect_timeout)
+            lost = moved + [x for x in lost_ps(now, before, record.network)
                             if x.split(" ")[0] not in {m.split(" ")[0] for m in moved}]
             if not lost:
                 return code
