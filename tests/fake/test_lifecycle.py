@@ -45,7 +45,7 @@ def test_up_status_down(site: Site):
     assert (doc["schema"], doc["cluster"]) == (1, "fk")
     for row in doc["tasks"]:
         assert set(row) == {"task", "job", "index", "host", "address", "state", "serving", "pid",
-                            "server_pid", "uptime", "restarts", "last_exit", "error"}
+                            "server_pid", "uptime", "restarts", "last_exit", "error", "recovered"}
     r = site.dtf("down")
     assert r.returncode == 0 and "3 server(s) stopped on 2 host(s)" in r.stdout, r.stderr
     assert site.processes() == [] and site.files() == []
