@@ -148,6 +148,9 @@ def show_plan(plan: Plan) -> None:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in hp.env)
             say(f"  {t.name:<10} {t.address:<24} {env} {render(t.serve_argv)}")
             say(f"  {'':<10} log {t.log}")
+    for sp in plan.spares:
+        say(f"\nspare {sp.name}: checked at `up` ({render(sp.check_argv())}), then left alone; takes the "
+            f"tasks of a host unanswered for {plan.host_timeout:g}s under `dtf train`")
     for item in plan.sync:
         say(f"\nsync     {item.path} to every host as {item.name!r} (WORKDIR/.cache/sync/HASH; "
             f"skipped where a host has it)")
