@@ -226,3 +226,24 @@ def test_collective_copies_start_again_on_the_spare_for_a_host_lost_for_good(lab
     assert all(runner_processes(lab, h) == [] for h in lab.hosts)
     rows = status_json(home)["tasks"]  # the worker servers serve again, on the new set
     assert [(x["task"], x["host"], x["state"]) for x in rows] == [("worker:0", "h0", "alive"), ("worker:1", "h2", "alive")]
+
+
+# -- spares at `up` ----------------------------------------------------------------------------------
+
+def test_up_checks_each_spare_and_leaves_nothing_on_it(lab, write_inventory, home):
+    ps, w0 = lab.ports(2)
+    inv = with_spares(write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}]), lab, ["h2"])
+    doc = yaml.safe_load(inv.read_text())
+    doc["spares"][0]["python"] = "/nonexistent/python3"
+    bad = inv.with_name("bad-spare.yaml")
+    bad.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = dtf("up", str(bad), home=home, timeout=120, env={"DTF_SERVER": "fake"})
+    assert r.returncode == 4 and "Traceback" not in r.stderr, r.stderr
+    assert "h2: spare: python missing: '/nonexistent/python3' cannot be run there" in r.stderr, r.stderr
+    assert not (home / "state" / "lab.json").exists()
+    assert lab.processes_of_hosts() == {h.name: [] for h in lab.hosts}
+    assert not Path(lab.host("h2").workdir, "lab").exists()
+    # A good spare passes the check, and nothing of dtf's stays there.
+    r = dtf("up", str(inv), home=home, timeout=120, env={"DTF_SERVER": "fake"})
+    assert r.returncode == 0, r.stderr
+    assert lab.processes("h2") == [] and not Path(lab.host("h2").workdir, "lab").exists()
