@@ -113,6 +113,9 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     `ps_wait` seconds for every task to serve again and runs the program again, up to `attempts`
     runs in all: the program resumes from its last checkpoint (a lost ps loses its variables).
     A failure with every ps intact is the program's own: its exit code is returned at once.
+    Meanwhile a `repair.Mender` starts again each task whose supervisor is gone, and moves the
+    tasks of a host unanswered past `host_timeout` to a spare: the program is then stopped and
+    runs again on the new placement (ClusterDown, in one line, where no spare is left).
     Unless `verbose`, TensorFlow's own chatter is filtered out of the program's stderr (dtf.program.noise).
     """
     plan = record.plan
