@@ -283,7 +283,7 @@ def status(
     from dtf.hostops.status import cluster_status
 
     found = cluster_status(cluster, connect_timeout=connect_timeout)
-    rows = ui.status_rows(found.states)
+    rows = ui.status_rows(found.states, found.record.recovered)
     ui.show_status(found.record, rows, json_out, found.job, found.ended)
     if found.ended is not None:
         raise found.ended_error()
@@ -326,11 +326,18 @@ def top(
     console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
     with Watch(HostOps(plan, connect_timeout=connect_timeout), interval) as watch:
         if not (once or json_out):
-            view.live(plan, watch, live_dir, interval, console)
+            def recorded() -> state.Record | None:  # tasks moved to a spare: the view follows the record
+                try:
+                    return lifecycle.recorded(plan.cluster)
+                except DtfError:
+                    return None
+
+            view.live(record, watch, live_dir, interval, console, recorded=recorded,
+                      watch_for=lambda p: Watch(HostOps(p, connect_timeout=connect_timeout), interval))
             return
         # Two samples per host: CPU% and the byte rates are differences between two.
         watch.wait_samples(2, timeout=connect_timeout + 2 * interval + 15)
-        doc = view.snapshot(plan, watch.feeds(), view.training(live_dir))
+        doc = view.snapshot(plan, watch.feeds(), view.training(live_dir), record.recovered)
     if json_out:
         import json
 

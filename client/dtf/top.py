@@ -14,7 +14,7 @@ import os
 import select
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dtf.cluster.plan import Plan
+from dtf.cluster.state import Record
 from dtf.hostops.watch import HostFeed, Watch
 from dtf.program import figures
 
@@ -66,8 +67,10 @@ def training(live: Path) -> dict[str, Any] | None:
     return doc
 
 
-def snapshot(plan: Plan, feeds: dict[str, HostFeed], train: dict[str, Any] | None) -> dict[str, Any]:
-    """The document `--json` prints and the view shows."""
+def snapshot(plan: Plan, feeds: dict[str, HostFeed], train: dict[str, Any] | None,
+             recovered: dict[str, str] | None = None) -> dict[str, Any]:
+    """The document `--json` prints and the view shows; `recovered`: the record's note per task
+    dtf brought back (restarted, moved to a spare)."""
     workers = (train or {}).get("workers") or {}
     rows = []
     for t in plan.tasks():
@@ -76,7 +79,7 @@ def snapshot(plan: Plan, feeds: dict[str, HostFeed], train: dict[str, Any] | Non
         row: dict[str, Any] = {"task": t.name, "job": t.job, "index": t.index, "host": t.host,
                                "state": "unknown", "restarts": 0, "last_exit": None, "uptime": None,
                                "cpu": None, "rss": None, "net_in": None, "net_out": None,
-                               "steps_per_s": None,
+                               "steps_per_s": None, "recovered": (recovered or {}).get(t.name),
                                "error": feed.error or ("no sample yet" if sample is None else None)}
         if sample is not None:
             st = sample.status
@@ -200,6 +203,8 @@ def view(doc: dict[str, Any], height: int) -> RenderableType:
     for r in shown:
         style = STATE_STYLE.get(r["state"], "red")
         state = r["state"] if not r["error"] or r["state"] == "alive" else f"{r['state']}: {r['error']}"
+        if r.get("recovered"):  # "restarted by dtf", "moved from h1 to spare h2"
+            state += f" ({r['recovered'].split(' at ')[0]})"
         tab.add_row(r["host"] if r["host"] != previous else "", r["task"], Text(state, style=style),
                     str(r["restarts"]), r["last_exit"] or "-", duration(r["uptime"]),
                     "-" if r["cpu"] is None else f"{r['cpu']:.0f}%", size(r["rss"]),
@@ -235,14 +240,28 @@ def pressed(timeout: float) -> str | None:
     return os.read(sys.stdin.fileno(), 32).decode(errors="replace") if ready else None
 
 
-def live(plan: Plan, watch: Watch, live_dir: Path, interval: float, console: Console) -> None:
-    """Refresh every `interval` s until `q` (or Ctrl-C)."""
+def live(record: Record, watch: Watch, live_dir: Path, interval: float, console: Console,
+         recorded: Callable[[], Record | None] = lambda: None,
+         watch_for: Callable[[Plan], Watch] | None = None) -> None:
+    """Refresh every `interval` s until `q` (or Ctrl-C). The record is read again at each refresh
+    (`recorded`): where tasks moved to a spare, the view watches the new placement (`watch_for`)."""
+    shown_record, current = record, watch
+
     def screen() -> RenderableType:
-        doc = snapshot(plan, watch.feeds(), training(live_dir))
+        nonlocal shown_record, current
+        now = recorded()
+        if now is not None and now.created == shown_record.created:
+            if now.plan != shown_record.plan and watch_for is not None:
+                if current is not watch:
+                    current.__exit__(None, None, None)
+                current = watch_for(now.plan).__enter__()
+            shown_record = now
+        doc = snapshot(shown_record.plan, current.feeds(), training(live_dir), shown_record.recovered)
         return Group(view(doc, console.size.height - 1), Text("q: quit", style="dim"))
 
     with keys(), Live(screen(), console=console, screen=True, auto_refresh=False) as shown, \
-            contextlib.suppress(KeyboardInterrupt):
+            contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as later:
+        later.callback(lambda: current.__exit__(None, None, None) if current is not watch else None)
         next_at = time.monotonic()
         while True:
             key = pressed(next_at - time.monotonic())

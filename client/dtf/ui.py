@@ -148,6 +148,9 @@ def show_plan(plan: Plan) -> None:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in hp.env)
             say(f"  {t.name:<10} {t.address:<24} {env} {render(t.serve_argv)}")
             say(f"  {'':<10} log {t.log}")
+    for sp in plan.spares:
+        say(f"\nspare {sp.name}: checked at `up` ({render(sp.check_argv())}), then left alone; takes the "
+            f"tasks of a host unanswered for {plan.host_timeout:g}s under `dtf train`")
     for item in plan.sync:
         say(f"\nsync     {item.path} to every host as {item.name!r} (WORKDIR/.cache/sync/HASH; "
             f"skipped where a host has it)")
@@ -272,8 +275,9 @@ def show_up_result(result: UpResult) -> None:
         say(report.line())
 
 
-def status_rows(states: list[TaskState]) -> list[dict[str, Any]]:
-    """One row per task: what `dtf status` shows, and the schema of `dtf status --json` (docs/watching.md)."""
+def status_rows(states: list[TaskState], recovered: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """One row per task: what `dtf status` shows, and the schema of `dtf status --json` (docs/watching.md).
+    `recovered`: the record's note per task dtf brought back (restarted, moved to a spare)."""
     rows = []
     for st in states:
         t, info = st.task, st.status
@@ -287,6 +291,7 @@ def status_rows(states: list[TaskState]) -> list[dict[str, Any]]:
             "restarts": info.restarts if info else 0,
             "last_exit": info.last_exit if info else None,
             "error": st.reason,
+            "recovered": (recovered or {}).get(t.name),
         })
     return rows
 
@@ -329,6 +334,9 @@ def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: 
         tab.add_row(r["task"], r["host"], r["address"], str(r["server_pid"] or "-"),
                     f"[{color}]{r['state']}[/]", uptime, str(r["restarts"]), r["last_exit"] or "-")
     console().print(tab)
+    for r in rows:
+        if r.get("recovered"):
+            say(f"{r['task']}: {r['recovered']}")
     for r in rows:
         if r["error"] and r["state"] != "unknown":
             say(f"{r['task']} ({r['host']}): {r['error']}", stderr=True)

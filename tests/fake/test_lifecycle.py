@@ -45,7 +45,7 @@ def test_up_status_down(site: Site):
     assert (doc["schema"], doc["cluster"]) == (1, "fk")
     for row in doc["tasks"]:
         assert set(row) == {"task", "job", "index", "host", "address", "state", "serving", "pid",
-                            "server_pid", "uptime", "restarts", "last_exit", "error"}
+                            "server_pid", "uptime", "restarts", "last_exit", "error", "recovered"}
     r = site.dtf("down")
     assert r.returncode == 0 and "3 server(s) stopped on 2 host(s)" in r.stdout, r.stderr
     assert site.processes() == [] and site.files() == []
@@ -170,6 +170,9 @@ def test_up_again_restarts_only_the_dead_tasks(local_site: Site):
     after = rows(site)
     assert {t: x["state"] for t, x in after.items()} == {"ps:0": "alive", "worker:0": "alive", "worker:1": "alive"}
     assert [after[t]["pid"] for t in ("ps:0", "worker:0")] == [before[t]["pid"] for t in ("ps:0", "worker:0")]
+    # `dtf status` and `dtf top` show what dtf did (the record keeps it).
+    assert after["worker:1"]["recovered"].startswith("restarted by dtf at ")
+    assert after["worker:1"]["recovered"].endswith("(`dtf up`; was dead)") and after["ps:0"]["recovered"] is None
     r = site.dtf("up", str(inv))
     assert r.returncode == 0 and "is already up: 3 tasks serving" in r.stdout
 

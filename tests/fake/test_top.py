@@ -172,3 +172,54 @@ def test_refreshing_opens_no_new_ssh_connection(lab_site: LabSite, lab: Lab, tmu
     tmux("send-keys", "-t", "t", "q")
     wait_until(lambda: tmux.exit_code() is not None, timeout=20)
     assert tmux.exit_code() == 0
+
+
+@pytest.mark.lab
+def test_the_view_follows_tasks_moved_to_a_spare(lab: Lab, tmux: Tmux, tmp_path: Path):
+    """Under `dtf train`, h1 is lost for good and its task moves to the spare h2: the open view
+    shows it there, with what dtf did."""
+    if lab.mode != "netns":
+        pytest.skip("cutting one host off needs network namespaces (lab in loopback mode)")
+    import signal
+
+    import yaml
+
+    from helpers import Train, down_recorded, dtf, leftovers, wait_gone
+
+    home = tmp_path / "home"
+    ps, w0 = lab.ports(2)
+    inv = lab.inventory(tmp_path / "inv.yaml", [{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
+    doc = yaml.safe_load(inv.read_text())
+    doc.update(host_timeout=10, spares=[{"host": "h2", "workdir": lab.host("h2").workdir}])
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    fake = {"DTF_SERVER": "fake"}
+    program = tmp_path / "waits.py"  # the program never reaches the (fake) servers: it waits
+    program.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    run = None
+    try:
+        assert dtf("up", str(inv), home=home, timeout=120, env=fake).returncode == 0
+        run = Train(home, tmp_path / "train.out", str(program))
+        run.wait_for("^started")
+        tmux.start(f"{sys.executable} -m dtf.cli top --interval 0.5",
+                   {"DTF_HOME": str(home), "TERM": "xterm-256color", **fake})
+        wait_until(lambda: re.search(r"h1\s+worker:0\s+alive", tmux.screen()), timeout=60)
+        lab.link_down("h1")
+        pids = [pid for pid, _ in lab.processes("h1")]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        wait_gone(pids)
+        run.wait_for(r"worker:0 moved to spare h2", timeout=120)
+        screen = wait_until(lambda: s if re.search(r"h2\s+worker:0\s+alive \(moved from h1 to spare h2\)",
+                                                   s := tmux.screen()) else None, timeout=60)
+        assert not [line for line in screen.splitlines() if line.split()[:1] == ["h1"]], screen  # h1 left the view
+        tmux("send-keys", "-t", "t", "q")
+        wait_until(lambda: tmux.exit_code() is not None, timeout=20)
+        assert tmux.exit_code() == 0
+    finally:
+        if run is not None and run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+        lab.link_up("h1")
+        shutil.rmtree(Path(lab.host("h1").workdir, "lab"), ignore_errors=True)
+        down_recorded(tmp_path)
+    assert leftovers(lab) == {}

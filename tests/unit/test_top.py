@@ -99,7 +99,7 @@ def test_json_document(tmp_path: Path):
                               "rss": 5 * (100 << 20), "net_in": 5 * 2048.0, "net_out": 5 * 1024.0}
     rows = {r["task"]: r for r in doc["tasks"]}
     assert set(rows["ps:0"]) == {"task", "job", "index", "host", "state", "restarts", "last_exit", "uptime",
-                                 "cpu", "rss", "net_in", "net_out", "steps_per_s", "error"}
+                                 "cpu", "rss", "net_in", "net_out", "steps_per_s", "error", "recovered"}
     assert (rows["worker:0"]["steps_per_s"], rows["worker:1"]["steps_per_s"], rows["worker:2"]["steps_per_s"]) \
         == (70.0, None, 50.5)
     assert doc["training"]["steps_per_s"] == 120.5

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtf.cluster import gpus
-from dtf.cluster.inventory.model import DEFAULT_PYTHON, HostSpec, Inventory, Position
+from dtf.cluster.inventory.model import DEFAULT_HOST_TIMEOUT, DEFAULT_PYTHON, HostSpec, Inventory, Position
 from dtf.cluster.slurm import Allocation
 from dtf.files import environment, shipping
 from dtf_server import layout
@@ -283,6 +283,12 @@ class Plan:
     # Where the inventory names ssh_config (for its errors after `up`: check_ssh_config); 0: unknown.
     ssh_config_line: int = 0
     ssh_config_column: int = 0
+    # `spares:`: hosts that stand by, without tasks (each spec's address resolved); `host_timeout`:
+    # how long a host may go unanswered under `dtf train` before its tasks move to a spare;
+    # `moved`: (lost host, spare) of each move made, in order (`moved_to`).
+    spares: tuple[HostPlan, ...] = ()
+    host_timeout: float = DEFAULT_HOST_TIMEOUT
+    moved: tuple[tuple[str, str], ...] = ()
 
     def ssh_config_position(self, inventory: str) -> Position:
         """Where `inventory`, the file this plan was made from, names ssh_config."""
@@ -336,33 +342,73 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
-        hosts = []
-        for h in data["hosts"]:
-            spec = dict(h["spec"])
-            spec["ps_ports"] = tuple(spec["ps_ports"])
-            spec["worker_ports"] = tuple(spec["worker_ports"])
-            if spec.get("gpus") is not None:
-                spec["gpus"] = tuple(spec["gpus"])
-            spec["packages"] = tuple(spec.get("packages", ()))
-            host_spec = HostSpec(**spec)
-            server = h.get("server", "tensorflow")
-            launcher = launcher_path(h["root"])
-            # The serve command is derived again, never read back: it names this dtf's launcher.
-            tasks = tuple(TaskPlan(**{**t, "serve_argv": task_argv(host_spec, server_argv(
-                server, h["python"], launcher, t["job"], t["index"], t["port"],
-                posixpath.join(t["dir"], layout.READY)), t["job"], t["port"])}) for t in h["tasks"])
-            hosts.append(HostPlan(
-                spec=host_spec, python=h["python"], root=h["root"], tasks=tasks,
-                env=tuple((k, v) for k, v in h["env"]), start_timeout=h["start_timeout"],
-                ttl=h.get("ttl", DEFAULT_TTL), server=server, env_dir=h.get("env_dir"),
-                requirements=tuple(h.get("requirements", ())), base_python=h.get("base_python", ""),
-            ))
         return cls(cluster=data["cluster"], inventory=data["inventory"],
-                   ssh_config=data["ssh_config"], hosts=tuple(hosts),
+                   ssh_config=data["ssh_config"], hosts=tuple(_host_from_dict(h) for h in data["hosts"]),
                    network=data.get("network", "direct"), firewall=data.get("firewall", "none"),
                    sync=tuple(SyncItem(**item) for item in data.get("sync", ())),
                    slurm=Allocation.from_dict(data["slurm"]) if data.get("slurm") else None,
-                   ssh_config_line=data.get("ssh_config_line", 0), ssh_config_column=data.get("ssh_config_column", 0))
+                   ssh_config_line=data.get("ssh_config_line", 0), ssh_config_column=data.get("ssh_config_column", 0),
+                   spares=tuple(_host_from_dict(h) for h in data.get("spares", ())),
+                   host_timeout=float(data.get("host_timeout", DEFAULT_HOST_TIMEOUT)),
+                   moved=tuple((str(a), str(b)) for a, b in data.get("moved", ())))
+
+    def spare(self, name: str) -> HostPlan | None:
+        return next((sp for sp in self.spares if sp.name == name), None)
+
+    def moved_to(self, lost: str, spare: str) -> Plan:
+        """This plan with host `lost`'s tasks on spare `spare` (same jobs, indexes and ports; the
+        spare's address, python and workdir), the spare in the lost host's place, gone from
+        `spares`; the lost host is no longer in the plan (ValueError: no such host or spare)."""
+        hp = next((h for h in self.hosts if h.name == lost), None)
+        sp = self.spare(spare)
+        if hp is None or sp is None:
+            raise ValueError(f"cannot move {lost!r} to {spare!r}: no such host or spare")
+        spec = dataclasses.replace(sp.spec, ps_ports=hp.spec.ps_ports, worker_ports=hp.spec.worker_ports)
+        address = default_address(spec)
+        launcher = launcher_path(sp.root)
+        tasks = []
+        for t in hp.tasks:
+            tdir = layout.task_dir(sp.root, t.job, t.index)
+            ready = posixpath.join(tdir, layout.READY)
+            argv = server_argv(hp.server, sp.python, launcher, t.job, t.index, t.port, ready)
+            tasks.append(TaskPlan(job=t.job, index=t.index, host=spare, port=t.port, address=f"{address}:{t.port}",
+                                  dir=tdir, serve_argv=task_argv(spec, argv, t.job, t.port)))
+        new = dataclasses.replace(sp, spec=spec, tasks=tuple(tasks), env=hp.env, start_timeout=hp.start_timeout,
+                                  ttl=hp.ttl, server=hp.server)
+        return dataclasses.replace(self, hosts=tuple(new if h.name == lost else h for h in self.hosts),
+                                   spares=tuple(s for s in self.spares if s.name != spare),
+                                   moved=(*self.moved, (lost, spare)))
+
+    def with_moves(self, moves: Collection[tuple[str, str]]) -> Plan:
+        """This plan (an inventory's) with the moves a running cluster made, where they still apply:
+        what `dtf up` from the same inventory compares with the cluster's record."""
+        plan = self
+        for lost, spare in moves:
+            if any(h.name == lost for h in plan.hosts) and plan.spare(spare) is not None:
+                plan = plan.moved_to(lost, spare)
+        return plan
+
+
+def _host_from_dict(h: dict[str, Any]) -> HostPlan:
+    spec = dict(h["spec"])
+    spec["ps_ports"] = tuple(spec["ps_ports"])
+    spec["worker_ports"] = tuple(spec["worker_ports"])
+    if spec.get("gpus") is not None:
+        spec["gpus"] = tuple(spec["gpus"])
+    spec["packages"] = tuple(spec.get("packages", ()))
+    host_spec = HostSpec(**spec)
+    server = h.get("server", "tensorflow")
+    launcher = launcher_path(h["root"])
+    # The serve command is derived again, never read back: it names this dtf's launcher.
+    tasks = tuple(TaskPlan(**{**t, "serve_argv": task_argv(host_spec, server_argv(
+        server, h["python"], launcher, t["job"], t["index"], t["port"],
+        posixpath.join(t["dir"], layout.READY)), t["job"], t["port"])}) for t in h["tasks"])
+    return HostPlan(
+        spec=host_spec, python=h["python"], root=h["root"], tasks=tasks,
+        env=tuple((k, v) for k, v in h["env"]), start_timeout=h["start_timeout"],
+        ttl=h.get("ttl", DEFAULT_TTL), server=server, env_dir=h.get("env_dir"),
+        requirements=tuple(h.get("requirements", ())), base_python=h.get("base_python", ""),
+    )
 
 
 def default_address(spec: HostSpec) -> str:
@@ -428,10 +474,25 @@ def make_plan(
     sync = tuple(SyncItem(s.name, os.path.normpath(os.path.join(base, os.path.expanduser(s.path))), s.line,
                           s.column) for s in inventory.sync)
     at = inventory.position("ssh_config") if inventory.ssh_config else None
+    # A spare: its python and root as a host's, no task; its address resolved now (for a move).
+    spares = []
+    for spec in inventory.spares:
+        python = spec.python
+        env_dir = None
+        reqs = ()
+        if spec.managed:
+            reqs = environment.requirements(spec.accelerator, spec.packages)
+            env_dir = environment.env_dir(spec.workdir, environment.env_hash(reqs, spec.accelerator, spec.base_python))
+            python = posixpath.join(env_dir, "bin", "python")
+        spares.append(HostPlan(spec=dataclasses.replace(spec, address=resolve(spec)), python=python,
+                               root=posixpath.join(spec.workdir, inventory.cluster), tasks=(), env=TASK_ENV,
+                               start_timeout=start_timeout, ttl=ttl, server=server, env_dir=env_dir,
+                               requirements=reqs, base_python=spec.base_python if spec.managed else python))
     return Plan(cluster=inventory.cluster, inventory=inventory.path,
                 ssh_config=inventory.ssh_config, hosts=tuple(hosts),
                 network=network or inventory.network, firewall=inventory.firewall, sync=sync, slurm=slurm,
-                ssh_config_line=at.line if at else 0, ssh_config_column=at.column if at else 0)
+                ssh_config_line=at.line if at else 0, ssh_config_column=at.column if at else 0,
+                spares=tuple(spares), host_timeout=inventory.host_timeout)
 
 
 _HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdir", "address",
@@ -441,8 +502,11 @@ _HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdi
 def differences(old: Plan, new: Plan) -> list[str]:
     """What changed from the plan a cluster was started with to a new one, one line per change
     (hosts and tasks added, removed or moved; host settings changed). Empty: the same cluster."""
-    lines = [f"{key}: {getattr(old, key)!r} -> {getattr(new, key)!r}" for key in ("network", "firewall")
-             if getattr(old, key) != getattr(new, key)]
+    lines = [f"{key}: {getattr(old, key)!r} -> {getattr(new, key)!r}"
+             for key in ("network", "firewall") if getattr(old, key) != getattr(new, key)]
+    old_spares, new_spares = ([sp.name for sp in p.spares] for p in (old, new))
+    if old_spares != new_spares:
+        lines.append(f"spares: {', '.join(old_spares) or 'none'} -> {', '.join(new_spares) or 'none'}")
     old_hosts, new_hosts = ({h.name: h for h in p.hosts} for p in (old, new))
     lines += [f"host {name}: added" for name in new_hosts if name not in old_hosts]
     lines += [f"host {name}: removed" for name in old_hosts if name not in new_hosts]

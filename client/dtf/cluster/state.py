@@ -48,6 +48,8 @@ class Record:
     # ended job, dtf.hostops.realloc), and the jobs it replaced, each "JOB: why it ended".
     allocation: int = 1
     replaced: list[str] = field(default_factory=list)
+    # task name -> what dtf did to bring it back (restarted, moved to a spare): `status`, `top`
+    recovered: dict[str, str] = field(default_factory=dict)
 
     @property
     def cluster(self) -> str:
@@ -59,7 +61,8 @@ class Record:
                 "taking_down": self.taking_down, "network": self.network,
                 "tf_ports_open": self.tf_ports_open, "plan": self.plan.to_dict(),
                 "synced": {name: s.to_dict() for name, s in self.synced.items()},
-                "allocation": self.allocation, "replaced": list(self.replaced)}
+                "allocation": self.allocation, "replaced": list(self.replaced),
+                "recovered": dict(self.recovered)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
@@ -73,7 +76,8 @@ class Record:
                    network=str(data.get("network", "direct")),
                    tf_ports_open=bool(data.get("tf_ports_open", True)),
                    synced={str(k): Synced.from_dict(v) for k, v in data.get("synced", {}).items()},
-                   allocation=int(data.get("allocation", 1)), replaced=[str(x) for x in data.get("replaced", [])])
+                   allocation=int(data.get("allocation", 1)), replaced=[str(x) for x in data.get("replaced", [])],
+                   recovered={str(k): str(v) for k, v in data.get("recovered", {}).items()})
 
     def replace(self, **changes: Any) -> Record:
         return dataclasses.replace(self, **changes)

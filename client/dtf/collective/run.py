@@ -57,6 +57,7 @@ from dtf.hostops import launcher, status, stop, syncing
 from dtf.hostops.lease import LeaseKeeper
 from dtf.hostops.lifecycle import ctrl_c_sets
 from dtf.hostops.parallel import HostOps
+from dtf.hostops.repair import answered_or_moved
 from dtf.hostops.start import Starter
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError
@@ -187,6 +188,16 @@ class CollectiveRun:
         self.taken_down = taken_down
         self.remote_program: dict[str, str] = {}
         self.figures: RunFigures | NoFigures = NoFigures()  # what `dtf top` shows of the run
+
+    def on(self, record: Record) -> CollectiveRun:
+        """This run on the hosts of `record` (tasks moved to a spare: dtf.hostops.repair), with the
+        program shipped to them."""
+        run = CollectiveRun(record, self.program, self.args, self.output, join_timeout=self.join_timeout,
+                            grace=self.grace, connect_timeout=self.connect_timeout, host_lost=self.host_lost,
+                            taken_down=self.taken_down, verbose=self.verbose)
+        run.figures = self.figures
+        run.ship()
+        return run
 
     # -- steps on the hosts ----------------------------------------------------------------------
     def ship(self) -> None:
@@ -347,8 +358,8 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
 
         check_ssh_config(record.plan.ssh_config_position(record.inventory), record.plan.ssh_config)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
-                                        connect_timeout=connect_timeout))
+        keeper = stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
+                                                 connect_timeout=connect_timeout))
         run.figures = stack.enter_context(RunFigures(record.plan.cluster, attempts, mode="collective"))
         interrupted = threading.Event()  # Ctrl-C and SIGTERM set it: dtf then stops the copies
         stack.enter_context(ctrl_c_sets(interrupted, signals=(signal.SIGINT, signal.SIGTERM)))
@@ -380,6 +391,11 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
                             count = 0
                         again = (result.failure is not None and result.failure.lost and attempt < attempts
                                  and not result.interrupted and not result.taken_down)
+                        if again and result.failure is not None and run.plan.spares:  # on a spare
+                            moved = answered_or_moved(run.record, [result.failure.host], connect_timeout, say)
+                            if moved.plan != run.plan:
+                                run = run.on(moved)
+                                keeper.follow(moved.plan)
                         if again:
                             try:
                                 run.copy_backup(Path(tmp))

@@ -46,6 +46,12 @@ class LeaseKeeper:
         self.renewed = {hp.name: time.monotonic() for hp in plan.hosts}
         self.warned: set[str] = set()
 
+    def follow(self, plan: Plan) -> None:
+        """Renew on the hosts of `plan` from now on (tasks moved to a spare: dtf.hostops.repair)."""
+        self.ops = HostOps(plan, connect_timeout=self.ops.connect_timeout)
+        now = time.monotonic()
+        self.renewed = {hp.name: self.renewed.get(hp.name, now) for hp in plan.hosts}
+
     def __enter__(self) -> LeaseKeeper:
         if self.ttl > 0:
             self.thread.start()
@@ -63,7 +69,7 @@ class LeaseKeeper:
                 if o.ok and o.value.lease is not None:
                     self.renewed[host] = now
                     self.warned.discard(host)
-                elif now - self.renewed[host] > self.ttl / 2 and host not in self.warned:
+                elif now - self.renewed.get(host, now) > self.ttl / 2 and host not in self.warned:
                     self.warned.add(host)
                     why = "its tasks' files are gone" if o.ok else o.reason
                     self.warn(f"cannot renew the lease on {host} for {now - self.renewed[host]:.0f}s "

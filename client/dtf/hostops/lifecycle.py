@@ -34,6 +34,7 @@ from dtf.errors import ClusterChanged, HostFailure, InventoryError, NoCluster, P
 from dtf.files import sync
 from dtf.hostops import lease, reach, status, stop, syncing
 from dtf.hostops.parallel import HostOps, Outcome, ProgressView, failures, no_view, require_all
+from dtf.hostops.repair import check_spares, restarted_note
 from dtf.hostops.start import HostStarted, Starter
 from dtf.hostops.stop import STOP_GRACE, HostStopped
 
@@ -99,6 +100,8 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
     """
     with state.locked():
         running = state.load(plan.cluster) if plan.cluster in state.names() else None
+        if running is not None and running.plan.moved:  # tasks moved to spares (dtf.hostops.repair)
+            plan = plan.with_moves(running.plan.moved)
         changes = differences(running.plan, plan) if running is not None else []
         if running is not None and not changes:
             return repair(running, plan, inventory_path, ttl, packs, connect_timeout, view)
@@ -107,6 +110,7 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
                 raise ClusterChanged(plan.cluster, running.inventory, str(inventory_path), changes)
             teardown(running, keep_logs=False, grace=STOP_GRACE, connect_timeout=connect_timeout, view=view)
         t0 = time.monotonic()
+        check_spares(plan, connect_timeout, view)
         ops = HostOps(plan, connect_timeout=connect_timeout, view=view)
         outcomes, sent = start(ops, None, packs)
         reports = syncing.reports(packs, sent)
@@ -372,7 +376,9 @@ def restart_dead(ops: HostOps, record: Record, inventory_path: Path) -> UpResult
     pids = dict(record.pids)
     for started in outcomes.values():
         pids.update(started.value.pids)
-    record = record.replace(pids=pids, inventory=str(inventory_path.resolve()))
+    notes = {s.task.name: restarted_note(f"`dtf up`; was {s.state}") for s in dead}
+    record = record.replace(pids=pids, inventory=str(inventory_path.resolve()),
+                            recovered={**record.recovered, **notes})
     state.save(record)
     return UpResult(record, outcomes=outcomes, seconds=time.monotonic() - t0,
                     restarted=[(s.task.name, s.state) for s in dead], serving=len(states) - len(dead))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import platform
@@ -20,7 +21,7 @@ from dtf.cluster import state
 from dtf.cluster.plan import GRPC_KEEPALIVE, Plan
 from dtf.cluster.state import Record
 from dtf.errors import ClusterDown, DtfError, UsageError
-from dtf.hostops import reach, realloc
+from dtf.hostops import reach, realloc, repair
 from dtf.hostops.lease import LeaseKeeper
 from dtf.hostops.parallel import HostOps
 from dtf.hostops.status import TaskState, states
@@ -112,6 +113,9 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     `ps_wait` seconds for every task to serve again and runs the program again, up to `attempts`
     runs in all: the program resumes from its last checkpoint (a lost ps loses its variables).
     A failure with every ps intact is the program's own: its exit code is returned at once.
+    Meanwhile a `repair.Mender` starts again each task whose supervisor is gone, and moves the
+    tasks of a host unanswered past `host_timeout` to a spare: the program is then stopped and
+    runs again on the new placement (ClusterDown, in one line, where no spare is left).
     A Slurm job that ended meanwhile (a lost node, a preemption, the time limit) is replaced by a
     new allocation from the same inventory, pending up to `slurm_wait` seconds (dtf.hostops.realloc),
     and the program runs again there; a job of the user's own (`job:`) ends the run in one line.
@@ -129,18 +133,28 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                           f"(see `dtf status`, `dtf logs TASK`)")
     with contextlib.ExitStack() as stack:
         run = stack.enter_context(RunFigures(plan.cluster, attempts))
-        held = stack.enter_context(contextlib.ExitStack())  # the lease and the tunnel of one allocation
-        tunnel = hold(held, record, connect_timeout)
+        held = stack.enter_context(contextlib.ExitStack())  # what one allocation's run keeps: hold()
+        tunnels = stack.enter_context(contextlib.ExitStack())  # opened again when tasks move
+        tunnel, mender = hold(held, tunnels, record, connect_timeout)
         attempt = 1
         while True:
             run.update(attempt=attempt, job=record.plan.slurm.job if record.plan.slurm else None)
             before = ps_incarnations(ops)
-            code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose, hook_env)
+            changes = mender.changes
+            code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose, hook_env,
+                                         stop_if=functools.partial(mender.stop_reason, changes))
             if code == 0 or interrupted:
                 return code
             ended = job_ended(record, connect_timeout)
             if ended is None:
-                lost = lost_ps(ops, before, record.network)
+                if mender.lost is not None:
+                    raise ClusterDown(mender.lost)
+                moved = [f"{t.name} (moved to {t.host})" for t in mender.plan.tasks()
+                         if (was := plan.task(t.name)) is not None and was.host != t.host]
+                # The ps as placed now: a host lost for good is not asked again (it would not answer).
+                now = ops if not moved else HostOps(mender.plan, connect_timeout=connect_timeout)
+                lost = moved + [x for x in lost_ps(now, before, record.network)
+                                if x.split(" ")[0] not in {m.split(" ")[0] for m in moved}]
                 if not lost:
                     return code
                 if attempt >= attempts:
@@ -152,8 +166,10 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                 run.update(last_retry=f"{', '.join(lost)} lost during attempt {attempt}", waiting=True)
                 t0 = time.monotonic()
                 watch = realloc.JobWatch(record, connect_timeout, job_ended)  # a Slurm job may end meanwhile
-                still = wait_serving(ops, record.network, ps_wait, stop=watch)
+                still = mender.wait_serving(ps_wait, stop=watch)
                 ended = watch.ended
+                if mender.lost is not None:
+                    raise ClusterDown(mender.lost)
                 if still and ended is None:
                     raise ClusterDown(f"cluster {plan.cluster!r}: still not serving after {ps_wait:g}s: "
                                       f"{', '.join(still)} (see `dtf status`, `dtf logs TASK`)")
@@ -162,25 +178,39 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                 if refused is not None:
                     raise ClusterDown(refused)
                 run.update(last_retry=f"{ended} (attempt {attempt})", reallocating=True)
+                tunnels.close()
                 held.close()
                 record = realloc.comeback(record, ended, wait=slurm_wait, connect_timeout=connect_timeout, say=say)
                 plan, ops = record.plan, HostOps(record.plan, connect_timeout=connect_timeout)
-                tunnel = hold(held, record, connect_timeout)
+                tunnel, mender = hold(held, tunnels, record, connect_timeout)
                 attempt += 1
                 run.update(reallocating=False)
                 say(f"running the program again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
                 continue
+            if mender.record.plan != plan:  # tasks moved: the next attempt's addresses
+                record = mender.record
+                plan = record.plan
+                ops = HostOps(plan, connect_timeout=connect_timeout)
+                if tunnel is not None:
+                    tunnels.close()
+                    tunnel = tunnels.enter_context(open_tunnel(record, connect_timeout))
             attempt += 1
             run.update(waiting=False)
             say(f"cluster serving again after {time.monotonic() - t0:.1f}s; running the program "
                 f"again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
 
 
-def hold(stack: contextlib.ExitStack, record: Record, connect_timeout: float) -> Tunnel | None:
-    """What `dtf train` keeps while it runs on the cluster `record` holds: the lease renewed, and in
-    ssh mode the tunnel to the tasks (its value)."""
-    stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"), connect_timeout=connect_timeout))
-    return stack.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
+def hold(held: contextlib.ExitStack, tunnels: contextlib.ExitStack, record: Record,
+         connect_timeout: float) -> tuple[Tunnel | None, repair.Mender]:
+    """What `dtf train` keeps while it runs on one allocation of the cluster `record` holds: the
+    lease renewed and the mender (dead tasks started again, a lost host's tasks moved to a spare:
+    dtf.hostops.repair), both in `held`; in ssh mode the tunnel to the tasks, in `tunnels` (opened
+    again when tasks move)."""
+    keeper = held.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
+                                            connect_timeout=connect_timeout))
+    mender = held.enter_context(repair.Mender(record, connect_timeout, say, on_plan=keeper.follow))
+    tunnel = tunnels.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
+    return tunnel, mender
 
 
 class NoFigures:
@@ -289,18 +319,6 @@ def lost_ps(ops: HostOps, before: dict[str, tuple[int, int | None]], network: st
     return [f"{name} ({why})" for name, why in sorted(lost.items())]
 
 
-def wait_serving(ops: HostOps, network: str, timeout: float, stop: Callable[[], bool] = lambda: False
-                 ) -> list[str]:
-    """Wait until every task accepts connections from here; the ones that still do not (at the
-    deadline, or as soon as `stop()` says so)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        dead = dead_tasks(ops, network, timeout=min(PROBE_TIMEOUT, max(0.1, deadline - time.monotonic())))
-        if not dead or time.monotonic() >= deadline or stop():
-            return dead
-        time.sleep(0.25)
-
-
 def taken_down(record: Record) -> bool:
     """`dtf down` has begun on the cluster, or it is gone from the record (or another `dtf up`
     replaced it)."""
@@ -313,12 +331,14 @@ def taken_down(record: Record) -> bool:
 
 def run_once(record: Record, program: str, args: list[str], output: str | None,
              attempt: int, tunnel: Tunnel | None = None, verbose: bool = False,
-             hook_env: dict[str, str] | None = None) -> tuple[int, bool]:
+             hook_env: dict[str, str] | None = None,
+             stop_if: Callable[[], str | None] = lambda: None) -> tuple[int, bool]:
     """One run of the program: (exit code, stopped on purpose: Ctrl-C, or `dtf down`).
 
     Ctrl-C reaches the program (it is in our terminal's process group) and stops it; dtf waits
     for it and leaves the cluster up. SIGTERM sent to dtf alone is passed on to the program.
-    `dtf down` on the cluster stops it too (its workers are going away: it would wait for them).
+    `dtf down` on the cluster stops it too (its workers are going away: it would wait for them),
+    and so does `stop_if` saying why (tasks moved to a spare: not a stop on purpose).
     """
     plan = record.plan
     env = program_env(plan, record.chief_host, output, attempt, tunnel,
@@ -332,7 +352,11 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
         if taken_down(record):
             down = True
             say(f"cluster {plan.cluster!r} is being taken down (`dtf down`): stopping the program")
-        return down
+            return True
+        why = stop_if()
+        if why is not None:
+            say(why)
+        return why is not None
 
     def on_sigint(signum: int, frame: object) -> None:
         nonlocal interrupted_at

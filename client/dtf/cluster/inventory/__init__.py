@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dtf.cluster.inventory.model import (
     ACCELERATORS,
+    DEFAULT_HOST_TIMEOUT,
     DEFAULT_PYTHON,
     DEFAULT_RESTART_BACKOFF,
     DEFAULT_RESTART_LIMIT,
@@ -32,9 +33,9 @@ from dtf.cluster.inventory.model import (
 )
 
 __all__ = [
-    "ACCELERATORS", "DEFAULT_PYTHON", "DEFAULT_RESTART_BACKOFF", "DEFAULT_RESTART_LIMIT", "DEFAULT_TF_PORT",
-    "DEFAULT_WORKDIR", "FIREWALLS", "MANAGED", "NETWORKS", "HostSpec", "Inventory", "Position", "SlurmSpec",
-    "SyncSpec", "load", "loads",
+    "ACCELERATORS", "DEFAULT_HOST_TIMEOUT", "DEFAULT_PYTHON", "DEFAULT_RESTART_BACKOFF", "DEFAULT_RESTART_LIMIT",
+    "DEFAULT_TF_PORT", "DEFAULT_WORKDIR", "FIREWALLS", "MANAGED", "NETWORKS", "HostSpec", "Inventory", "Position",
+    "SlurmSpec", "SyncSpec", "load", "loads",
 ]
 
 

@@ -47,6 +47,7 @@ from dtf.cluster.inventory.values import (
     optional,
     plain,
     read_cluster,
+    read_host_timeout,
     read_path,
     read_port,
     read_slurm_job,
@@ -56,7 +57,8 @@ from dtf.cluster.inventory.values import (
 from dtf.errors import Problem
 
 _MANAGED_ONLY = ("base_python", "packages", "accelerator")  # on a host entry: only with python: managed
-_TOP_KEYS = ("cluster", "ssh_config", "network", "firewall", "defaults", "hosts", "slurm", "sync")
+_TOP_KEYS = ("cluster", "ssh_config", "network", "firewall", "defaults", "hosts", "slurm", "sync", "spares",
+             "host_timeout")
 # `slurm:`: besides the allocation, the layout per node and the nodes' own settings.
 _NODE_SETTINGS = ("python", "workdir", "tf_port", "restart_limit", "restart_backoff", "base_python",
                   "packages", "accelerator")
@@ -65,6 +67,12 @@ _LOGIN_KEYS = ("host", "user", "port", "identity_file")
 _NOT_WITH_SLURM = ("connection", "address", "gpus")  # per host; Slurm decides (gpus: slurm.gpus_per_node)
 _SYNC_KEYS = ("path", "as")
 _HOST_KEYS = ("host", *SETTINGS, "ps", "workers")
+# A spare: a hosts entry without tasks (it takes over a lost host's, on their ports).
+_SPARE_KEYS = tuple(k for k in _HOST_KEYS if k not in ("ps", "workers", "tf_port", "connection"))
+_NOT_ON_A_SPARE = {"ps": "not on a spare: it takes over the tasks of a lost host, on their ports",
+                   "workers": "not on a spare: it takes over the tasks of a lost host, on their ports",
+                   "tf_port": "not on a spare: it takes over the tasks of a lost host, on their ports",
+                   "connection": "not on a spare: a spare is another machine, reached by SSH"}
 _PER_HOST_ONLY = {k: "not allowed in defaults: set it in each hosts entry" for k in ("host", "ps", "workers")}
 
 # A role is a count of tasks or explicit ports, each with the node a problem would point at.
@@ -178,10 +186,62 @@ class Checker:
         if "slurm" in found and "hosts" not in found:
             slurm = self.slurm(found["slurm"], defaults, found.get("defaults"))
         sync = self.sync(found["sync"]) if "sync" in found else []
+        spares: list[HostSpec] = []
+        if "spares" in found:
+            if "slurm" in found:
+                self.report(found["spares"][0], "spares", "not with slurm: Slurm decides where tasks run")
+            else:
+                spares = self.spares(found["spares"], defaults, hosts)
+        timeout: dict[str, Any] = {}
+        if "host_timeout" in found:
+            timeout["host_timeout"] = self.value(found["host_timeout"], "host_timeout", read_host_timeout)
         if self.problems or not isinstance(cluster, str):  # an invalid cluster is one of the problems
             return None
         return Inventory(path=self.filename, cluster=cluster, hosts=tuple(hosts), ssh_config=ssh_config,
-                         sync=tuple(sync), slurm=slurm, positions=self.positions, **choices)
+                         sync=tuple(sync), slurm=slurm, spares=tuple(spares), positions=self.positions,
+                         **choices, **timeout)
+
+    def spares(self, entry: tuple[yaml.Node, yaml.Node], defaults: dict[str, Any],
+               hosts: list[HostSpec]) -> list[HostSpec]:
+        """`spares:`: hosts that stand by, each a hosts entry without tasks; none is also a host."""
+        key, node = entry
+        if isinstance(node, yaml.ScalarNode) and node.tag == NULL:
+            return []
+        if not is_seq(node):
+            self.report(key, "spares", f"expected a list of hosts (each as a hosts entry without ps and "
+                                       f"workers), got {describe(node)}")
+            return []
+        taken = {h.host.lower(): h.line for h in hosts}
+        specs: list[HostSpec] = []
+        for i, item in enumerate(node.value):
+            path = f"spares[{i}]"
+            self.positions[path] = self.position(item)
+            if not is_map(item):
+                self.report(item, path, f"expected a mapping with at least a host key, got {describe(item)}")
+                continue
+            found = self.entries(item, path, _SPARE_KEYS, _NOT_ON_A_SPARE)
+            s = self.settings(found, path, defaults)
+            if "host" not in found:
+                self.report(item, path, "missing required key 'host'")
+                continue
+            name = self.value(found["host"], f"{path}.host", name_reader("a host name", HOST_HINTS))
+            if name is INVALID or INVALID in s.values():
+                continue
+            line = item.start_mark.line + 1
+            if name.lower() in taken:
+                first = taken[name.lower()]
+                what = "a spare already" if first < 0 else f"in hosts already (line {first})"
+                self.report(found["host"][1], f"{path}.host", f"host {name!r} is {what}: a spare stands by "
+                                                               f"for the hosts, apart from them")
+                continue
+            taken[name.lower()] = -line
+            specs.append(HostSpec(
+                host=name, line=line, connection="ssh", user=s["user"], port=s["port"],
+                identity_file=s["identity_file"], python=s["python"], workdir=s["workdir"], address=s["address"],
+                ps_ports=(), worker_ports=(), restart_limit=s["restart_limit"],
+                restart_backoff=s["restart_backoff"], base_python=s["base_python"], packages=s["packages"],
+                accelerator=s["accelerator"], gpus=s["gpus"]))
+        return specs
 
     def slurm(self, entry: tuple[yaml.Node, yaml.Node], defaults: dict[str, Any],
               defaults_entry: tuple[yaml.Node, yaml.Node] | None) -> SlurmSpec | None:

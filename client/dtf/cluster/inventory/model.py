@@ -19,6 +19,10 @@ ACCELERATORS = ("none", "cuda")
 DEFAULT_WORKDIR = "~/.dtf"
 DEFAULT_RESTART_LIMIT = Defaults.RESTART_LIMIT  # host-side defaults live in one place
 DEFAULT_RESTART_BACKOFF = Defaults.RESTART_BACKOFF
+# Seconds a host may go unanswered while `dtf train` runs before its tasks move to a spare
+# (`host_timeout`): past gRPC's keepalive (dtf.cluster.plan.GRPC_KEEPALIVE), so a host the
+# training itself has not yet given up on is not replaced.
+DEFAULT_HOST_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,10 @@ class Inventory:
     # `slurm:` in place of `hosts:` (hosts is then empty until the allocation names the nodes:
     # `with_nodes`).
     slurm: SlurmSpec | None = None
+    # `spares:` hosts that stand by, with no task, for the tasks of a host lost for good
+    # (dtf.hostops.repair); `host_timeout`: how long a host may go unanswered before it is lost.
+    spares: tuple[HostSpec, ...] = ()
+    host_timeout: float = DEFAULT_HOST_TIMEOUT
     # Where each value is written, by the name its errors give it ("ssh_config", "hosts[1].port",
     # "sync[0]"): a key's position for a mapping's entry, an item's for a list's.
     positions: Mapping[str, Position] = field(default_factory=dict, compare=False, repr=False)

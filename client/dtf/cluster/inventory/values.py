@@ -214,6 +214,24 @@ def read_seconds(node: yaml.Node) -> float:
     return float(value) + 0.0  # -0.0 becomes 0.0
 
 
+_MAX_HOST_TIMEOUT = 86400
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smh]?)")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def read_host_timeout(node: yaml.Node) -> float:
+    """`host_timeout`: seconds (a number, or 90s, 2m, 1h), more than 0 and at most a day."""
+    value = plain(node)
+    seconds: float | None = None
+    if is_int(value) or isinstance(value, float):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.fullmatch(value.strip().lower())):
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if seconds is None or not 0 < seconds <= _MAX_HOST_TIMEOUT:  # (NaN fails it too)
+        raise Invalid(f"expected a duration more than 0 and at most 1 day (60, 90s, 2m), got {describe(node)}")
+    return seconds
+
+
 # A requirement as pip and uv read it: a name, extras, a version specifier, a marker. Never an
 # option (a line starting with '-' would be one in a requirements file).
 _REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._, -]*\])?\s*([<>=!~;@ ][^\n\r]*)?")

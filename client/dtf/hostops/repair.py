@@ -1,0 +1,309 @@
+"""Runs that outlive their machines: while `dtf train` runs, a `Mender` watches every host and
+brings back what is lost.
+
+- A task whose supervisor is gone (killed, its host rebooted, the OOM killer) or gave up is
+  started again on its host, as `dtf up` again would, without touching the tasks that serve. A
+  worker comes back at its address and the coordinator takes it back; a ps restarted so makes
+  the program's next attempt (dtf.program.train) resume from its last checkpoint.
+- A host that has not answered for the plan's `host_timeout` is lost for good: its tasks move
+  to the first spare (the inventory's `spares:`) that starts them, on the same ports; the
+  cluster's record holds the new placement. ParameterServerStrategy cannot change a task's
+  address inside a run, so the program is stopped and its next attempt resumes from its last
+  checkpoint. No spare left: `lost` says so in one line, and the run ends.
+
+Each host is asked in a thread of its own (a host whose link is down holds only its own
+thread), every `WATCH_EVERY` seconds; the status call renews the lease as it goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+import time
+from collections.abc import Callable
+
+from dtf.cluster import state
+from dtf.cluster.plan import HostPlan, Plan
+from dtf.cluster.state import Record
+from dtf.errors import ClusterDown, DtfError, HostFailure
+from dtf.hostops import reach, stop
+from dtf.hostops.parallel import HostOps, ProgressView, failures, no_view
+from dtf.hostops.start import Starter, local_tf_version
+from dtf.hostops.status import status_host
+from dtf.hosts.transport import HostError
+
+WATCH_EVERY = 2.0  # seconds between two questions to a host
+PROBE_TIMEOUT = 3.0  # seconds a task's port gets to accept a connection (wait_serving)
+# A task in one of these states has nothing on its host that brings it back: dtf starts it again.
+NEEDS_START = ("dead", "failed")
+
+
+def clock() -> str:
+    return time.strftime("%H:%M:%S")
+
+
+def restarted_note(why: str | None) -> str:
+    """What `status` and `top` show of a task dtf started again."""
+    return f"restarted by dtf at {clock()} ({why or 'not running'})"
+
+
+def moved_note(lost: str, spare: str, waited: float) -> str:
+    return f"moved from {lost} to spare {spare} at {clock()} ({lost} unanswered for {waited:.0f}s)"
+
+
+def no_spare_line(plan: Plan, lost: HostPlan, waited: float) -> str:
+    """The one line a run ends with when a host is lost and no spare can take its tasks."""
+    tasks = ", ".join(t.name for t in lost.tasks)
+    return (f"cluster {plan.cluster!r}: host {lost.name} unanswered for {waited:.0f}s (host_timeout "
+            f"{plan.host_timeout:g}s) and no spare left to take its tasks ({tasks})")
+
+
+def check_spares(plan: Plan, connect_timeout: float, view: ProgressView = no_view) -> None:
+    """`up`: each spare can take tasks (reached by SSH, its python with this machine's
+    TensorFlow); nothing is left on it. HostFailure naming each spare that cannot."""
+    if not plan.spares:
+        return
+    ops = HostOps(dataclasses.replace(plan, hosts=plan.spares), connect_timeout=connect_timeout, view=view)
+    starter = Starter(ops)
+    version = local_tf_version()
+
+    def check(sp: HostPlan) -> None:
+        ops.step(sp, "connecting")
+        with ops.transport(sp) as t:
+            starter._check(t, sp, version, ())
+
+    with ops.shown(f"dtf up {plan.cluster}: checking the spares"):
+        checked = ops.each_host(check, turns=ops.turns())
+        touched = [sp for sp in plan.spares if sp.name in starter.touched]
+        cleaned = stop.remove_launcher(ops, touched)
+    failed = {h: f"spare: {why}" for h, why in {**failures(cleaned), **failures(checked)}.items()}
+    if failed:
+        raise HostFailure("dtf up", failed)
+
+
+def answered_or_moved(record: Record, hosts: list[str], connect_timeout: float,
+                      say: Callable[[str], None]) -> Record:
+    """Collective mode, after an attempt that lost `hosts`: wait until each answers again, or,
+    past the plan's `host_timeout`, has its tasks moved to a spare in the record (nothing is
+    started there: the next attempt's copies take the ports). The record as it is then;
+    ClusterDown with the one line where a host is lost and no spare is left."""
+    mender = Mender(record, connect_timeout, say, restart=False)
+    begun = time.monotonic()
+    while True:
+        mender.look()
+        if mender.lost is not None:
+            raise ClusterDown(mender.lost)
+        names = {hp.name for hp in mender.plan.hosts}
+        with mender.lock:
+            if all(h not in names or mender.answered.get(h, 0) > begun for h in hosts):
+                return mender.record
+        time.sleep(WATCH_EVERY)
+
+
+class Mender:
+    """Watches the hosts of a running cluster and brings its tasks back (see the module).
+
+    `record` follows every change (`changes` counts the moves); `say` is told each repair in one
+    line; `on_plan` gets each new plan (the lease keeper's hosts). `restart` False: tasks are not
+    started again, nor started on a spare (collective mode: the copies hold the worker ports)."""
+
+    def __init__(self, record: Record, connect_timeout: float, say: Callable[[str], None],
+                 on_plan: Callable[[Plan], None] = lambda plan: None, restart: bool = True,
+                 every: float = WATCH_EVERY) -> None:
+        self.record = record
+        self.connect_timeout = connect_timeout
+        self.say = say
+        self.on_plan = on_plan
+        self.restart = restart
+        self.every = every
+        self.lock = threading.RLock()  # the record, `answered`, a move
+        self.stopped = threading.Event()
+        self.changes = 0  # moves made: a running program's addresses changed
+        self.lost: str | None = None  # a host lost with no spare left: the line the run ends with
+        now = time.monotonic()
+        self.answered = {hp.name: now for hp in record.plan.hosts}  # host -> when it last answered
+        self.asking: set[str] = set()
+        self.failed = False  # a repair raised (a bug): said once
+        self.thread = threading.Thread(target=self._run, name="dtf-mender", daemon=True)
+
+    @property
+    def plan(self) -> Plan:
+        return self.record.plan
+
+    def __enter__(self) -> Mender:
+        # A Slurm allocation's nodes are asked through job steps, too dear to ask every few
+        # seconds; a job that ends is replaced as a whole (dtf.program.train), not host by host.
+        if self.plan.slurm is None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=self.connect_timeout + 60)
+
+    # -- watching ---------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self.stopped.wait(self.every):
+            self._guarded(self.look)
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """A bug in a repair is said once and written to $DTF_HOME/debug.log; the run goes on."""
+        try:
+            step()
+        except Exception as e:  # the training must not end with the watcher
+            import traceback
+
+            with contextlib.suppress(OSError), open(state.home() / "debug.log", "a") as log:
+                log.write(f"--- dtf train's mender, {time.ctime()}\n{traceback.format_exc()}")
+            if not self.failed:
+                self.failed = True
+                self.say(f"warning: dead tasks and lost hosts are not repaired: {type(e).__name__}: {e} "
+                         f"(traceback in {state.home() / 'debug.log'})")
+
+    def look(self) -> None:
+        """Ask every host not being asked already; move the tasks of each host lost past the timeout."""
+        with self.lock:
+            plan = self.plan
+            for hp in plan.hosts:
+                if hp.name not in self.asking:
+                    self.asking.add(hp.name)
+                    threading.Thread(target=self._guarded, args=(functools.partial(self._ask, plan, hp),),
+                                     name=f"dtf-mender-{hp.name}", daemon=True).start()
+            if self.lost is not None:
+                return
+            now = time.monotonic()
+            for hp in plan.hosts:
+                waited = now - self.answered.get(hp.name, now)
+                if waited > plan.host_timeout and not self.stopped.is_set():
+                    self._move(hp, waited)
+
+    def _ask(self, plan: Plan, hp: HostPlan) -> None:
+        try:
+            reply = status_host(HostOps(plan, connect_timeout=self.connect_timeout), hp)
+        except HostError:
+            return  # not answered: `look` counts the time since it last did
+        finally:
+            with self.lock:
+                self.asking.discard(hp.name)
+        with self.lock:
+            if hp not in self.plan.hosts:
+                return  # moved away meanwhile
+            self.answered[hp.name] = time.monotonic()
+        gone: dict[str, str | None] = {}
+        for t in hp.tasks:
+            s = reply.tasks.get(t.name)
+            if s is None or s.state in NEEDS_START:
+                gone[t.name] = s.reason if s is not None else "not reported by its host"
+        if gone and self.restart and not self.stopped.is_set():
+            self._restart(hp, gone)
+
+    # -- repairs ----------------------------------------------------------------------------------
+    def going_down(self) -> bool:
+        """`dtf down` has begun (its stopped tasks are not brought back), or the record is gone."""
+        try:
+            now = state.load(self.record.cluster)
+        except DtfError:
+            return True
+        return now.taking_down or now.created != self.record.created
+
+    def _restart(self, hp: HostPlan, gone: dict[str, str | None]) -> None:
+        """Start the host's tasks in `gone` (name -> why) again; the others keep serving."""
+        with self.lock:
+            plan = self.plan
+            if hp not in plan.hosts or self.going_down():
+                return
+            ops = HostOps(plan, connect_timeout=self.connect_timeout)
+            only = {hp.name: set(gone)}
+            stop.stop_tasks(ops, only)  # a supervisor that gave up
+            outcome = Starter(ops).up(only)[hp.name]
+            names = ", ".join(sorted(gone))
+            if not outcome.ok:
+                stop.stop_tasks(ops, only, grace=0)
+                self.say(f"{names} on {hp.name} could not be started again: {outcome.reason}")
+                return
+            why = next(iter(gone.values()))
+            self._save(plan, outcome.value.pids, {name: restarted_note(gone[name]) for name in gone})
+            self.say(f"{names} on {hp.name} started again ({why or 'not running'})")
+
+    def _move(self, lost: HostPlan, waited: float) -> None:
+        """Move the lost host's tasks to the first spare that starts them; `lost` if none does."""
+        plan = self.plan
+        if self.going_down():
+            return
+        only_names = {t.name for t in lost.tasks}
+        while plan.spares:
+            spare = plan.spares[0]
+            new = plan.moved_to(lost.name, spare.name)
+            if not self.restart:
+                break
+            ops = HostOps(new, connect_timeout=self.connect_timeout)
+            only = {spare.name: only_names}
+            outcome = Starter(ops).up(only)[spare.name]
+            if outcome.ok:
+                pids = outcome.value.pids
+                break
+            stop.stop_tasks(ops, only, grace=0)
+            self.say(f"spare {spare.name} cannot take the tasks of {lost.name}: {outcome.reason}")
+            plan = dataclasses.replace(plan, spares=plan.spares[1:])
+        else:
+            self.lost = no_spare_line(plan, lost, waited)
+            self.changes += 1
+            return
+        if not self.restart:
+            pids = {}
+        self.answered.pop(lost.name, None)
+        self.answered[spare.name] = time.monotonic()
+        self._save(new, pids, {name: moved_note(lost.name, spare.name, waited) for name in only_names},
+                   gone=only_names)
+        self.changes += 1
+        self.on_plan(new)
+        self.say(f"host {lost.name} unanswered for {waited:.0f}s: {', '.join(sorted(only_names))} moved "
+                 f"to spare {spare.name}")
+
+    def _save(self, plan: Plan, pids: dict[str, int], notes: dict[str, str], gone: set[str] | None = None) -> None:
+        """The record with `plan`, the new pids and notes: here, and on disk unless the cluster
+        is being taken down (or was replaced)."""
+        kept = {k: v for k, v in self.record.pids.items() if k not in (gone or ())}
+        self.record = self.record.replace(plan=plan, pids={**kept, **pids},
+                                          recovered={**self.record.recovered, **notes})
+        with state.locked(wait=30):
+            try:
+                now = state.load(self.record.cluster)
+            except DtfError:
+                return
+            if now.taking_down or now.created != self.record.created:
+                return
+            state.save(now.replace(plan=self.record.plan, pids=self.record.pids, recovered=self.record.recovered))
+
+    # -- for the attempt loop ---------------------------------------------------------------------
+    def stop_reason(self, changes: int) -> str | None:
+        """Why the running program must stop (its cluster changed since `changes`), else None."""
+        if self.lost is not None:
+            return "a host is lost and no spare is left: stopping the program"
+        if self.changes > changes:
+            return "tasks moved to a spare: stopping the program, whose next attempt uses the new placement"
+        return None
+
+    def wait_serving(self, timeout: float, stop: Callable[[], bool] = lambda: False) -> list[str]:
+        """Wait until every task of the (current) plan accepts connections from here, while the
+        hosts are repaired; the ones that still do not after `timeout` seconds (plus the host
+        timeout, where a task's host has not answered since the wait began), or as soon as
+        `stop()` says so."""
+        begun = time.monotonic()
+        while True:
+            if self.lost is not None:
+                return []
+            plan = self.plan
+            ops = HostOps(plan, connect_timeout=self.connect_timeout)
+            dead = reach.unreachable(ops, self.record.network, PROBE_TIMEOUT)
+            if not dead:
+                return []
+            with self.lock:
+                silent = any(self.answered.get(t.host, 0) < begun for t in dead)
+            end = begun + timeout + (plan.host_timeout if silent else 0)
+            if time.monotonic() >= end or stop():
+                return [f"{t.name} ({t.host}, {t.address})" for t in dead]
+            time.sleep(0.5)
