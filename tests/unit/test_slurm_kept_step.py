@@ -233,7 +233,9 @@ def test_a_laptop_gone_while_the_steps_start_cancels_the_job(login_host: Path, t
         seen += chunk
     proc.stdout.close()  # the laptop's end of the session: gone while the steps start
     cancelled = tmp_path / "bin" / "scancel.args"
-    wait_until(cancelled.exists, timeout=60, every=0.02)  # at the next heartbeat, not at the steps' deadline
+    # at the next heartbeat, not at the steps' deadline (the fake scancel's line written whole: the
+    # file exists as soon as the shell opened it)
+    wait_until(lambda: cancelled.exists() and cancelled.read_text().endswith("\n"), timeout=60, every=0.02)
     assert cancelled.read_text() == "7\n"
     proc.kill()
     proc.wait()
