@@ -115,18 +115,9 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     Unless `verbose`, TensorFlow's own chatter is filtered out of the program's stderr (dtf.program.noise).
     """
     plan = record.plan
-    if not any(t.job == "ps" for t in plan.tasks()):
-        raise UsageError(f"cluster {plan.cluster!r} has no ps task: ParameterServerStrategy needs one "
-                         f"(`dtf train --collective` runs without)")
-    ops = HostOps(plan, connect_timeout=connect_timeout)
-    job_ended(record, connect_timeout, raise_it=True)
-    dead = dead_tasks(ops, record.network)
-    if dead:
-        raise ClusterDown(f"cluster {plan.cluster!r}: not serving: {', '.join(dead)} "
-                          f"(see `dtf status`, `dtf logs TASK`)")
+    ops = serving(record, connect_timeout)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(LeaseKeeper(plan, warn=lambda m: say(f"warning: {m}"), connect_timeout=connect_timeout))
-        tunnel = stack.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
+        tunnel = attach(stack, record, connect_timeout)
         run = stack.enter_context(RunFigures(plan.cluster, attempts))
         attempt = 1
         while True:
@@ -155,6 +146,38 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
             run.update(waiting=False)
             say(f"cluster serving again after {time.monotonic() - t0:.1f}s; running the program "
                 f"again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
+
+
+def serving(record: Record, connect_timeout: float) -> HostOps:
+    """What a coordinator needs before it starts (`dtf train`, `dtf.connect()`): a ps, the Slurm job
+    still running, every task serving. The cluster's HostOps; ClusterDown or UsageError if not."""
+    plan = record.plan
+    if not any(t.job == "ps" for t in plan.tasks()):
+        raise UsageError(f"cluster {plan.cluster!r} has no ps task: ParameterServerStrategy needs one "
+                         f"(`dtf train --collective` runs without)")
+    ops = HostOps(plan, connect_timeout=connect_timeout)
+    job_ended(record, connect_timeout, raise_it=True)
+    dead = dead_tasks(ops, record.network)
+    if dead:
+        raise ClusterDown(f"cluster {plan.cluster!r}: not serving: {', '.join(dead)} "
+                          f"(see `dtf status`, `dtf logs TASK`)")
+    return ops
+
+
+def attach(stack: contextlib.ExitStack, record: Record, connect_timeout: float) -> Tunnel | None:
+    """What keeps a coordinator attached, for as long as `stack` is open: the lease renewed (by a
+    daemon thread: it ends with the process) and, in ssh mode, the tunnel (returned; None else)."""
+    stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
+                                    connect_timeout=connect_timeout))
+    return stack.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
+
+
+def program_argv(program: str, args: list[str]) -> list[str]:
+    """The command that runs the program: a script through dtf.program.runner, a notebook (.ipynb)
+    through dtf.notebook.execute (in a Jupyter kernel)."""
+    if program.endswith(".ipynb"):
+        return [sys.executable, "-m", "dtf.notebook.execute", program, *args]
+    return [sys.executable, "-m", "dtf.program.runner", program, *args]
 
 
 class NoFigures:
@@ -327,7 +350,7 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
     status.close()
     env[EXIT_STATUS_ENV] = status.name
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "dtf.program.runner", program, *args], env=env,
+        proc = subprocess.Popen(program_argv(program, args), env=env,
                                 stderr=None if verbose else subprocess.PIPE)
         if proc.stderr is not None:
             stderr_pump = noise.pump(proc.stderr, sys.stderr.buffer)
