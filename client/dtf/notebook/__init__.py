@@ -112,6 +112,7 @@ class Connection:
         self.stopping = threading.Event()
         self.seconds = 0.0  # how long connect() took
         self._strategy: Any = None
+        self._watcher: threading.Thread | None = None
 
     @property
     def cluster(self) -> str:
@@ -141,6 +142,8 @@ class Connection:
             self = cls(record, train.serving(record, connect_timeout), False, ps_wait)
             try:
                 tunnel = train.attach(self.stack, record, connect_timeout)
+                self.stack.enter_context(train.RunFigures(record.cluster, 1))  # for `dtf top`, as `dtf train`
+                self.stack.callback(_stop_figures)  # first: its last write before RunFigures removes them
                 hook_env = {packing_hook.ENV: "auto" if packing else "off"}
                 os.environ.update(train.program_env(
                     record.plan, record.chief_host, str(output) if output is not None else None, 1, tunnel,
@@ -217,6 +220,8 @@ class Connection:
         self.closed = True
         self.stopping.set()
         self.stack.close()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=10)
 
     def __enter__(self) -> Connection:
         return self
@@ -262,7 +267,8 @@ class Connection:
         from dtf.notebook import calls
 
         calls.install(self)
-        threading.Thread(target=self._watch, name="dtf-watch", daemon=True).start()
+        self._watcher = threading.Thread(target=self._watch, name="dtf-watch", daemon=True)
+        self._watcher.start()
 
     def _watch(self) -> None:
         from dtf.program.train import interrupt_main_thread, taken_down
@@ -293,7 +299,9 @@ class Connection:
         if not lost:
             return None
         still = wait_serving(self.ops, self.record.network, self.ps_wait)
-        self.gone = lost_ps_message(self.cluster, lost, still, os.environ.get("DTF_OUTPUT_DIR") or "dtf-output")
+        import dtf
+
+        self.gone = lost_ps_message(self.cluster, lost, still, dtf.checkpoint_dir().resolve())
         return ClusterGone(self.gone)
 
 
@@ -302,15 +310,14 @@ def down_message(cluster: str) -> str:
             f"again, then restart the kernel and connect")
 
 
-def lost_ps_message(cluster: str, lost: list[str], still: list[str], output: str) -> str:
+def lost_ps_message(cluster: str, lost: list[str], still: list[str], checkpoints: Path) -> str:
     """One line for a ps lost under a coordinator call: what happened, whether the servers are
     back, how to continue."""
     back = ("the servers are serving again" if not still else
             f"still not serving: {', '.join(still)} (see `dtf status`)")
-    where = Path(output, "checkpoints")
     return (f"cluster {cluster!r}: {', '.join(lost)} lost, and with it the variables it held; {back}. "
             f"This kernel cannot go on training: restart the kernel and run the notebook again, resuming "
-            f"from the last checkpoint in {where} (dtf.checkpoint_dir())")
+            f"from the last checkpoint in {checkpoints} (dtf.checkpoint_dir())")
 
 
 def check_keras_order() -> None:
@@ -326,3 +333,14 @@ def _make_strategy() -> Any:
     import dtf
 
     return dtf.strategy()
+
+
+def _stop_figures() -> None:
+    """The training figures' publisher (dtf.program.figures) of this process, stopped: the
+    connection is closed, `dtf top` shows no program on the cluster."""
+    from dtf.program import figures
+
+    os.environ[figures.ENV] = "off"
+    if figures._current is not None:
+        figures._current.stop()
+        figures._current = None

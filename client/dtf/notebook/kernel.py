@@ -35,13 +35,25 @@ def setup(quiet: bool = True) -> None:
         hooks.on_import("tensorflow", lambda _: quiet_logger())
 
 
+# The coordinator's records of a closure cut off by a lost task
+# (tensorflow/python/distribute/coordinator/cluster_coordinator.py): a lost worker costs only time,
+# and a lost ps or `dtf down` ends the call with dtf's one error (dtf.notebook.calls).
+CLOSURE_RECORDS = ("Remote function on worker ", "Worker %s failed with ", "Start cancelling closures due to error",
+                   " /job:worker/task:%d encountered the following error")
+LOST_TASK_ERRORS = ("UnavailableError", "CancelledError", "AbortedError")
+
+
 class _Noise(logging.Filter):
-    """TensorFlow's Python log records that dtf.program.noise drops from a script's stderr."""
+    """TensorFlow's Python log records that dtf.program.noise drops from a script's stderr, and the
+    coordinator's records of closures cut off by a lost task (their long gRPC text, in a cell)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         from dtf.program import noise
 
-        first = record.getMessage().split("\n", 1)[0]
+        message = record.getMessage()
+        if str(record.msg).startswith(CLOSURE_RECORDS) and any(e in message for e in LOST_TASK_ERRORS):
+            return False
+        first = message.split("\n", 1)[0]
         return noise.NoiseFilter().keeps(f"{record.levelname}:{record.name}:{first}")
 
 
