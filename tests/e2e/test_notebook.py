@@ -315,17 +315,20 @@ def test_dtf_down_while_attached_ends_the_running_cell_with_a_clear_error(direct
 
 
 def test_the_tutorial_notebook_in_a_kernel_through_ssh(lab, write_inventory, home):
-    """ssh network mode: the kernel's channels go through dtf's tunnel, opened by connect()."""
+    """ssh network mode, the laptop reaching the hosts on port 22 only (a firewall rule): the
+    kernel's channels go through dtf's tunnel, opened by connect()."""
     ps, w0, w1 = lab.ports(3)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
                            {"host": "h2", "workers": [w1]}], cluster="nbssh")
-    assert dtf("up", str(inv), "--network", "ssh", home=home, timeout=300).returncode == 0
     laptop = lab.laptop_dir("nb-ssh")
-    with kernel(home, laptop) as k:
-        cells = code_cells(EXAMPLE, EPOCHS=2, LOOP_EPOCHS=2)
-        assert "dtf cluster 'nbssh' (ssh network, attached)" in k.ok(cells[0])
-        assert k.ok("import os\nprint(os.environ['grpc_proxy'].startswith('http://127.0.0.1:'))").strip() == "True"
-        for cell in cells[1:]:
-            k.ok(cell)
-    assert_on_laptop_only(lab, laptop, laptop / "dtf-output")
-    assert dtf("down", home=home, timeout=300).returncode == 0
+    with lab.laptop_blocked():
+        r = dtf("up", str(inv), home=home, timeout=300)
+        assert r.returncode == 0 and status_json(home)["network"] == "ssh", r.stdout + r.stderr
+        with kernel(home, laptop) as k:
+            cells = code_cells(EXAMPLE, EPOCHS=2, LOOP_EPOCHS=2)
+            assert "dtf cluster 'nbssh' (ssh network, attached)" in k.ok(cells[0])
+            assert k.ok("import os\nprint(os.environ['grpc_proxy'].startswith('http://127.0.0.1:'))").strip() == "True"
+            for cell in cells[1:]:
+                k.ok(cell)
+        assert_on_laptop_only(lab, laptop, laptop / "dtf-output")
+        assert dtf("down", home=home, timeout=300).returncode == 0

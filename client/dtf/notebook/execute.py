@@ -28,7 +28,7 @@ INSTALL = "pip install 'dtf[notebook]'"
 
 def check_notebook(program: Path, args: list[str], collective: bool = False, wrap: bool = False) -> None:
     """`dtf train NOTEBOOK.ipynb`'s checks, before anything starts: UsageError in one line."""
-    import importlib.util
+    import importlib
 
     from dtf.errors import UsageError
 
@@ -38,7 +38,12 @@ def check_notebook(program: Path, args: list[str], collective: bool = False, wra
     if collective or wrap:
         raise UsageError(f"{program}: a notebook runs as the coordinator: "
                          f"{'--collective' if collective else '--wrap'} is for Python scripts")
-    missing = [m for m in ("nbclient", "ipykernel") if importlib.util.find_spec(m) is None]
+    missing = []
+    for module in ("nbclient", "ipykernel"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
     if missing:
         raise UsageError(f"running a notebook needs {' and '.join(missing)}: {INSTALL}")
     try:
