@@ -61,7 +61,9 @@ class Kernel:
     """A Jupyter kernel (ipykernel's python3, as a user's notebook has) in `cwd`, with DTF_HOME."""
 
     def __init__(self, home: Path, cwd: Path) -> None:
-        env = {**os.environ, "DTF_HOME": str(home)}
+        # Not pytest's PYTEST_CURRENT_TEST: with it ipykernel leaves fd 1 and 2 alone (iostream.py),
+        # and what TensorFlow's C++ side writes there would not reach the cells as in Jupyter.
+        env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}, "DTF_HOME": str(home)}
         self.km, self.kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(cwd), startup_timeout=120)
         self.outputs: list[str] = []
 
