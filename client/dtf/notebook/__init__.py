@@ -29,6 +29,7 @@ already has all that from `dtf train`: connect() then only makes the strategy an
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import html
 import os
@@ -154,6 +155,7 @@ class Connection:
                 self.incarnations = train.ps_incarnations(self.ops)
                 self._strategy = _make_strategy()
                 self.watch()
+                atexit.register(self.close)  # a process that ends attached: its tunnel and figures go
             except BaseException:
                 self.stack.close()
                 raise
