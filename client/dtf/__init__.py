@@ -108,8 +108,8 @@ def under_dtf() -> bool:
 def connect(cluster: str | None = None, **kwargs: Any) -> Any:
     """Make this process (a Jupyter kernel, IPython, a script) the coordinator of the cluster that
     `dtf up` started (the only one, or `cluster`): a handle with `.strategy`, `.coordinator`,
-    `.status()`, `.logs(task)`, `.close()` (dtf.notebook.connect, its options and what it sets up)."""
-    from dtf.notebook import connect as connect_
+    `.status()`, `.logs(task)`, `.close()` (dtf.notebook.connection.connect: its options, what it sets up)."""
+    from dtf.notebook.connection import connect as connect_
 
     return connect_(cluster, **kwargs)
 

@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from dtf.errors import UsageError
-from dtf.notebook import ClusterGone, ConnectError, Connection, check_keras_order, down_message, lost_ps_message
+from dtf.notebook.connection import (
+    ClusterGone,
+    ConnectError,
+    Connection,
+    check_keras_order,
+    down_message,
+    lost_ps_message,
+)
 from dtf.notebook.execute import INSTALL, _text, check_notebook, kernel_spec, saved_path
 from dtf.notebook.kernel import _Noise
 from helpers import REPO, assert_one_line_error

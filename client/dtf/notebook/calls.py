@@ -1,5 +1,5 @@
 """The coordinator calls of a connected process (dtf.connect()), guarded: when the cluster went away
-under one (`dtf down`, a lost ps) it ends with one clear error (dtf.notebook.ClusterGone) rather than
+under one (`dtf down`, a lost ps) it ends with one clear error (connection.ClusterGone) rather than
 TensorFlow's, or a wait for workers that will not come back.
 
 ClusterCoordinator's `schedule`, `join`, `done`, `fetch` and `create_per_worker_dataset`
@@ -15,18 +15,28 @@ import functools
 import threading
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dtf.program.hooks import on_import
 
-if TYPE_CHECKING:
-    from dtf.notebook import Connection
-
 METHODS = ("schedule", "join", "done", "fetch", "create_per_worker_dataset")
-_connection: Connection | None = None
 
 
-def install(connection: Connection) -> None:
+class Attached(Protocol):
+    """What the calls need of the connection (connection.Connection)."""
+
+    main_thread: threading.Thread
+    calls: int
+
+    def _usable(self) -> None: ...
+
+    def explain(self, error: BaseException) -> BaseException | None: ...
+
+
+_connection: Attached | None = None
+
+
+def install(connection: Attached) -> None:
     global _connection
     first = _connection is None
     _connection = connection
