@@ -25,6 +25,7 @@ import nbformat
 import pytest
 from jupyter_client.manager import start_new_kernel
 
+from dtf.program import figures
 from helpers import EXAMPLES, NOISE, Train, down_recorded, dtf, status_json, wait_gone, wait_until
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow, pytest.mark.xdist_group("notebook")]
@@ -112,6 +113,14 @@ class Kernel:
         status, text, error = self.run(code, timeout)
         assert status == "error", text[-3000:]
         return error
+
+    def restart(self) -> None:
+        """Jupyter's "Restart kernel": a new kernel process, the same client."""
+        self.km.restart_kernel(now=True)
+        self.kc.wait_for_ready(timeout=120)
+
+    def pid(self) -> int:
+        return int(self.ok("import os\nprint(os.getpid())"))
 
     def close(self) -> None:
         self.kc.stop_channels()
@@ -216,15 +225,21 @@ def test_the_tutorial_notebook_in_a_kernel_direct(direct, lab):
         assert refused == [f"dtf: error: this process is connected to cluster '{CLUSTER}'; TensorFlow connects "
                            f"a process to one cluster: restart the kernel (or the program) to connect to "
                            f"'another'"], refused
+        live = figures.live_dir(direct, CLUSTER)  # what `dtf top` shows: this kernel's run, its figures
+        assert json.loads((live / figures.RUN).read_text())["pid"] == k.pid()
         for cell in cells[1:-1]:
             k.ok(cell)
+        assert json.loads((live / figures.TRAIN).read_text())["steps"] > 0
         assert k.ok("print(len(cluster.logs('ps:0', n=5).splitlines()) > 0)").strip() == "True"
         k.ok(cells[-1])  # cluster.close()
         assert dtf_threads(k) == ["dtf-stderr"]  # no lease renewed by this kernel any more
+        assert not live.exists()
         closed = k.error("cluster.strategy")
         assert closed == [f"dtf: error: the connection to cluster '{CLUSTER}' was closed: restart the kernel to "
                           f"connect again"], closed
         outputs = "".join(k.outputs)
+        k.restart()  # a restarted kernel attaches again to the cluster that still runs
+        assert f"dtf cluster '{CLUSTER}' (direct network, attached)" in k.ok(cells[0])
     assert "Finished epoch 1" in outputs and "Evaluation accuracy (on the workers)" in outputs, outputs[-3000:]
     for noise in [*NOISE, "INFO:tensorflow:", "Ignoring error status when releasing", "triggered tf.function retracing"]:
         assert noise not in outputs, (noise, outputs[-3000:])
