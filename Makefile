@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,notebook]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -72,7 +72,7 @@ lint: venv
 # warnings from --strict, and the build passes.
 DOCS_STAMP := $(VENV)/.docs-stamp
 $(DOCS_STAMP): pyproject.toml $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,docs]'
+	$(BIN)/python -m pip install -q -e '.[test,notebook,docs]'
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)

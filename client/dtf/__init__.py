@@ -14,6 +14,7 @@ This package is both the `dtf` command (dtf.cli) and a small helper API for trai
     dtf.synced("data")                 # where `dtf sync data` put it, as the workers see it
     dtf.packing()                      # custom loops: how many steps each scheduled closure runs
     dtf.collective_mode()              # True in a copy of a `dtf train --collective` program
+    dtf.connect()                      # a notebook or any process: the coordinator of `dtf up`'s cluster
 
 Under `dtf train --collective` the program runs on the hosts, one copy per worker:
 `dtf.strategy()` is then a MultiWorkerMirroredStrategy, `dtf.output_dir()` the copy's output
@@ -67,6 +68,7 @@ __all__ = [
     "checkpoint_dir",
     "checkpoint_options",
     "collective_mode",
+    "connect",
     "coordinator",
     "local_cluster_spec",
     "num_workers",
@@ -101,6 +103,15 @@ COORDINATOR_DEVICE = "/job:chief/replica:0/task:0/device:CPU:0"
 def under_dtf() -> bool:
     """True when this program runs as the coordinator of a dtf cluster (`dtf train`)."""
     return bool(os.environ.get("TF_CONFIG")) and bool(os.environ.get("DTF_CLUSTER"))
+
+
+def connect(cluster: str | None = None, **kwargs: Any) -> Any:
+    """Make this process (a Jupyter kernel, IPython, a script) the coordinator of the cluster that
+    `dtf up` started (the only one, or `cluster`): a handle with `.strategy`, `.coordinator`,
+    `.status()`, `.logs(task)`, `.close()` (dtf.notebook.connection.connect: its options, what it sets up)."""
+    from dtf.notebook.connection import connect as connect_
+
+    return connect_(cluster, **kwargs)
 
 
 def collective_mode() -> bool:

@@ -219,6 +219,12 @@ def train(
 
     if not program.is_file():
         raise UsageError(f"program not found: {program}")
+    if program.suffix == ".ipynb":  # run in a Jupyter kernel (dtf.notebook.execute)
+        from dtf.notebook.execute import check_notebook
+
+        check_notebook(program, list(args or []), collective=collective, wrap=wrap)
+        if verbose:
+            hook_env["DTF_VERBOSE"] = "1"
     if collective:
         from dtf.collective.run import run_collective
         from dtf.program.train import taken_down

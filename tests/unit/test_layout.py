@@ -22,7 +22,7 @@ LAYERS = [
     ("dtf.cluster", {"dtf.cluster"}),
     ("dtf.hosts", {"dtf.hosts"}),
     ("dtf.hostops", {"dtf.hostops"}),
-    ("dtf.program", {"dtf.program", "dtf"}),
+    ("dtf.program", {"dtf.program", "dtf", "dtf.notebook"}),
     ("dtf.collective", {"dtf.collective"}),
     ("the command line", {"dtf.ui", "dtf.top", "dtf.cli", "dtf.__main__"}),
 ]

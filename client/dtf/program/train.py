@@ -122,15 +122,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     Unless `verbose`, TensorFlow's own chatter is filtered out of the program's stderr (dtf.program.noise).
     """
     plan = record.plan
-    if not any(t.job == "ps" for t in plan.tasks()):
-        raise UsageError(f"cluster {plan.cluster!r} has no ps task: ParameterServerStrategy needs one "
-                         f"(`dtf train --collective` runs without)")
-    ops = HostOps(plan, connect_timeout=connect_timeout)
-    job_ended(record, connect_timeout, raise_it=True)
-    dead = dead_tasks(ops, record.network)
-    if dead:
-        raise ClusterDown(f"cluster {plan.cluster!r}: not serving: {', '.join(dead)} "
-                          f"(see `dtf status`, `dtf logs TASK`)")
+    ops = serving(record, connect_timeout)
     with contextlib.ExitStack() as stack:
         run = stack.enter_context(RunFigures(plan.cluster, attempts))
         held = stack.enter_context(contextlib.ExitStack())  # what one allocation's run keeps: hold()
@@ -191,26 +183,65 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                 record = mender.record
                 plan = record.plan
                 ops = HostOps(plan, connect_timeout=connect_timeout)
-                if tunnel is not None:
-                    tunnels.close()
-                    tunnel = tunnels.enter_context(open_tunnel(record, connect_timeout))
+                tunnels.close()
+                tunnel = tunnel_to(tunnels, record, connect_timeout)
             attempt += 1
             run.update(waiting=False)
             say(f"cluster serving again after {time.monotonic() - t0:.1f}s; running the program "
                 f"again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
 
 
+def serving(record: Record, connect_timeout: float) -> HostOps:
+    """What a coordinator needs before it starts (`dtf train`, `dtf.connect()`): a ps, the Slurm job
+    still running, every task serving. The cluster's HostOps; ClusterDown or UsageError if not."""
+    plan = record.plan
+    if not any(t.job == "ps" for t in plan.tasks()):
+        raise UsageError(f"cluster {plan.cluster!r} has no ps task: ParameterServerStrategy needs one "
+                         f"(`dtf train --collective` runs without)")
+    ops = HostOps(plan, connect_timeout=connect_timeout)
+    job_ended(record, connect_timeout, raise_it=True)
+    dead = dead_tasks(ops, record.network)
+    if dead:
+        raise ClusterDown(f"cluster {plan.cluster!r}: not serving: {', '.join(dead)} "
+                          f"(see `dtf status`, `dtf logs TASK`)")
+    return ops
+
+
+def attach(stack: contextlib.ExitStack, record: Record, connect_timeout: float) -> Tunnel | None:
+    """What keeps a coordinator attached, for as long as `stack` is open: the lease renewed (by a
+    daemon thread: it ends with the process) and, in ssh mode, the tunnel (returned; None else)."""
+    keep_lease(stack, record, connect_timeout)
+    return tunnel_to(stack, record, connect_timeout)
+
+
 def hold(held: contextlib.ExitStack, tunnels: contextlib.ExitStack, record: Record,
          connect_timeout: float) -> tuple[Tunnel | None, repair.Mender]:
-    """What `dtf train` keeps while it runs on one allocation of the cluster `record` holds: the
-    lease renewed and the mender (dead tasks started again, a lost host's tasks moved to a spare:
-    dtf.hostops.repair), both in `held`; in ssh mode the tunnel to the tasks, in `tunnels` (opened
-    again when tasks move)."""
-    keeper = held.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
-                                            connect_timeout=connect_timeout))
+    """What `dtf train` keeps while it runs on one allocation of the cluster `record` holds: what
+    attach() keeps, and the mender (dead tasks started again, a lost host's tasks moved to a
+    spare: dtf.hostops.repair). The lease and the mender in `held`; the tunnel in `tunnels`
+    (opened again when tasks move)."""
+    keeper = keep_lease(held, record, connect_timeout)
     mender = held.enter_context(repair.Mender(record, connect_timeout, say, on_plan=keeper.follow))
-    tunnel = tunnels.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
-    return tunnel, mender
+    return tunnel_to(tunnels, record, connect_timeout), mender
+
+
+def keep_lease(stack: contextlib.ExitStack, record: Record, connect_timeout: float) -> LeaseKeeper:
+    """The cluster's lease renewed for as long as `stack` is open."""
+    return stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
+                                           connect_timeout=connect_timeout))
+
+
+def tunnel_to(stack: contextlib.ExitStack, record: Record, connect_timeout: float) -> Tunnel | None:
+    """In ssh mode, the tunnel to the tasks, open for as long as `stack` is (None in direct mode)."""
+    return stack.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
+
+
+def program_argv(program: str, args: list[str]) -> list[str]:
+    """The command that runs the program: a script through dtf.program.runner, a notebook (.ipynb)
+    through dtf.notebook.execute (in a Jupyter kernel)."""
+    if program.endswith(".ipynb"):
+        return [sys.executable, "-m", "dtf.notebook.execute", program, *args]
+    return [sys.executable, "-m", "dtf.program.runner", program, *args]
 
 
 class NoFigures:
@@ -319,6 +350,16 @@ def lost_ps(ops: HostOps, before: dict[str, tuple[int, int | None]], network: st
     return [f"{name} ({why})" for name, why in sorted(lost.items())]
 
 
+def wait_serving(ops: HostOps, network: str, timeout: float) -> list[str]:
+    """Wait until every task accepts connections from here; the ones that still do not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        dead = dead_tasks(ops, network, timeout=min(PROBE_TIMEOUT, max(0.1, deadline - time.monotonic())))
+        if not dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.25)
+
+
 def taken_down(record: Record) -> bool:
     """`dtf down` has begun on the cluster, or it is gone from the record (or another `dtf up`
     replaced it)."""
@@ -379,7 +420,7 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
     status.close()
     env[EXIT_STATUS_ENV] = status.name
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "dtf.program.runner", program, *args], env=env,
+        proc = subprocess.Popen(program_argv(program, args), env=env,
                                 stderr=None if verbose else subprocess.PIPE)
         if proc.stderr is not None:
             stderr_pump = noise.pump(proc.stderr, sys.stderr.buffer)

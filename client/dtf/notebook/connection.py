@@ -1,0 +1,348 @@
+"""`dtf.connect()`: make this Python process (a Jupyter kernel, IPython, `python script.py`) the
+coordinator of a cluster that `dtf up` started, with what `dtf train` gives a program.
+
+    import dtf
+    cluster = dtf.connect()              # the only cluster up, or dtf.connect("name")
+    with cluster.strategy.scope():
+        model = ...
+    cluster.coordinator.schedule(...)
+
+What connect() sets up, in this process, for as long as the handle is open (`close()`, or the
+process's end):
+- the environment `dtf train` gives a program (dtf.program.train.program_env: TF_CONFIG with this
+  process as chief, tf-keras, gRPC's fail-fast and keepalive, the output directory, the network
+  mode), set before the strategy makes its channels;
+- in ssh network mode, the tunnel (dtf.hosts.tunnel) whose proxy carries the channels;
+- the lease, renewed by a daemon thread (it ends with the process: a dead kernel renews nothing);
+- dtf's hooks (dtf.program.hooks: saving on this machine, guards, packing, recovery, figures for
+  `dtf top`), installed in-process, and TensorFlow's C++ noise filtered out of fd 2 (in a kernel,
+  what reaches fd 2 shows in the cell);
+- a watch on the cluster: `dtf down` from a terminal, or a lost ps, ends the coordinator call that
+  runs (or the next one) with one clear error (`ClusterGone`), never a hang.
+
+TensorFlow connects a process to one cluster (the eager context, when the strategy is made): the
+same cluster again returns the same handle; another one is refused (restart the kernel).
+
+Under `dtf train NOTEBOOK.ipynb` (or `dtf train` of a script that calls connect()) the kernel
+already has all that from `dtf train`: connect() then only makes the strategy and the handle.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import html
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dtf.errors import DtfError, ExitCode
+from dtf.hosts.netutil import CONNECT_TIMEOUT
+
+if TYPE_CHECKING:
+    from dtf.cluster.state import Record
+    from dtf.hostops.parallel import HostOps
+    from dtf.hostops.status import TaskState
+
+__all__ = ["ClusterGone", "ConnectError", "Connection", "connect"]
+
+WATCH_EVERY = 1.0  # seconds between two looks at whether `dtf down` began
+PS_WAIT = 120.0  # seconds a lost ps gets to serve again before the error says it did not
+INSTALL = "pip install 'dtf[notebook]'"
+
+
+class ConnectError(DtfError):
+    """connect() cannot attach: one line in a notebook (IPython shows `_render_traceback_`)."""
+
+    def __init__(self, message: str, exit_code: ExitCode = ExitCode.FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"dtf: error: {self}"]
+
+
+class ClusterGone(ConnectError):
+    """The cluster went away under a coordinator call: `dtf down`, or a lost ps."""
+
+
+_connection: Connection | None = None
+_lock = threading.Lock()
+
+
+def connect(cluster: str | None = None, *, output: str | os.PathLike[str] | None = None,
+            connect_timeout: float = CONNECT_TIMEOUT, verbose: bool = False, packing: bool = True,
+            ps_wait: float = PS_WAIT) -> Connection:
+    """Attach this process to the cluster `dtf up` started (`cluster`: its name; None: the only one).
+
+    `output`: the output directory (dtf.output_dir(), checkpoints, saved models), as `dtf train
+    --output`; `verbose`: keep TensorFlow's INFO and WARNING lines; `packing`: False as `dtf train
+    --no-packing`; `ps_wait`: how long a lost ps gets to serve again before the error is raised.
+    Called again: the same handle for the same cluster; another cluster is refused.
+    """
+    global _connection
+    with _lock:
+        if _connection is not None:
+            return _connection.again(cluster)
+        try:
+            _connection = Connection.open(cluster, output, connect_timeout, verbose, packing, ps_wait)
+        except ConnectError:
+            raise
+        except DtfError as e:
+            raise ConnectError("; ".join(e.lines()), e.exit_code) from None
+        return _connection
+
+
+class Connection:
+    """This process as the coordinator of a dtf cluster: `dtf.connect()`'s handle."""
+
+    def __init__(self, record: Record, ops: HostOps, managed: bool, ps_wait: float) -> None:
+        self.record = record
+        self.ops = ops
+        self.managed = managed  # under `dtf train`: it keeps the lease and the tunnel, and reruns
+        self.ps_wait = ps_wait
+        self.stack = contextlib.ExitStack()
+        self.closed = False
+        self.gone: str | None = None  # why the cluster is gone (`dtf down`), once seen
+        self.incarnations: dict[str, tuple[int, int | None]] = {}
+        self.calls = 0  # coordinator calls in progress (on the main thread)
+        self.main_thread = threading.main_thread()
+        self.stopping = threading.Event()
+        self.seconds = 0.0  # how long connect() took
+        self._strategy: Any = None
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def cluster(self) -> str:
+        return self.record.cluster
+
+    # -- opening -----------------------------------------------------------------------------
+    @classmethod
+    def open(cls, cluster: str | None, output: str | os.PathLike[str] | None, connect_timeout: float,
+             verbose: bool, packing: bool, ps_wait: float) -> Connection:
+        from dtf.hostops import lifecycle
+        from dtf.hostops.parallel import HostOps
+        from dtf.program import train
+        from dtf.program.hooks import packing as packing_hook
+
+        t0 = time.monotonic()
+        managed = bool(os.environ.get("DTF_CLUSTER")) and bool(os.environ.get("TF_CONFIG"))
+        if managed:  # under `dtf train`: the environment, lease, tunnel and hooks are there already
+            name = os.environ["DTF_CLUSTER"]
+            if cluster is not None and cluster != name:
+                raise ConnectError(f"this program runs under `dtf train` on cluster {name!r}: it cannot "
+                                   f"connect to {cluster!r} (call dtf.connect() with no name)")
+            record = lifecycle.recorded(name)
+            self = cls(record, HostOps(record.plan, connect_timeout=connect_timeout), True, ps_wait)
+        else:
+            check_keras_order()
+            record = lifecycle.recorded(cluster)
+            self = cls(record, train.serving(record, connect_timeout), False, ps_wait)
+            try:
+                tunnel = train.attach(self.stack, record, connect_timeout)
+                self.stack.enter_context(train.RunFigures(record.cluster, 1))  # for `dtf top`, as `dtf train`
+                self.stack.callback(_stop_figures)  # first: its last write before RunFigures removes them
+                hook_env = {packing_hook.ENV: "auto" if packing else "off"}
+                os.environ.update(train.program_env(
+                    record.plan, record.chief_host, str(output) if output is not None else None, 1, tunnel,
+                    synced={n: s.task_path for n, s in record.synced.items()}, hook_env=hook_env))
+                from dtf.notebook import kernel
+
+                kernel.setup(quiet=not verbose)
+                self.incarnations = train.ps_incarnations(self.ops)
+                self._strategy = _make_strategy()
+                self.watch()
+                atexit.register(self.close)  # a process that ends attached: its tunnel and figures go
+            except BaseException:
+                self.stack.close()
+                raise
+        if self._strategy is None:
+            self._strategy = _make_strategy()
+        self.seconds = time.monotonic() - t0
+        return self
+
+    def again(self, cluster: str | None) -> Connection:
+        """connect() called again in this process."""
+        if cluster is not None and cluster != self.cluster:
+            raise ConnectError(f"this process is connected to cluster {self.cluster!r}; TensorFlow connects a "
+                               f"process to one cluster: restart the kernel (or the program) to connect to "
+                               f"{cluster!r}")
+        if self.closed:
+            raise ConnectError(f"the connection to cluster {self.cluster!r} was closed; TensorFlow cannot "
+                               f"attach this process again: restart the kernel to connect")
+        return self
+
+    # -- the handle ---------------------------------------------------------------------------
+    @property
+    def strategy(self) -> Any:
+        """The ParameterServerStrategy of the cluster (dtf.strategy())."""
+        self._usable()
+        return self._strategy
+
+    @property
+    def coordinator(self) -> Any:
+        """Its ClusterCoordinator (dtf.coordinator())."""
+        import dtf
+
+        self._usable()
+        return dtf.coordinator()
+
+    def status(self) -> list[TaskState]:
+        """Every task's state, as its host reports it now (as `dtf status`)."""
+        from dtf.hostops.status import states
+
+        return states(self.ops)
+
+    def logs(self, task: str, n: int = 50) -> str:
+        """The last `n` lines of a task's log (as `dtf logs TASK -n N`)."""
+        from dtf.errors import HostFailure
+        from dtf.hosts.transport import HostError
+
+        plan = self.record.plan
+        t = plan.task(task)
+        if t is None:
+            raise ConnectError(f"cluster {self.cluster!r} has no task {task!r} "
+                               f"(tasks: {', '.join(x.name for x in plan.tasks())})")
+        hp = plan.host_of(t)
+        try:
+            with self.ops.transport(hp) as conn:
+                result = conn.run(["tail", "-n", str(int(n)), t.log], timeout=30)
+        except HostError as e:
+            raise ConnectError(str(HostFailure("logs", {hp.name: str(e)}))) from None
+        return str(result.stdout)
+
+    def close(self) -> None:
+        """Stop renewing the lease and close the tunnel; the cluster stays up (`dtf down` stops it).
+        This process cannot attach again (restart the kernel to)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.stopping.set()
+        self.stack.close()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=10)
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _usable(self) -> None:
+        if self.gone is not None:
+            raise ClusterGone(self.gone)
+        if self.closed:
+            raise ConnectError(f"the connection to cluster {self.cluster!r} was closed: restart the kernel "
+                               f"to connect again")
+
+    # -- what a notebook shows -----------------------------------------------------------------
+    def _rows(self) -> list[tuple[str, str, str, str]]:
+        try:
+            return [(s.task.name, s.task.host, s.task.address, s.state + (f" ({s.reason})" if s.reason else ""))
+                    for s in self.status()]
+        except DtfError as e:
+            return [(t.name, t.host, t.address, f"unknown ({e})") for t in self.record.plan.tasks()]
+
+    def _title(self) -> str:
+        state = "closed" if self.closed else "gone: " + self.gone if self.gone else "attached"
+        return f"dtf cluster {self.cluster!r} ({self.record.network} network, {state})"
+
+    def __repr__(self) -> str:
+        rows = [("task", "host", "address", "state"), *self._rows()]
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        return "\n".join([self._title(), *("  " + line for line in lines)])
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{h}</th>" for h in ("task", "host", "address", "state"))
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in self._rows())
+        return (f"<div><b>{html.escape(self._title())}</b><table><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table></div>")
+
+    # -- the watch ------------------------------------------------------------------------------
+    def watch(self) -> None:
+        """Coordinator calls go through `guarded`; a thread looks for `dtf down` and interrupts a
+        call that waits when it begins."""
+        from dtf.notebook import calls
+
+        calls.install(self)
+        self._watcher = threading.Thread(target=self._watch, name="dtf-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        from dtf.program.train import interrupt_main_thread, taken_down
+
+        while not self.stopping.wait(WATCH_EVERY):
+            if self.gone is None and taken_down(self.record):
+                self.gone = down_message(self.cluster)
+                self.stopping.set()
+                self.stack.close()  # the lease and the tunnel: the cluster is going
+                if self.calls > 0:
+                    interrupt_main_thread(os.getpid())
+
+    def explain(self, error: BaseException) -> ClusterGone | None:
+        """A coordinator call failed with `error`: the one clear error to raise instead, if the
+        cluster went away (`dtf down`) or a ps was lost; None if it is the program's own."""
+        from dtf.program.train import lost_ps, taken_down, wait_serving
+
+        if self.gone is None and taken_down(self.record):
+            self.gone = down_message(self.cluster)
+        if self.gone is not None:
+            return ClusterGone(self.gone)
+        if isinstance(error, KeyboardInterrupt):
+            return None
+        try:
+            lost = lost_ps(self.ops, self.incarnations, self.record.network)
+        except DtfError:
+            return None
+        if not lost:
+            return None
+        still = wait_serving(self.ops, self.record.network, self.ps_wait)
+        import dtf
+
+        self.gone = lost_ps_message(self.cluster, lost, still, dtf.checkpoint_dir().resolve())
+        return ClusterGone(self.gone)
+
+
+def down_message(cluster: str) -> str:
+    return (f"cluster {cluster!r} was taken down (`dtf down`) while this process was attached: `dtf up` "
+            f"again, then restart the kernel and connect")
+
+
+def lost_ps_message(cluster: str, lost: list[str], still: list[str], checkpoints: Path) -> str:
+    """One line for a ps lost under a coordinator call: what happened, whether the servers are
+    back, how to continue."""
+    back = ("the servers are serving again" if not still else
+            f"still not serving: {', '.join(still)} (see `dtf status`)")
+    return (f"cluster {cluster!r}: {', '.join(lost)} lost, and with it the variables it held; {back}. "
+            f"This kernel cannot go on training: restart the kernel and run the notebook again, resuming "
+            f"from the last checkpoint in {checkpoints} (dtf.checkpoint_dir())")
+
+
+def check_keras_order() -> None:
+    """connect() after TensorFlow was imported with tf.keras = Keras 3: refused (no PS in it)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and getattr(tf, "_tf_uses_legacy_keras", True) is False:
+        raise ConnectError("TensorFlow was imported before dtf, so tf.keras is Keras 3, which has no "
+                           "ParameterServerStrategy: restart the kernel and run `import dtf` (or "
+                           "dtf.connect()) before importing TensorFlow")
+
+
+def _make_strategy() -> Any:
+    import dtf
+
+    return dtf.strategy()
+
+
+def _stop_figures() -> None:
+    """The training figures' publisher (dtf.program.figures) of this process, stopped: the
+    connection is closed, `dtf top` shows no program on the cluster."""
+    from dtf.program import figures
+
+    os.environ[figures.ENV] = "off"
+    if figures._current is not None:
+        figures._current.stop()
+        figures._current = None

@@ -1,0 +1,155 @@
+"""dtf.notebook without a cluster: the handle's habits, its messages, `dtf train NOTEBOOK.ipynb`'s
+checks, and the CLI without the notebook extra (the real kernel: tests/e2e/test_notebook.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from dtf.errors import UsageError
+from dtf.notebook.connection import (
+    ClusterGone,
+    ConnectError,
+    Connection,
+    check_keras_order,
+    down_message,
+    lost_ps_message,
+)
+from dtf.notebook.execute import INSTALL, _text, check_notebook, kernel_spec, saved_path
+from dtf.notebook.kernel import _Noise
+from helpers import REPO, assert_one_line_error
+
+# Python run with the notebook extra's packages made unimportable (as where it is not installed).
+WITHOUT_EXTRA = ("import sys\n"
+                 "for m in ('nbclient', 'ipykernel', 'nbformat', 'jupyter_client'): sys.modules[m] = None\n")
+
+
+def handle(cluster: str = "a") -> Connection:
+    record = types.SimpleNamespace(cluster=cluster, network="direct", plan=types.SimpleNamespace(tasks=list))
+    return Connection(record, ops=None, managed=False, ps_wait=1.0)  # type: ignore[arg-type]
+
+
+def test_connect_again_same_cluster_is_the_same_handle_another_is_refused():
+    c = handle("a")
+    assert c.again(None) is c and c.again("a") is c
+    with pytest.raises(ConnectError) as e:
+        c.again("b")
+    assert str(e.value) == ("this process is connected to cluster 'a'; TensorFlow connects a process to one "
+                            "cluster: restart the kernel (or the program) to connect to 'b'")
+    c.closed = True
+    with pytest.raises(ConnectError, match="was closed; TensorFlow cannot attach this process again"):
+        c.again(None)
+    with pytest.raises(ConnectError, match="restart the kernel to connect again"):
+        c.strategy  # noqa: B018
+    c.closed, c.gone = False, down_message("a")
+    with pytest.raises(ClusterGone, match=r"taken down \(`dtf down`\)"):
+        c.coordinator  # noqa: B018
+
+
+def test_errors_are_one_line_in_a_notebook():
+    # IPython shows what `_render_traceback_` returns in place of the traceback.
+    assert ConnectError("no cluster")._render_traceback_() == ["dtf: error: no cluster"]
+    assert ClusterGone(down_message("lab"))._render_traceback_() == [
+        "dtf: error: cluster 'lab' was taken down (`dtf down`) while this process was attached: `dtf up` again, "
+        "then restart the kernel and connect"]
+
+
+def test_the_lost_ps_message_says_what_happened_whether_the_servers_are_back_and_how_to_go_on():
+    back = lost_ps_message("lab", ["ps:0 (server killed by SIGKILL)"], [], Path("/out/checkpoints"))
+    assert back == ("cluster 'lab': ps:0 (server killed by SIGKILL) lost, and with it the variables it held; the "
+                    "servers are serving again. This kernel cannot go on training: restart the kernel and run the "
+                    "notebook again, resuming from the last checkpoint in /out/checkpoints (dtf.checkpoint_dir())")
+    not_back = lost_ps_message("lab", ["ps:0 (not serving)"], ["ps:0 (h0, 10.0.0.1:2222)"], Path("/c"))
+    assert "still not serving: ps:0 (h0, 10.0.0.1:2222) (see `dtf status`)" in not_back
+
+
+def test_the_summary_in_a_notebook(monkeypatch: pytest.MonkeyPatch):
+    c = handle("lab")
+    rows = [("ps:0", "h0", "10.0.0.1:2222", "alive"), ("worker:0", "h1", "10.0.0.2:2222", "restarting")]
+    monkeypatch.setattr(c, "_rows", lambda: rows)
+    assert repr(c) == ("dtf cluster 'lab' (direct network, attached)\n"
+                       "  task      host  address        state\n"
+                       "  ps:0      h0    10.0.0.1:2222  alive\n"
+                       "  worker:0  h1    10.0.0.2:2222  restarting")
+    page = c._repr_html_()
+    assert page.startswith("<div><b>dtf cluster &#x27;lab&#x27; (direct network, attached)</b><table>")
+    assert "<td>worker:0</td><td>h1</td><td>10.0.0.2:2222</td><td>restarting</td>" in page
+
+
+def test_tensorflow_imported_before_dtf_with_keras_3_is_refused(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(sys.modules, "tensorflow", types.SimpleNamespace(_tf_uses_legacy_keras=False))
+    with pytest.raises(ConnectError, match="restart the kernel and run `import dtf`"):
+        check_keras_order()
+    monkeypatch.setitem(sys.modules, "tensorflow", types.SimpleNamespace(_tf_uses_legacy_keras=True))
+    check_keras_order()
+
+
+def test_the_kernel_drops_tensorflows_noise_and_cut_off_closures_only():
+    def record(level: int, msg: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord("tensorflow", level, "f.py", 1, msg, args, None)
+
+    keep = _Noise().filter
+    assert not keep(record(logging.ERROR, " /job:worker/task:%d encountered the following error when processing "
+                                          "closure: %r:%s", 1, "UnavailableError()", "failed to connect"))
+    assert not keep(record(logging.ERROR, "Start cancelling closures due to error %r: %s", "UnavailableError()", "x"))
+    assert not keep(record(logging.WARNING, "5 out of the last 5 calls to <function MultiDeviceSaver.save.<locals>."
+                                            "tf_function_save at 0x7f> triggered tf.function retracing."))
+    # The program's own errors on a worker stay, and so does everything else.
+    assert keep(record(logging.ERROR, " /job:worker/task:%d encountered the following error when processing "
+                                      "closure: %r:%s", 0, "InvalidArgumentError()", "bad shape"))
+    assert keep(record(logging.WARNING, "To use the BackupAndRestore callback, you model must be built"))
+
+
+def test_dtf_train_notebook_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    nb = tmp_path / "x.ipynb"
+    nb.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    check_notebook(nb, [])
+    with pytest.raises(UsageError, match="a notebook takes no arguments"):
+        check_notebook(nb, ["--epochs", "3"])
+    with pytest.raises(UsageError, match="--collective is for Python scripts"):
+        check_notebook(nb, [], collective=True)
+    bad = tmp_path / "bad.ipynb"
+    bad.write_text("print('a script named .ipynb')")
+    with pytest.raises(UsageError, match=r"bad.ipynb: not a notebook \(not JSON"):
+        check_notebook(bad, [])
+    monkeypatch.setitem(sys.modules, "nbclient", None)
+    with pytest.raises(UsageError) as e:
+        check_notebook(nb, [])
+    assert str(e.value) == f"running a notebook needs nbclient: {INSTALL}"
+
+
+def test_the_cli_without_the_notebook_extra(tmp_path: Path):
+    env = {**os.environ, "DTF_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO / "client")}
+    # Importable, and `dtf.connect` is there (it imports what it needs when called).
+    code = WITHOUT_EXTRA + "import dtf, dtf.cli, dtf.notebook, dtf.program.train; print(callable(dtf.connect))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert (r.returncode, r.stdout.strip()) == (0, "True"), r.stderr
+    nb = tmp_path / "x.ipynb"
+    nb.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    code = WITHOUT_EXTRA + f"sys.argv = ['dtf', 'train', {str(nb)!r}]\nfrom dtf.cli import main\nmain()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert_one_line_error(r, 2, "running a notebook needs nbclient and ipykernel: pip install 'dtf[notebook]'")
+
+
+def test_executed_notebook_path_and_kernel_spec(tmp_path: Path):
+    nb = tmp_path / "nb" / "tutorial.ipynb"
+    assert saved_path(nb, tmp_path / "out") == tmp_path / "out" / "tutorial.ipynb"
+    assert saved_path(nb, tmp_path / "nb") == tmp_path / "nb" / "tutorial.executed.ipynb"  # never over the notebook
+    spec = json.loads((kernel_spec(tmp_path) / "dtf" / "kernel.json").read_text())
+    assert spec["argv"] == [sys.executable, "-m", "dtf.notebook.kernel", "-f", "{connection_file}"]
+
+
+def test_cell_outputs_as_printed():
+    assert _text({"output_type": "stream", "name": "stderr", "text": "warn\n"}) == ("stderr", "warn\n")
+    assert _text({"output_type": "execute_result", "data": {"text/plain": "42"}}) == ("stdout", "42\n")
+    error = {"output_type": "error", "ename": "ValueError", "evalue": "x",
+             "traceback": ["\x1b[0;31mValueError\x1b[0m: x"]}
+    assert _text(error) == ("stderr", "ValueError: x\n")
+    assert _text({"output_type": "display_data", "data": {"image/png": "..."}}) == ("stdout", "")
