@@ -235,9 +235,9 @@ def exposure(record: Record, unclosed: Collection[str] = ()) -> str:
     if plan.firewall == "off":
         hint = "anyone who reaches them can run code on the hosts (firewall: off)"
     elif unclosed:
-        hint = f"closed to other machines (firewall: {plan.firewall}) except on {', '.join(unclosed)}"
+        hint = f"closed to non-members (firewall: {plan.firewall}) except on {', '.join(unclosed)}"
     else:
-        hint = f"closed to other machines (firewall: {plan.firewall})"
+        hint = f"closed to non-members (firewall: {plan.firewall})"
     if record.tf_ports_open:
         return f"network: {record.network}; the TF ports accept connections from this machine; {hint}"
     return f"network: {record.network}; dtf reaches the TF ports through SSH; {hint}"

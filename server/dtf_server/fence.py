@@ -18,6 +18,7 @@ Standard library only: this module ships to hosts.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import os
@@ -216,13 +217,15 @@ def remove(root: str) -> FenceReply:
     tool = str(data.get("tool"))
     binary = _binary("nft" if tool == "nft" else "iptables")
     if binary is None:  # (gone since: no rules of it either)
-        os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         return FenceReply(tool=None)
     sudo, why = _privileged(binary)
     if why:
         return FenceReply(tool=None, error=why)
     _drop(tool, sudo, str(data.get("name")))
-    os.unlink(path)
+    with contextlib.suppress(OSError):  # (a sweep of another start may have removed it)
+        os.unlink(path)
     return FenceReply(tool=None)
 
 
@@ -259,5 +262,6 @@ def sweep(tool: str, sudo: list[str], alive: Callable[[str], bool], keep: str = 
         _drop(tool, sudo, name)
         record = os.path.join(root, layout.FENCE)
         if (read_json(record) or {}).get("name") == name:
-            os.unlink(record)
+            with contextlib.suppress(OSError):  # (its `clean` may be removing it too)
+                os.unlink(record)
     return list(gone)

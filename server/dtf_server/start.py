@@ -220,7 +220,7 @@ def cmd_start(args: Namespace) -> StartReply:
             # `up` starts its hosts in turns, and says "go" on this command's stdin once every
             # host serves (or anything else: no check). This reply first: the host's turn ends
             # with it, the check comes on the last line (the same reply, with its finding).
-            print(encode(StartReply(tasks=results)), flush=True)
+            print(encode(StartReply(tasks=results, fence=fenced)), flush=True)
             if _told(args.reach_when_told):
                 unreachable = reach(args.reach, args.reach_timeout, again=True)
         else:

@@ -347,9 +347,9 @@ def test_status_json_names_the_network(site: LabSite):
     inv = site.inventory({"a": {"ps": 1, "workers": 1}})
     assert site.dtf("up", str(inv)).returncode == 0
     s = status_json(site.home)
-    assert (s["network"], s["firewall"]) == ("direct", "none")
+    assert (s["network"], s["firewall"]) == ("direct", "auto")
     r = site.dtf("status")
-    assert "network: direct, firewall: none" in r.stdout
+    assert "network: direct, firewall: auto" in r.stdout
     assert json.loads(site.record().read_text())["network"] == "direct"
 
 
