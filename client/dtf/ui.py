@@ -240,7 +240,7 @@ def exposure(record: Record, unclosed: Collection[str] = ()) -> str:
         hint = f"closed to non-members (firewall: {plan.firewall})"
     if record.tf_ports_open:
         return f"network: {record.network}; the TF ports accept connections from this machine; {hint}"
-    return f"network: {record.network}; dtf reaches the TF ports through SSH; {hint}"
+    return f"network: {record.network}; the TF ports are closed to this machine: dtf reaches them through SSH; {hint}"
 
 
 def columns(headers: list[str], rows: list[list[str]]) -> str:

@@ -89,7 +89,8 @@ def test_in_ssh_mode_the_laptop_is_no_member(site: LabSite):
     inv.write_text(inv.read_text() + "network: ssh\n")
     r = site.dtf("up", str(inv))
     assert r.returncode == 0, r.stderr
-    assert "dtf reaches the TF ports through SSH; closed to non-members (firewall: auto)" in r.stdout
+    assert ("the TF ports are closed to this machine: dtf reaches them through SSH; closed to non-members "
+            "(firewall: auto)") in r.stdout
     a = lab.host("h0").address
     for port in site.ports_of("a"):
         assert not lab.connects(None, a, port)
