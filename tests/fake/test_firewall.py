@@ -149,29 +149,48 @@ def test_nothing_is_left_after_a_failed_up(site: LabSite):
     assert site.processes() == []
 
 
-def test_rules_of_killed_supervisors_go_with_the_hosts_next_up(site: LabSite, tmp_path: Path):
+def rule_sets(site: LabSite, host: str, tool: str) -> list[str]:
+    """dtf's rule sets on a lab host: nftables tables, or iptables chains."""
+    if tool == "nft":
+        return dtf_tables(site, host)[host]
+    listed = site.lab.run(host, ["iptables", "-S"], timeout=10).stdout.split("\n")
+    return [line.split()[1] for line in listed if line.startswith("-N DTF-")]
+
+
+def tools_python(tmp_path: Path, tools: str) -> str:
+    """A python whose launcher tries only these firewall tools."""
+    wrapper = tmp_path / f"python-{tools}"
+    wrapper.write_text(f"#!/bin/sh\nDTF_FIREWALL_TOOLS={tools} exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+@pytest.mark.parametrize("tool", ["nft", "iptables"])
+def test_rules_of_killed_supervisors_go_with_the_hosts_next_up(site: LabSite, tmp_path: Path, tool: str):
     """Supervisors killed with SIGKILL remove nothing. Once their cluster's lease has lapsed, the
     next start on that host (here another cluster's) finds their rules by their tag and removes them."""
     lab = site.lab
-    inv = site.inventory({"a": {"ps": 1, "workers": 1}})
+    python = tools_python(tmp_path, tool)
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}}, python=python)
     assert site.dtf("up", str(inv), "--ttl", "3").returncode == 0
-    stale = dtf_tables(site, "h0")["h0"]
+    stale = rule_sets(site, "h0", tool)
     assert len(stale) == 1
     for pid, _ in site.processes():
         os.kill(pid, signal.SIGKILL)
     wait_until(lambda: site.processes() == [], timeout=30)
     lease = json.loads((site.workdir("a") / CLUSTER / "lease.json").read_text())
     wait_until(lambda: time.time() > lease["renewed"] + lease["ttl"], timeout=30)
-    assert dtf_tables(site, "h0")["h0"] == stale  # nobody removed them
+    assert rule_sets(site, "h0", tool) == stale  # nobody removed them
 
-    other = lab.inventory(tmp_path / "other.yaml", [{"host": "h0", "workers": lab.ports(1)}], cluster="fk2")
+    other = lab.inventory(tmp_path / "other.yaml", [{"host": "h0", "workers": lab.ports(1)}], cluster="fk2",
+                          python=python)
     r = site.dtf("up", str(other))
     assert r.returncode == 0, r.stderr
-    now = dtf_tables(site, "h0")["h0"]
+    now = rule_sets(site, "h0", tool)
     assert len(now) == 1 and now != stale  # fk2's own, and fk's are gone
     assert site.dtf("down", "--cluster", "fk2").returncode == 0
     assert site.dtf("down", "--cluster", CLUSTER).returncode == 0
-    assert no_rules(site) and site.files() == []
+    assert rule_sets(site, "h0", tool) == [] and site.files() == []
 
 
 def test_the_laptops_own_servers_are_closed_to_other_machines(tmp_path: Path, netns_site: LabSite):
