@@ -70,12 +70,15 @@ def _privileged(binary: str) -> tuple[list[str], str | None]:
         return [], None
     if shutil.which("sudo") is None:
         return [], "needs root or passwordless sudo, and sudo is not installed"
-    try:  # (-l: may this user run it, without a password; nothing runs)
-        ok = subprocess.run(["sudo", "-n", "-l", binary], capture_output=True, timeout=TIMEOUT).returncode == 0
+    # -n: never prompt; -k: a password typed lately (sudo's cached credentials) does not count,
+    # as it would not when the rules are removed; -l: may this user run it (nothing runs).
+    sudo = ["sudo", "-k", "-n"]
+    try:
+        ok = subprocess.run([*sudo, "-l", binary], capture_output=True, timeout=TIMEOUT).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         ok = False
-    return (["sudo", "-n"], None) if ok else ([], f"needs root or passwordless sudo for {binary} "
-                                                  "(sudo -n asks for a password)")
+    return (sudo, None) if ok else ([], f"needs root or passwordless sudo for {binary} "
+                                        "(sudo -n asks for a password)")
 
 
 def _tool() -> str | None:
