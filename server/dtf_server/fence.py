@@ -232,27 +232,41 @@ def remove(root: str) -> FenceReply:
     return FenceReply(tool=None)
 
 
-def tagged(tool: str, sudo: list[str]) -> dict[str, tuple[int, str]]:
-    """Every dtf rule set here: its name -> (the uid that set it, its cluster's directory; "" where
+def nft_tags(ruleset: str) -> dict[str, tuple[int, str]]:
+    """The dtf tables in `nft list ruleset`'s output: name -> (uid, cluster directory; "" where
     the directory was too long to be told)."""
     found: dict[str, tuple[int, str]] = {}
+    table = None
+    for line in ruleset.splitlines():
+        head = re.match(r"table inet (dtf_[0-9a-f]+) \{", line)
+        if head or line.startswith("table "):
+            table = head.group(1) if head else None
+        elif table and (m := _TAG_RE.search(line)):
+            found[table] = (int(m.group(1)), "" if m.group(2) == "-" else urllib.parse.unquote(m.group(2)))
+    return found
+
+
+def iptables_tags(rules: str) -> dict[str, tuple[int, str]]:
+    """The dtf chains in `iptables -S`'s output, by the name of their rules (as `nft_tags`)."""
+    found: dict[str, tuple[int, str]] = {}
+    for line in rules.splitlines():
+        m = _TAG_RE.search(line)
+        words = line.split()
+        if m and words[:1] == ["-A"] and words[1].startswith("DTF-"):
+            found[words[1].lower().replace("-", "_")] = (
+                int(m.group(1)), "" if m.group(2) == "-" else urllib.parse.unquote(m.group(2)))
+    return found
+
+
+def tagged(tool: str, sudo: list[str]) -> dict[str, tuple[int, str]]:
+    """Every dtf rule set here: its name -> (the uid that set it, its cluster's directory)."""
     if tool == "nft":
-        table = None
-        for line in _output([*sudo, str(_binary("nft")), "list", "ruleset"]).splitlines():
-            head = re.match(r"table inet (dtf_[0-9a-f]+) \{", line)
-            if head or line.startswith("table "):
-                table = head.group(1) if head else None
-            elif table and (m := _TAG_RE.search(line)):
-                found[table] = (int(m.group(1)), "" if m.group(2) == "-" else urllib.parse.unquote(m.group(2)))
-        return found
+        return nft_tags(_output([*sudo, str(_binary("nft")), "list", "ruleset"]))
+    found: dict[str, tuple[int, str]] = {}
     for family in ("iptables", "ip6tables"):
         binary = _binary(family)
-        for line in _output([*sudo, binary, "-S"]).splitlines() if binary else []:
-            m = _TAG_RE.search(line)
-            words = line.split()
-            if m and words[:1] == ["-A"] and words[1].startswith("DTF-"):
-                found[words[1].lower().replace("-", "_")] = (
-                    int(m.group(1)), "" if m.group(2) == "-" else urllib.parse.unquote(m.group(2)))
+        if binary:
+            found.update(iptables_tags(_output([*sudo, binary, "-S"])))
     return found
 
 
