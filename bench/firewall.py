@@ -9,6 +9,7 @@ table before its server starts, and `down` removes it), taken in turns, `--repea
 Figures, the median of each: the wall time, and a host's CPU (each lab host's sshd and everything
 it starts, in a control group of its own: bench/scale.py's Meter), with the difference auto - off.
 The lab's hosts share this machine's cores: the wall time pays each host's CPU once per host.
+First, the rules alone on one host: `apply` (its sweep included) and `remove`, the median of 20.
 """
 
 from __future__ import annotations
@@ -62,6 +63,36 @@ def count(meter: Meter, names: list[str], n: int, repeat: int, tmp: Path) -> dic
     return runs
 
 
+# The rules alone, in one lab host's namespace: what a host's start (apply, its sweep included)
+# and its `clean` (remove) spend on them, in ms.
+ALONE = """
+import json, os, statistics, sys, tempfile, time
+sys.path.insert(0, {server!r})
+from dtf_server import fence
+root = tempfile.mkdtemp(prefix="dtf-fw-bench-")
+applied, removed = [], []
+for _ in range({times}):
+    t0 = time.perf_counter()
+    reply = fence.apply(root, [{port}], ["10.0.0.1"], alive=lambda r: True)
+    t1 = time.perf_counter()
+    assert reply.error is None, reply.error
+    fence.remove(root)
+    applied.append(1000 * (t1 - t0))
+    removed.append(1000 * (time.perf_counter() - t1))
+os.rmdir(root)
+print(json.dumps({{"apply_ms": statistics.median(applied), "remove_ms": statistics.median(removed)}}))
+"""
+
+
+def alone(lab: Lab, times: int) -> dict[str, float]:
+    code = ALONE.format(server=str(REPO / "server"), times=times, port=lab.ports(1)[0])
+    r = lab.run(lab.hosts[0], [sys.executable, "-c", code], timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"the rules alone failed: {r.stderr.strip()[-500:]}")
+    figures: dict[str, float] = json.loads(r.stdout)
+    return figures
+
+
 def medians(figures: list[Figure]) -> dict[str, float]:
     return {"wall_s": statistics.median(f.wall_s for f in figures),
             "host_ms": statistics.median(1000 * statistics.mean(f.hosts_s) for f in figures),
@@ -84,6 +115,10 @@ def main() -> None:
         names = [h.name for h in lab.hosts]
         print(f"lab: {len(names)} hosts, mode {lab.mode}, {os.cpu_count()} cores, "
               f"load {os.getloadavg()[0]:.1f}; medians of {args.repeat}", flush=True)
+        rules = alone(lab, 20)
+        result["alone"] = rules
+        print(f"the rules alone on one host (nft, median of 20): apply {rules['apply_ms']:.0f} ms (its sweep "
+              f"included), remove {rules['remove_ms']:.0f} ms", flush=True)
         for n in counts:
             runs = count(meter, names, n, args.repeat, Path(tmp))
             figures = {s: {c: medians(runs[s][c]) for c in COMMANDS} for s in SETTINGS}
