@@ -7,7 +7,8 @@ A TensorFlow server runs any graph anyone who reaches its port sends it, and it 
 chain of their own (iptables, when the host has no `nft`), named after the cluster's directory,
 so that they never touch the host's other rules and are removed exactly: by `clean` (`dtf down`,
 a failed `up`'s rollback), by the last task when the lease lapses, and by the next start on the
-host when their cluster is gone (`sweep`: a supervisor killed with SIGKILL removes nothing).
+host when their cluster is gone (`sweep`, once that start's servers are on their way: a
+supervisor killed with SIGKILL removes nothing).
 
 Every rule set is tagged (a comment on its reject rule) with the user that set it and its
 cluster's directory, so that a later start finds the stale ones. What was set is remembered in
@@ -153,11 +154,9 @@ def iptables_commands(tool: str, name: str, ports: list[int], members: list[str]
     return cmds
 
 
-def apply(root: str, ports: list[int], allow: list[str], alive: Callable[[str], bool] | None = None
-          ) -> FenceReply:
-    """Allow the TF `ports` only from `allow` (names or addresses) and loopback. First remove this
-    user's rules whose cluster is gone (`sweep`; `alive(root)`: whether a cluster still uses
-    them), and this cluster's own earlier ones."""
+def apply(root: str, ports: list[int], allow: list[str]) -> FenceReply:
+    """Allow the TF `ports` only from `allow` (names or addresses) and loopback, in place of this
+    cluster's earlier rules."""
     tool = _tool()
     if tool is None:
         return FenceReply(tool=None, error="neither nft nor iptables is installed")
@@ -166,8 +165,6 @@ def apply(root: str, ports: list[int], allow: list[str], alive: Callable[[str], 
     if why:
         return FenceReply(tool=None, error=why)
     name = rules_name(root)
-    if alive is not None:
-        sweep(tool, sudo, alive, keep=name)
     old = read_json(os.path.join(root, layout.FENCE))
     if old and not (old.get("tool") == tool == "nft" and old.get("name") == name):
         remove(root)  # (an nft table of the same name is replaced in one transaction below)
@@ -270,9 +267,18 @@ def tagged(tool: str, sudo: list[str]) -> dict[str, tuple[int, str]]:
     return found
 
 
-def sweep(tool: str, sudo: list[str], alive: Callable[[str], bool], keep: str = "") -> list[str]:
-    """Remove this user's rule sets whose cluster is gone (`alive(root)` False): left by
-    supervisors killed with SIGKILL, or on a host that lost the cluster's directory. The names removed."""
+def sweep(root: str, alive: Callable[[str], bool]) -> list[str]:
+    """After `apply` set this cluster's rules (with the same tool): remove this user's rule sets
+    whose cluster is gone (`alive(root)` False), left by supervisors killed with SIGKILL or on a
+    host that lost the cluster's directory. The names removed."""
+    data = read_json(os.path.join(root, layout.FENCE)) or {}
+    tool, keep = str(data.get("tool")), str(data.get("name"))
+    binary = _binary("nft" if tool == "nft" else "iptables")
+    if binary is None:
+        return []
+    sudo, why = _privileged(binary)
+    if why:
+        return []
     gone = {name: root for name, (uid, root) in tagged(tool, sudo).items()
             if name != keep and uid == os.geteuid() and root and not alive(root)}
     for name, root in gone.items():

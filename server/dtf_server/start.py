@@ -192,6 +192,8 @@ def cmd_start(args: Namespace) -> StartReply:
         forked = fork_supervisor(args.dir, task, args.restart_limit, args.restart_backoff, env, bound=args.keep)
         pending[task.name] = (task, forked, tdir)
 
+    if fenced is not None and fenced.error is None:
+        fence.sweep(args.dir, in_use)  # others' stale rules, while the servers start
     # Ready means: the server wrote ready.json once it serves, AND its port accepts a connection.
     # A server that dies first has crashed (its supervisor would restart it, but a server that
     # cannot start is a mistake to report): report its log's last lines.
@@ -244,15 +246,18 @@ def close_ports(args: Namespace) -> FenceReply | None:
     launcher = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") if args.allow_launch_node else None
     if launcher:  # the login host whose srun started this step: it carries dtf's connections to the tasks
         allow.append(launcher)
-    return fence.apply(args.dir, sorted(set(args.fence_port)), allow, alive=in_use)
+    return fence.apply(args.dir, sorted(set(args.fence_port)), allow)
 
 
 def in_use(root: str) -> bool:
     """Whether a cluster's directory is in use: a task's supervisor lives there, or a start holds
     its lease (`start` writes it, ahead of now, before anything else). A directory whose
     supervisors were all killed (SIGKILL, a reboot) is not."""
-    if running_tasks(root):
-        return True
+    try:
+        if running_tasks(root):
+            return True
+    except OSError:  # (removed meanwhile, by its `clean`)
+        return False
     lease = read_lease(root)
     return lease is not None and lease.renewed > time.time()
 
