@@ -155,6 +155,27 @@ def test_nothing_is_left_after_a_failed_up(site: LabSite):
     assert site.processes() == []
 
 
+def test_a_repair_sets_the_rules_again_in_place_of_the_old(site: LabSite):
+    """Supervisors killed on h0, then `up` again (a repair: only h0's tasks restart): h0's rules are
+    replaced, not doubled, and still close every port of the host (the repair's start names them all)."""
+    lab = site.lab
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    assert site.dtf("up", str(inv)).returncode == 0
+    before = dtf_tables(site, "h0")["h0"]
+    for pid, _ in lab.processes("h0"):
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: lab.processes("h0") == [], timeout=30)
+    r = site.dtf("up", str(inv))
+    assert r.returncode == 0, r.stderr
+    assert "restarted" in r.stdout
+    assert dtf_tables(site, "h0")["h0"] == before
+    for port in site.ports_of("a"):
+        assert lab.connects("h1", lab.host("h0").address, port)
+        assert not lab.connects("h2", lab.host("h0").address, port)
+    assert site.dtf("down").returncode == 0
+    assert no_rules(site)
+
+
 def rule_sets(site: LabSite, host: str, tool: str) -> list[str]:
     """dtf's rule sets on a lab host: nftables tables, or iptables chains."""
     if tool == "nft":
