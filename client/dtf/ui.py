@@ -12,7 +12,7 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 from dtf.hosts.shell import render
@@ -157,11 +157,7 @@ def show_plan(plan: Plan) -> None:
     say("\nTF_CONFIG cluster (the chief is added by `dtf train`): "
         + json.dumps(plan.cluster_spec()))
     say(network_plan(plan))
-    if plan.firewall == "members":
-        say("firewall: members: on each host, before its servers start, the TF ports accept "
-            "connections only from " + ", ".join(plan.members()) + " and loopback"
-            + (" and this machine's address as the host sees it" if plan.network == "direct" else "")
-            + " (root or passwordless sudo needed)")
+    say(firewall_plan(plan))
 
 
 def show_slurm_plan(inv: Inventory) -> None:
@@ -201,17 +197,53 @@ def network_plan(plan: Plan) -> str:
             f"if every one does, direct, else ssh (through SSH to their hosts, checked too)")
 
 
-def exposure(record: Record) -> str:
-    """Whether the TF ports are open to the network this machine sees: what `up` reports."""
+def firewall_plan(plan: Plan) -> str:
+    """Who may connect to the TF ports, as `up` will set it (for --dry-run)."""
+    if plan.firewall == "off":
+        return "firewall: off: the TF ports accept connections from anyone who reaches them"
+    laptop = any(plan.network_for(hp) != "ssh" for hp in plan.remote_hosts)
+    refused = "`up` refuses the host" if plan.firewall == "members" else "`up` goes on and says so"
+    return (f"firewall: {plan.firewall}: on each host, before its servers start, the TF ports accept "
+            f"connections only from {', '.join(plan.members())}, loopback"
+            + (" and this machine's address as the host sees it" if laptop else "")
+            + f" (needs root or passwordless sudo for nft or iptables there, else {refused})")
+
+
+def open_hosts(outcomes: dict[str, Outcome[HostStarted]]) -> dict[str, str]:
+    """The hosts whose start could not close their TF ports (`firewall: auto`), with the reason."""
+    return {h: o.value.fence.error for h, o in outcomes.items()
+            if o.ok and o.value.fence is not None and o.value.fence.error}
+
+
+def open_warning(plan: Plan, unclosed: dict[str, str]) -> str:
+    """`firewall: auto` where hosts did not let dtf close their TF ports: one line for the cluster."""
+    first = next(iter(unclosed))
+    local = {hp.name for hp in plan.hosts if hp.spec.connection == "local"}
+    where = ("on this machine" if set(unclosed) <= local
+             else "on " + ", ".join(unclosed))
+    return (f"firewall: auto could not close the TF ports {where} ({first}: {unclosed[first]}): anyone who "
+            f"reaches them can run code there; root or passwordless sudo for nft or iptables closes them, "
+            f"firewall: members refuses such hosts")
+
+
+def exposure(record: Record, unclosed: Collection[str] = ()) -> str:
+    """Whether the TF ports are open to the network this machine sees: what `up` reports
+    (`unclosed`: the hosts whose ports `firewall: auto` could not close)."""
     plan = record.plan
+    closed = plan.firewall != "off" and not unclosed
     if not plan.remote_hosts:
-        return "TF ports on this machine: any local user and (if not firewalled) your network can run code in them"
+        if closed:
+            return f"TF ports on this machine: closed to other machines (firewall: {plan.firewall})"
+        return "TF ports on this machine: any local user and your network can run code in them"
+    if plan.firewall == "off":
+        hint = "anyone who reaches them can run code on the hosts (firewall: off)"
+    elif unclosed:
+        hint = f"closed to non-members (firewall: {plan.firewall}) except on {', '.join(unclosed)}"
+    else:
+        hint = f"closed to non-members (firewall: {plan.firewall})"
     if record.tf_ports_open:
-        hint = ("only members and this machine may connect (firewall: members)" if plan.firewall == "members"
-                else "anyone who reaches them can run code on the hosts; `firewall: members` closes them")
-        return f"network: {record.network}; the TF ports accept connections from this machine: {hint}"
-    closed = "closed to non-members (firewall: members)" if plan.firewall == "members" else "closed to this machine"
-    return f"network: {record.network}; the TF ports are {closed}: dtf reaches them through SSH"
+        return f"network: {record.network}; the TF ports accept connections from this machine; {hint}"
+    return f"network: {record.network}; the TF ports are closed to this machine: dtf reaches them through SSH; {hint}"
 
 
 def columns(headers: list[str], rows: list[list[str]]) -> str:
@@ -261,9 +293,12 @@ def show_packs(packs: list[Pack]) -> None:
 def show_up_result(result: UpResult) -> None:
     """What `dtf up` did: the started cluster's table, the tasks it restarted, or nothing."""
     cluster = result.record.cluster
+    unclosed = open_hosts(result.outcomes)
+    if unclosed:
+        console(stderr=True).print(f"[yellow]dtf: warning:[/] {escape(open_warning(result.record.plan, unclosed))}")
     if result.started:
         show_up(result.record.plan, result.outcomes, result.seconds)
-        say(exposure(result.record))
+        say(exposure(result.record, unclosed))
     elif result.restarted:
         restarted = ", ".join(f"{task} (was {was})" for task, was in result.restarted)
         say(f"cluster {cluster}: restarted {restarted} in {result.seconds:.1f}s; "

@@ -9,8 +9,8 @@ dtf ships this package to each host as one file, a zipapp named by its content
     procs.py       process and file helpers (which process is ours, ports, logs)
     supervisor.py  one task's supervisor, and the lease
     commands.py    the command line: each command's options, and which function runs it
-    start.py       check, start, check-start (supervisors forked per task), serve, fake
-    network.py     reach (the mesh check) and fence (the TF ports' firewall rules: fence.py)
+    start.py       check, start, check-start (supervisors forked per task; the firewall rules: fence.py), serve, fake
+    network.py     reach (the mesh check)
     maintenance.py status, top, renew, stop, clean
     files.py       sync (receive.py), and managed environments' commands (envs.py)
     collective.py  collective mode: run, run-step, supervise-program, follow (program.py)

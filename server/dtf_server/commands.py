@@ -10,7 +10,9 @@ reply (dtf_server.protocol) as JSON and exits 0 when it did what was asked:
     fetch-wheels --from URL --dir W --file NAME:SHA256 ...    copy wheels from another host's serve-wheels
     start     --dir D --task SPEC ... [options]    start supervised servers detached, wait until each serves
                                                    (a supervisor forked per task: restarts its server when it dies);
-                                                   --keep (a Slurm job step): then stay until they have ended
+                                                   --keep (a Slurm job step): then stay until they have ended;
+                                                   --fence auto|members --fence-port P --allow A ...: first
+                                                   close the TF ports to all but A (dtf_server.fence)
     serve     --job J --index I --port P --ready F [--full] (internal) run one tf.distribute.Server
     fake      --job J --index I --port P --ready F (tests) a server without TensorFlow: dtf_server.fake
     status    --dir D --task JOB:INDEX ... [--renew]  is each task alive, serving, restarted how often
@@ -18,8 +20,6 @@ reply (dtf_server.protocol) as JSON and exits 0 when it did what was asked:
     stop      --dir D --task JOB:INDEX ... [--grace S]  TERM the task's process group, KILL after a grace
     clean     --dir D [--keep-logs] [--if-unused]  remove what dtf put in D (firewall rules too)
     reach     [--dir D] --to ADDR:PORT ... [--timeout S]  which targets this host cannot connect to; renews D's lease
-    fence     --dir D --port P ... --allow A ... [--allow-launch-node] [--remove]  TF ports open only to
-                                                   A and loopback (and a Slurm step's srun host)
     sync      --dir C --hash H [--receive]         whether C/H exists; --receive: make it from the pack on stdin
               [--from ADDR:PORT] [--serve P --children N] [--token T] [--wait S] [--free-port]: host to host
     run       --dir D --task SPEC ... [--env K=V] [--clear-output]  collective mode: start program copies
@@ -112,6 +112,12 @@ def parser() -> Parser:
         c.add_argument("--reach-when-told", type=float, default=0.0)
         # A Slurm node's job step: after the reply, stay until the supervisors forked here end.
         c.add_argument("--keep", action="store_true")
+        # The TF ports' firewall rules (dtf_server.fence), set before any server starts.
+        c.add_argument("--fence", choices=("off", "auto", "members"), default="off")
+        many(c, "--fence-port", type=int)  # every task port of the host (a repair starts only some)
+        many(c, "--allow")
+        c.add_argument("--allow-client", action="store_true")  # and the SSH client (the laptop)
+        c.add_argument("--allow-launch-node", action="store_true")  # Slurm: and the step's srun host
     for name, run in (("serve", "start.cmd_serve"), ("fake", "start.cmd_fake")):
         c = add(name, run)
         c.add_argument("--job", required=True)
@@ -170,12 +176,6 @@ def parser() -> Parser:
     c.add_argument("--dir")
     many(c, "--to")
     c.add_argument("--timeout", type=float, default=3.0)
-    c = add("fence", "network.cmd_fence")
-    c.add_argument("--dir", required=True)
-    many(c, "--port", type=int)
-    many(c, "--allow")
-    c.add_argument("--allow-launch-node", action="store_true")  # Slurm: and the step's srun host
-    c.add_argument("--remove", action="store_true")
     c = add("sync", "files.cmd_sync")
     c.add_argument("--dir", required=True)
     c.add_argument("--hash", required=True)

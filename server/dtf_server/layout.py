@@ -5,7 +5,7 @@ Everything of one cluster lives below its root, WORKDIR/CLUSTER:
     ROOT/launcher-<hash>.pyz   the launcher (this package, one zipapp named by its content)
     ROOT/lease.json            {ttl, renewed}: see supervisor.py
     ROOT/.expire-lock          taken by tasks removing their files when the lease lapsed
-    ROOT/fence.json            the firewall rules set for `firewall: members` (see fence.py)
+    ROOT/fence.json            the TF ports' firewall rules its start set (`firewall: auto`, `members`: fence.py)
     ROOT/JOB-INDEX/            one per task:
         log                    the supervisor's and the server's output
         pid.json               the supervisor's pid and process start time (and its task)

@@ -1,6 +1,6 @@
-"""The launcher's network commands: `reach` (the mesh check: can this host open a TCP connection
-to the other hosts' tasks) and `fence` (the TF ports' firewall rules, dtf_server.fence).
-`start --reach` runs the same mesh check once its own servers serve (dtf_server.start)."""
+"""The launcher's network command `reach` (the mesh check: can this host open a TCP connection
+to the other hosts' tasks). `start --reach` runs the same mesh check once its own servers serve,
+and `start --fence` sets the TF ports' firewall rules first (dtf_server.start, dtf_server.fence)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import time
 from argparse import Namespace
 from typing import Any
 
-from dtf_server import fence
-from dtf_server.protocol import FenceReply, ReachReply
+from dtf_server.protocol import ReachReply
 from dtf_server.supervisor import renew
 
 # Connection attempts per second a host's mesh check makes at most while other hosts' tasks refuse
@@ -109,16 +108,3 @@ def cmd_reach(args: Namespace) -> ReachReply:
     if args.dir:
         renew(args.dir, None)  # `up` asks last: whoever asks is using the cluster
     return ReachReply(unreachable=unreachable)
-
-
-def cmd_fence(args: Namespace) -> FenceReply:
-    if args.remove:
-        return fence.remove(args.dir)
-    os.makedirs(args.dir, exist_ok=True)
-    allow = list(args.allow)
-    launcher = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") if args.allow_launch_node else None
-    if launcher:  # the login host whose srun started this step: it carries dtf's connections to the tasks
-        allow.append(launcher)
-    return fence.apply(args.dir, args.port, allow)
-
-

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields: a reply of another version
 # is refused, never half-read (what each version changed: this file's git log).
-PROTOCOL = 11
+PROTOCOL = 12
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
@@ -109,10 +109,13 @@ class StartReply:
     # `start --reach`: the other hosts' tasks this host could not connect to (None: not asked,
     # or a task of its own did not start)
     unreachable: dict[str, str] | None = None
+    # `start --fence`: the TF ports' firewall rules it set first, or why it could not (None: not asked)
+    fence: FenceReply | None = None
+    refused: str | None = None  # why it started nothing (`--fence members` where rules cannot be set)
 
     @property
     def ok(self) -> bool:
-        return all(t.ok for t in self.tasks.values())
+        return self.refused is None and all(t.ok for t in self.tasks.values())
 
 
 @dataclass(frozen=True)
@@ -302,8 +305,11 @@ def decode(kind: type[R], text: str) -> R:
         raise ProtocolMismatch(data.get("protocol"))
     try:
         if kind is StartReply:
+            fenced = data.get("fence")
             return StartReply(tasks={n: TaskStarted(**t) for n, t in data["tasks"].items()},  # type: ignore[return-value]
-                              unreachable=data.get("unreachable"))
+                              unreachable=data.get("unreachable"),
+                              fence=FenceReply(**fenced) if fenced is not None else None,
+                              refused=data.get("refused"))
         if kind is StatusReply:
             return StatusReply(tasks={n: TaskStatus(**t) for n, t in data["tasks"].items()},  # type: ignore[return-value]
                                lease=_lease(data["lease"]))

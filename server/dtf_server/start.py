@@ -15,7 +15,7 @@ import traceback
 from argparse import Namespace
 from collections.abc import Callable
 
-from dtf_server import commands, envs, fake, layout
+from dtf_server import commands, envs, fake, fence, layout
 from dtf_server.network import reach
 from dtf_server.procs import (
     die_with_parent,
@@ -35,8 +35,8 @@ from dtf_server.procs import (
     tf_version,
     write_json,
 )
-from dtf_server.protocol import CheckReply, StartReply, TaskSpec, TaskStarted, encode
-from dtf_server.supervisor import ForkedProcess, Supervisor, running_tasks, write_lease
+from dtf_server.protocol import CheckReply, FenceReply, StartReply, TaskSpec, TaskStarted, encode
+from dtf_server.supervisor import ForkedProcess, Supervisor, read_lease, running_tasks, write_lease
 
 # A start looks at its servers READY_FIRST_POLL apart for its first READY_FIRST seconds (a server
 # that starts at once is seen serving without waiting a whole READY_POLL), then READY_POLL apart.
@@ -176,7 +176,10 @@ def cmd_start(args: Namespace) -> StartReply:
     env = dict(os.environ)
     env.update(kv.split("=", 1) for kv in args.env)
     os.makedirs(args.dir, exist_ok=True)
-    write_lease(args.dir, args.ttl, hold=args.timeout)  # before any supervisor reads it
+    write_lease(args.dir, args.ttl, hold=args.timeout)  # before any supervisor reads it (and `in_use`)
+    fenced = close_ports(args)
+    if fenced is not None and fenced.error and args.fence == "members":
+        return StartReply(tasks={}, fence=fenced, refused=f"firewall: members is not possible there: {fenced.error}")
     results: dict[str, TaskStarted] = {}
     pending: dict[str, tuple[TaskSpec, ForkedProcess, str]] = {}
     for task in (TaskSpec.from_arg(a) for a in args.task):
@@ -189,6 +192,8 @@ def cmd_start(args: Namespace) -> StartReply:
         forked = fork_supervisor(args.dir, task, args.restart_limit, args.restart_backoff, env, bound=args.keep)
         pending[task.name] = (task, forked, tdir)
 
+    if fenced is not None and fenced.error is None:
+        fence.sweep(args.dir, in_use)  # others' stale rules, while the servers start
     # Ready means: the server wrote ready.json once it serves, AND its port accepts a connection.
     # A server that dies first has crashed (its supervisor would restart it, but a server that
     # cannot start is a mistake to report): report its log's last lines.
@@ -217,7 +222,7 @@ def cmd_start(args: Namespace) -> StartReply:
             # `up` starts its hosts in turns, and says "go" on this command's stdin once every
             # host serves (or anything else: no check). This reply first: the host's turn ends
             # with it, the check comes on the last line (the same reply, with its finding).
-            print(encode(StartReply(tasks=results)), flush=True)
+            print(encode(StartReply(tasks=results, fence=fenced)), flush=True)
             if _told(args.reach_when_told):
                 unreachable = reach(args.reach, args.reach_timeout, again=True)
         else:
@@ -225,7 +230,36 @@ def cmd_start(args: Namespace) -> StartReply:
     if os.path.isdir(args.dir):
         # The lease counts from when the servers serve, not from before they imported TensorFlow.
         write_lease(args.dir, args.ttl)
-    return StartReply(tasks=results, unreachable=unreachable)
+    return StartReply(tasks=results, unreachable=unreachable, fence=fenced)
+
+
+def close_ports(args: Namespace) -> FenceReply | None:
+    """`--fence auto|members`: close the host's TF ports (`--fence-port`) to all but `--allow`,
+    loopback, the SSH client (`--allow-client`: the laptop, as this host sees it) and a Slurm
+    step's srun host (`--allow-launch-node`), before any server listens. None: not asked."""
+    if args.fence not in ("auto", "members"):
+        return None
+    allow = list(args.allow)
+    client = os.environ.get("SSH_CONNECTION", "").split()
+    if args.allow_client and client:
+        allow.append(client[0])
+    launcher = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") if args.allow_launch_node else None
+    if launcher:  # the login host whose srun started this step: it carries dtf's connections to the tasks
+        allow.append(launcher)
+    return fence.apply(args.dir, sorted(set(args.fence_port)), allow)
+
+
+def in_use(root: str) -> bool:
+    """Whether a cluster's directory is in use: a task's supervisor lives there, or a start holds
+    its lease (`start` writes it, ahead of now, before anything else). A directory whose
+    supervisors were all killed (SIGKILL, a reboot) is not."""
+    try:
+        if running_tasks(root):
+            return True
+    except OSError:  # (removed meanwhile, by its `clean`)
+        return False
+    lease = read_lease(root)
+    return lease is not None and lease.renewed > time.time()
 
 
 def _told(seconds: float) -> bool:

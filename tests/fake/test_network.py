@@ -1,6 +1,7 @@
 """How the laptop reaches the tasks, and who else may: fake servers (they echo what they get) on
 the SSH lab, in seconds. `network: ssh` (chosen by `auto` when only port 22 passes), the proxy that
-carries only planned targets, the host-to-host check of `up`, and `firewall: members`.
+carries only planned targets, the host-to-host check of `up`, and `firewall: members` (the default
+and the others: tests/fake/test_firewall.py).
 Real TensorFlow trains through SSH in tests/e2e/test_through_ssh.py.
 """
 
@@ -290,8 +291,8 @@ def test_firewall_members_closes_the_tf_ports_to_everyone_else_until_down(site: 
 
 
 def test_firewall_rules_go_when_the_lease_lapses(site: LabSite):
+    """The default's rules (`firewall: auto`, on hosts where dtf is root) go with the last task."""
     inv = site.inventory({"a": {"ps": 1, "workers": 1}})
-    inv.write_text(inv.read_text() + "firewall: members\n")
     # The rules are seen while the start holds the lease (servers that serve only once released),
     # not in the lease's 6 s after `up` (a busy machine could look too late).
     release = site.tmp / "release"
@@ -347,9 +348,9 @@ def test_status_json_names_the_network(site: LabSite):
     inv = site.inventory({"a": {"ps": 1, "workers": 1}})
     assert site.dtf("up", str(inv)).returncode == 0
     s = status_json(site.home)
-    assert (s["network"], s["firewall"]) == ("direct", "none")
+    assert (s["network"], s["firewall"]) == ("direct", "auto")
     r = site.dtf("status")
-    assert "network: direct, firewall: none" in r.stdout
+    assert "network: direct, firewall: auto" in r.stdout
     assert json.loads(site.record().read_text())["network"] == "direct"
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from helpers import REPO, as_in_a_terminal, assert_one_line_error, dtf, fake_server
@@ -446,13 +447,16 @@ def test_another_allocation_is_refused_and_replace_starts_anew(slurm_lab: SlurmL
     assert left_behind(slurm_lab) == []
 
 
-def test_firewall_members_lets_the_login_host_in(slurm_lab: SlurmLab, tmp_path: Path) -> None:
-    """`firewall: members` on Slurm: the nodes' TF ports open to the cluster's nodes and to the
-    login host (every connection from the laptop comes through it), closed to the rest. Its start
-    comes after the fence, a step of its own per node (the launcher's `start --keep`, no check)."""
+@pytest.mark.parametrize("firewall", ["members", "auto (the default)"])
+def test_the_firewall_lets_the_login_host_in(slurm_lab: SlurmLab, tmp_path: Path, firewall: str) -> None:
+    """`firewall: members`, and the default where the node lets dtf set rules (the lab's jobs run
+    as root): the nodes' TF ports open to the cluster's nodes and to the login host (every
+    connection from the laptop comes through it), closed to the rest. The rules are the first step
+    of each node's one job step (the launcher's `check-start --keep`)."""
     inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="fw")
-    doc = yaml.safe_load(inv.read_text())
-    inv.write_text(yaml.safe_dump({**doc, "firewall": "members"}, sort_keys=False))
+    if firewall == "members":
+        doc = yaml.safe_load(inv.read_text())
+        inv.write_text(yaml.safe_dump({**doc, "firewall": "members"}, sort_keys=False))
     home = tmp_path / "home"
     tables = slurm_lab.tables(slurm_lab.computes[0])  # the lab's own (it blocks the laptop)
     r = dtf("up", str(inv), home=home, env=FAKE, timeout=180)

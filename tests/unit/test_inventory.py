@@ -772,13 +772,20 @@ def test_property_yamlish_text(text: str) -> None:
 def test_network_and_firewall_keys() -> None:
     base = "cluster: c\nhosts:\n  - host: a\n    ps: 1\n    workers: 1\n"
     inv = loads(base)
-    assert (inv.network, inv.firewall) == ("auto", "none")
+    assert (inv.network, inv.firewall) == ("auto", "auto")
     inv = loads("network: ssh\nfirewall: members\n" + base)
     assert (inv.network, inv.firewall) == ("ssh", "members")
+    assert loads("firewall: off\n" + base).firewall == "off"  # (a boolean to YAML 1.1: taken as written)
+    assert loads("firewall: 'off'\n" + base).firewall == "off"
     with pytest.raises(InventoryError) as e:
         loads("network: tunnel\nfirewall: yes\n" + base, "inv.yaml")
     assert e.value.lines() == ["inv.yaml:1:1: network: expected 'auto', 'direct' or 'ssh', got 'tunnel'",
-                               "inv.yaml:2:1: firewall: expected 'none' or 'members', got a boolean (yes)"]
+                               "inv.yaml:2:1: firewall: expected 'auto', 'members' or 'off', got a boolean (yes)"]
+    with pytest.raises(InventoryError) as e:  # the old name of off
+        loads("firewall: none\n" + base, "inv.yaml")
+    assert e.value.lines() == [
+        "inv.yaml:1:1: firewall: 'none' is now called 'off' (the TF ports open to anyone who reaches them); "
+        "without the key, auto closes them to all but the cluster where the host allows it"]
     with pytest.raises(InventoryError) as e:
         loads("netwrk: ssh\n" + base, "inv.yaml")
     assert e.value.lines() == ["inv.yaml:1:1: netwrk: unknown key (did you mean 'network'?)"]

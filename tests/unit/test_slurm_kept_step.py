@@ -265,7 +265,7 @@ def test_render_with_makes_placeholders_the_remote_shells_variables() -> None:
     ("", "", True),
     (", gpus_per_node: 2", "", True),
     (", python: managed", "", False),  # the environment is built between the check and the start
-    ("", "firewall: members\n", False),  # the ports are closed to non-members in between
+    ("", "firewall: members\n", True),  # the start closes the ports to non-members first
     ("", "sync: [{path: ., as: here}]\n", False),  # the mesh is checked after the packs
 ])
 def test_the_steps_made_for_placeholder_nodes_are_the_starts_up_then_asks_of_the_real_ones(

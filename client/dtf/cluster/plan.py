@@ -108,6 +108,8 @@ class HostPlan:
     env_dir: str | None = None
     requirements: tuple[str, ...] = ()
     base_python: str = ""
+    # The start's firewall arguments (`Plan.fence_args`: derived from the plan, never read back).
+    fence: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -188,7 +190,7 @@ class HostPlan:
         return ["--dir", self.root, "--timeout", f"{self.start_timeout:g}",
                 "--ttl", f"{self.ttl:g}", "--restart-limit", str(self.spec.restart_limit),
                 "--restart-backoff", f"{self.spec.restart_backoff:g}",
-                *env_args, *(["--keep"] if keep else []),
+                *env_args, *(["--keep"] if keep else []), *self.fence,
                 *(reach_args + ["--reach-timeout", f"{reach_timeout:g}"] if reach else []),
                 *self.task_args(with_argv=True, only=only)]
 
@@ -235,14 +237,6 @@ class HostPlan:
         return self.bare_launcher_argv("reach", "--dir", self.root, "--timeout", f"{timeout:g}",
                                        *[a for t in targets for a in ("--to", t)])
 
-    def fence_argv(self, allow: Collection[str]) -> list[str]:
-        """Close this host's TF ports to all but `allow` (and loopback): `firewall: members`. A
-        Slurm node lets in the login host too, at the address the node sees it from (the step's
-        SLURM_LAUNCH_NODE_IPADDR): every connection from the laptop to a task comes through it."""
-        ports = [a for t in self.tasks for a in ("--port", str(t.port))]
-        return self.launcher_argv("fence", "--dir", self.root, *ports, *[a for m in allow for a in ("--allow", m)],
-                                  *(["--allow-launch-node"] if self.spec.connection == "slurm" else []))
-
     def sync_argv(self, digest: str, receive: bool = False, *, free_port: bool = False, source: str = "",
                   serve: int = 0, children: int = 0, token: str = "", wait: float = 0) -> list[str]:
         """Whether the host holds the synced tree DIGEST (`free_port`: and a port free there);
@@ -277,7 +271,7 @@ class Plan:
     ssh_config: str | None
     hosts: tuple[HostPlan, ...]
     network: str = "auto"  # how the laptop reaches the tasks: inventory.NETWORKS (`up` decides auto)
-    firewall: str = "none"  # inventory.FIREWALLS: "members" closes the TF ports to non-members
+    firewall: str = "auto"  # inventory.FIREWALLS: who may connect to the TF ports (`fence_args`)
     sync: tuple[SyncItem, ...] = ()  # sent to every host at `up`: not a change of the cluster
     slurm: Allocation | None = None  # the hosts are this Slurm job's nodes, reached through its login host
     # Where the inventory names ssh_config (for its errors after `up`: check_ssh_config); 0: unknown.
@@ -314,6 +308,28 @@ class Plan:
             return "ssh"
         return self.network
 
+    def fence_args(self, hp: HostPlan) -> tuple[str, ...]:
+        """The host's start closes its TF ports first (dtf_server.fence) to all but the cluster's
+        hosts and loopback; and this machine, as the host sees it (its SSH client), unless it
+        reaches the tasks through SSH; and on a Slurm node the login host, at the address the node
+        sees it from (the step's SLURM_LAUNCH_NODE_IPADDR): dtf's connections to the tasks come
+        through it. Every port of the host: a repair starts only some of its tasks. The spares are
+        let in from the start: tasks moved to one reach the other hosts' tasks with no rule to
+        change there. Nothing for `firewall: off`."""
+        if self.firewall == "off":
+            return ()
+        ports = [a for t in hp.tasks for a in ("--fence-port", str(t.port))]
+        members = dict.fromkeys([*self.members(), *(default_address(sp.spec) for sp in self.spares)])
+        allow = [a for m in members for a in ("--allow", m)]
+        client = hp.spec.connection != "local" and self.network_for(hp) != "ssh"
+        return ("--fence", self.firewall, *ports, *allow, *(["--allow-client"] if client else []),
+                *(["--allow-launch-node"] if hp.spec.connection == "slurm" else []))
+
+    def fenced(self) -> Plan:
+        """This plan with each host's `fence` arguments."""
+        return dataclasses.replace(self, hosts=tuple(dataclasses.replace(hp, fence=self.fence_args(hp))
+                                                     for hp in self.hosts))
+
     def tasks(self) -> list[TaskPlan]:
         """Every task, ps first, each job by index."""
         all_tasks = [t for h in self.hosts for t in h.tasks]
@@ -342,15 +358,16 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
+        firewall = data.get("firewall", "off")
         return cls(cluster=data["cluster"], inventory=data["inventory"],
                    ssh_config=data["ssh_config"], hosts=tuple(_host_from_dict(h) for h in data["hosts"]),
-                   network=data.get("network", "direct"), firewall=data.get("firewall", "none"),
+                   network=data.get("network", "direct"), firewall="off" if firewall == "none" else firewall,
                    sync=tuple(SyncItem(**item) for item in data.get("sync", ())),
                    slurm=Allocation.from_dict(data["slurm"]) if data.get("slurm") else None,
                    ssh_config_line=data.get("ssh_config_line", 0), ssh_config_column=data.get("ssh_config_column", 0),
                    spares=tuple(_host_from_dict(h) for h in data.get("spares", ())),
                    host_timeout=float(data.get("host_timeout", DEFAULT_HOST_TIMEOUT)),
-                   moved=tuple((str(a), str(b)) for a, b in data.get("moved", ())))
+                   moved=tuple((str(a), str(b)) for a, b in data.get("moved", ()))).fenced()
 
     def spare(self, name: str) -> HostPlan | None:
         return next((sp for sp in self.spares if sp.name == name), None)
@@ -377,7 +394,7 @@ class Plan:
                                   ttl=hp.ttl, server=hp.server)
         return dataclasses.replace(self, hosts=tuple(new if h.name == lost else h for h in self.hosts),
                                    spares=tuple(s for s in self.spares if s.name != spare),
-                                   moved=(*self.moved, (lost, spare)))
+                                   moved=(*self.moved, (lost, spare))).fenced()
 
     def with_moves(self, moves: Collection[tuple[str, str]]) -> Plan:
         """This plan (an inventory's) with the moves a running cluster made, where they still apply:
@@ -492,7 +509,7 @@ def make_plan(
                 ssh_config=inventory.ssh_config, hosts=tuple(hosts),
                 network=network or inventory.network, firewall=inventory.firewall, sync=sync, slurm=slurm,
                 ssh_config_line=at.line if at else 0, ssh_config_column=at.column if at else 0,
-                spares=tuple(spares), host_timeout=inventory.host_timeout)
+                spares=tuple(spares), host_timeout=inventory.host_timeout).fenced()
 
 
 _HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdir", "address",

@@ -195,8 +195,8 @@ def early_steps(inv: Inventory, inventory_path: Path, ttl: float | None, server:
     """The start `up` gives each node of the allocation it is about to submit, for the command that
     submits it to begin (dtf.hosts.slurmstep.EarlySteps): the plan of placeholder nodes, its
     nodes' steps as `start` makes them (Starter.node_starts). None where `up` starts the nodes
-    otherwise (a managed environment, `firewall: members`, `sync:`: the mesh check after the
-    packs), or the plan has a mistake (`up` says it once the nodes are known, as before)."""
+    otherwise (a managed environment, `sync:`: the mesh check after the packs), or the plan has
+    a mistake (`up` says it once the nodes are known, as before)."""
     from dtf.cluster import slurm
     from dtf.files import shipping
     from dtf.hosts.slurmstep import EarlySteps
@@ -224,8 +224,8 @@ def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.P
     """Start the plan's tasks (or only some, per host) and send every host the packs, in phases:
 
     - connect, prepare and start, every host in parallel (`Starter.up`; on each host: connect,
-      ship the launcher, check its python and TensorFlow or build its environment, close its TF
-      ports to non-members, start its servers, check this machine reaches them);
+      ship the launcher, check its python and TensorFlow or build its environment, start its
+      servers, their TF ports closed to non-members first, check this machine reaches them);
     - send the packs to every host that lacks them;
     - verify: every host reaches every other host's tasks (the mesh check: in each host's start
       where they all start at once, `Starter(mesh=True)`; then from the hosts that did not).

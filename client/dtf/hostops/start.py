@@ -1,6 +1,7 @@
 """Starting the servers of a plan on its hosts (`dtf up`, a repair, collective mode's restore): ship
-the launcher, check the host's python and TensorFlow (or build its managed environment), close
-the TF ports to non-members when asked, start the servers, and check this machine reaches them."""
+the launcher, check the host's python and TensorFlow (or build its managed environment), start
+the servers (their start closes the TF ports to non-members first: dtf_server.fence), and check
+this machine reaches them."""
 
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ class HostStarted:
     env: EnvReport | None = None  # `python: managed`
     # It checked it reaches every other host's task, in its start (`Starter(mesh=True)`).
     reached: bool = False
+    # The TF ports' firewall rules its start set, or why it could not (None: `firewall: off`).
+    fence: FenceReply | None = None
 
 
 class Starter:
@@ -120,14 +123,12 @@ class Starter:
             else:
                 check = self._check(t, hp, tf_version, only)
                 env = self.env.build(t, hp, check, hp.tasks_in(only)[0].port) if hp.managed else None
-                if self.ops.plan.firewall == "members":
-                    self._fence(t, hp, check.client_address)
                 started = self._start_servers(t, hp, only)
             self.ops.step(hp, "checking the servers are reachable from here")
             direct = self._reachable(t, hp, hp.tasks_in(only))
         return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
                            client_address=check.client_address, direct=direct, env=env,
-                           reached=started.unreachable == {})
+                           reached=started.unreachable == {}, fence=started.fence)
 
     def _told_start(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None,
                     gate: _Gate) -> HostStarted:
@@ -175,7 +176,8 @@ class Starter:
             if conv is not None:
                 conv.kill()
         return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
-                           client_address=check.client_address, direct=direct, reached=unreachable == {})
+                           client_address=check.client_address, direct=direct, reached=unreachable == {},
+                           fence=started.fence)
 
     def _check_start_step(self, hp: HostPlan, tasks: Sequence[TaskPlan]) -> None:
         """The host's step while its check-start runs (told or not)."""
@@ -196,8 +198,8 @@ class Starter:
 
     def _in_one_call(self, hp: HostPlan) -> bool:
         """Whether the host's check and start are one launcher call: nothing happens between them
-        (no environment to build, no firewall to set)."""
-        return not hp.managed and self.ops.plan.firewall != "members"
+        (no environment to build; the firewall rules are the start's first step)."""
+        return not hp.managed
 
     def _ship_and_run(self, t: Transport, hp: HostPlan, argv: list[str], timeout: float) -> Result:
         """Upload the launcher and run one of its commands, in one round trip where the transport can."""
@@ -287,8 +289,11 @@ class Starter:
 
     @staticmethod
     def _started(r: Result) -> StartReply:
-        """The start's reply, or HostError naming the first server that crashed, with its log."""
+        """The start's reply, or HostError: why it started nothing (`firewall: members` where it
+        cannot set the rules), or the first server that crashed, with its log."""
         started = decode(StartReply, r, "starting servers")
+        if started.refused:
+            raise HostError(started.refused)
         failed = {n: s for n, s in started.tasks.items() if not s.ok}
         if failed:
             name, s = next(iter(failed.items()))
@@ -331,17 +336,6 @@ class Starter:
             return None  # (`up` takes them in turns: the login host runs as many sruns at once)
         version = local_tf_version()
         return [self._kept_check_start(hp, version, None) for hp in hosts]
-
-    def _fence(self, t: Transport, hp: HostPlan, client_address: str | None) -> None:
-        """`firewall: members`: close the host's TF ports to all but the cluster's hosts (and the
-        laptop, in direct mode) before any server listens."""
-        self.ops.step(hp, "closing the TF ports to non-members")
-        allow = self.ops.plan.members()
-        if self.ops.plan.network_for(hp) == "direct" and client_address:
-            allow.append(client_address)
-        fenced = decode(FenceReply, t.run(hp.fence_argv(allow), timeout=60), "setting firewall rules")
-        if fenced.error:
-            raise HostError(f"firewall: members is not possible there: {fenced.error}")
 
     def _reachable(self, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan]) -> bool:
         """Check that this machine reaches every task as the plan's network says; whether the

@@ -16,7 +16,6 @@ import yaml
 
 from dtf.cluster.inventory.model import (
     DEFAULT_PYTHON,
-    FIREWALLS,
     MANAGED,
     NETWORKS,
     HostSpec,
@@ -47,6 +46,7 @@ from dtf.cluster.inventory.values import (
     optional,
     plain,
     read_cluster,
+    read_firewall,
     read_host_timeout,
     read_path,
     read_port,
@@ -170,9 +170,10 @@ class Checker:
         if "ssh_config" in found:
             ssh_config = self.value(found["ssh_config"], "ssh_config", optional(read_path))
         choices = {}
-        for name, options in (("network", NETWORKS), ("firewall", FIREWALLS)):
-            if name in found:
-                choices[name] = self.value(found[name], name, choice(options))
+        if "network" in found:
+            choices["network"] = self.value(found["network"], "network", choice(NETWORKS))
+        if "firewall" in found:
+            choices["firewall"] = self.value(found["firewall"], "firewall", read_firewall)
         defaults = dict(BUILTIN)
         if "defaults" in found:
             key, node = found["defaults"]

@@ -99,8 +99,10 @@ class Position:
 
 # How the laptop reaches the tasks' TF ports: directly, through SSH, or whichever works (auto).
 NETWORKS = ("auto", "direct", "ssh")
-# Who may connect to the tasks' TF ports: anyone who can reach them, or only the cluster's hosts.
-FIREWALLS = ("none", "members")
+# Who may connect to the tasks' TF ports (dtf_server.fence; docs/security.md): only the cluster's
+# hosts and the laptop where the host lets dtf set firewall rules, else anyone, said by `up` (auto);
+# only those, or `up` refuses the host (members); anyone who can reach them (off).
+FIREWALLS = ("auto", "members", "off")
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ class Inventory:
     hosts: tuple[HostSpec, ...]
     ssh_config: str | None  # an ssh_config file to read instead of ~/.ssh/config
     network: str = "auto"  # one of NETWORKS
-    firewall: str = "none"  # one of FIREWALLS
+    firewall: str = "auto"  # one of FIREWALLS
     sync: tuple[SyncSpec, ...] = ()  # sent to every host at `up`
     # `slurm:` in place of `hosts:` (hosts is then empty until the allocation names the nodes:
     # `with_nodes`).

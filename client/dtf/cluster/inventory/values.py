@@ -22,6 +22,7 @@ from dtf.cluster.inventory.model import (
     DEFAULT_RESTART_LIMIT,
     DEFAULT_TF_PORT,
     DEFAULT_WORKDIR,
+    FIREWALLS,
 )
 
 MAX_TASKS_PER_HOST = 1000
@@ -358,6 +359,17 @@ def choice(options: tuple[str, ...]) -> Callable[[yaml.Node], str]:
         return str(value)
 
     return read
+
+
+def read_firewall(node: yaml.Node) -> str:
+    """`firewall:`, one of FIREWALLS (`off` as written, which YAML 1.1 reads as a boolean); `none`,
+    its old name for `off`, is refused with the new one."""
+    if isinstance(node, yaml.ScalarNode) and node.value == "off" and node.style is None:
+        return "off"
+    if plain(node) == "none":
+        raise Invalid("'none' is now called 'off' (the TF ports open to anyone who reaches them); "
+                      "without the key, auto closes them to all but the cluster where the host allows it")
+    return choice(FIREWALLS)(node)
 
 
 def optional(read: Callable[[yaml.Node], object]) -> Callable[[yaml.Node], object]:
