@@ -12,7 +12,7 @@ from rich.console import Console
 
 from dtf import top, ui
 from dtf.cluster.inventory import DEFAULT_HOST_TIMEOUT, loads
-from dtf.cluster.plan import Plan, differences, make_plan
+from dtf.cluster.plan import HostPlan, Plan, differences, make_plan
 from dtf.cluster.state import Record
 from dtf.errors import InventoryError
 from dtf.hostops import repair
@@ -96,6 +96,21 @@ def test_a_move_puts_the_lost_hosts_tasks_on_the_spare_at_the_same_ports():
     assert moved.cluster_spec()["worker"] == ["addr-s1:2222", "addr-s1:2223"]
     with pytest.raises(ValueError):
         moved.moved_to("b", "s2")  # b is no longer in the plan
+
+
+def test_the_firewall_lets_the_spares_in_from_the_start():
+    """Under the default firewall every host's rules let the spares in: tasks moved to one reach
+    the others with no rule changed on them, and the spare's own rules let every member in."""
+    def allowed(hp: HostPlan) -> list[str]:
+        return [hp.fence[i + 1] for i, a in enumerate(hp.fence) if a == "--allow"]
+
+    p = plan()
+    assert p.firewall == "auto"
+    assert all(allowed(hp) == ["addr-a", "addr-b", "addr-s1", "addr-s2"] for hp in p.hosts)
+    moved = p.moved_to("b", "s1")
+    assert allowed(moved.hosts[0]) == ["addr-a", "addr-s1", "addr-s2"]  # a repair of a sets the same
+    assert allowed(moved.hosts[1]) == ["addr-a", "addr-s1", "addr-s2"]
+    assert moved.hosts[1].fence[:2] == ("--fence", "auto") and "2223" in moved.hosts[1].fence
 
 
 def test_a_moved_plan_round_trips_through_the_record():
