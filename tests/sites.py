@@ -28,10 +28,12 @@ FAKE = {"DTF_SERVER": "fake"}  # the plan names the fake server: no TensorFlow a
 
 
 def listener(lab: Lab, host: str, port: int) -> subprocess.Popen[str]:
-    """A process listening on `port` inside that lab host (its namespace)."""
+    """A process listening on `port` inside that lab host (its namespace). SO_REUSEADDR: the port
+    may still hold connections in TIME-WAIT from an earlier test's server there."""
     h = lab.host(host)
     prefix = ["ip", "netns", "exec", h.netns] if h.netns else []
-    code = (f"import socket,sys,time; s=socket.socket(); s.bind(('0.0.0.0',{port})); s.listen();"
+    code = (f"import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+            f" s.bind(('0.0.0.0',{port})); s.listen();"
             f"print('ok',flush=True); time.sleep(120)")
     proc = subprocess.Popen([*prefix, sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ok"
