@@ -28,9 +28,13 @@ def connect(lab: Lab, alias: str, key: Path | None = None) -> paramiko.SSHClient
     client = paramiko.SSHClient()
     client.load_host_keys(cfg["userknownhostsfile"])
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    client.connect(cfg["hostname"], port=int(cfg["port"]), username=cfg["user"],
-                   key_filename=str(key or lab.key), look_for_keys=False, allow_agent=False,
-                   timeout=5, banner_timeout=5, auth_timeout=5)
+    try:
+        client.connect(cfg["hostname"], port=int(cfg["port"]), username=cfg["user"],
+                       key_filename=str(key or lab.key), look_for_keys=False, allow_agent=False,
+                       timeout=5, banner_timeout=5, auth_timeout=5)
+    except BaseException:
+        client.close()  # a refused login's connection, else left open by paramiko's thread
+        raise
     return client
 
 
