@@ -429,8 +429,9 @@ class Lab:
         steps = [f"mount -t tmpfs -o mode=0755 dtflab-{h.name} {PRIVATE}"]
         steps += [f"mount --bind {q(str(copy))} {real}" for copy, real in self._etc(h)]
         python = os.path.dirname(self._python_of(h))
-        steps += [f"mkdir -p {q(os.path.dirname(python))}", f"cp -R {q(str(self.root / 'python'))} {q(python)}",
-                  f"chmod -R a+rX {q(python)}"]
+        if (self.root / "python").exists():
+            steps += [f"mkdir -p {q(os.path.dirname(python))}", f"cp -R {q(str(self.root / 'python'))} {q(python)}",
+                      f"chmod -R a+rX {q(python)}"]
         for user, uid in self.uids.items():  # their homes, where sshd finds their key
             home = self.home(h, user)
             steps += [f"mkdir -p {q(os.path.dirname(home))}",
@@ -457,6 +458,8 @@ class Lab:
         """An inventory entry's keys that reach that host as `user`: the login, a workdir in the
         user's home, and the users' python there (`_write_python`)."""
         assert user in USERS, user
+        if not (self.root / "python").exists():
+            raise LabError(f"the lab's users (uid {self.uids[user]}) can run neither {sys.executable} nor /usr/bin/python3")
         return {"user": user, "workdir": f"{self.home(host, user)}/dtf", "python": self._python_of(self.host(host))}
 
     def _python_of(self, h: Host) -> str:
@@ -470,15 +473,15 @@ class Lab:
         tests that log in as these users are fake ones: the metadata passes dtf's TensorFlow check
         (the host's TensorFlow is this machine's version), nothing imports TensorFlow."""
         uid = self.uids[SUDO_USER]
+        here = self.root / "python"
+        shutil.rmtree(here, ignore_errors=True)
         for python in (sys.executable, "/usr/bin/python3"):
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 if subprocess.run([python, "-c", ""], user=uid, group=uid, extra_groups=[],
-                                  capture_output=True, timeout=30).returncode == 0:
+                                  cwd="/", capture_output=True, timeout=30).returncode == 0:
                     break
         else:
-            raise LabError(f"uid {uid} can run neither {sys.executable} nor /usr/bin/python3")
-        here = self.root / "python"
-        shutil.rmtree(here, ignore_errors=True)
+            return  # none: `as_user` says so (the rest of the lab does not need it)
         for dist in ("tensorflow", "tensorflow-cpu"):
             with contextlib.suppress(importlib.metadata.PackageNotFoundError):
                 version = importlib.metadata.version(dist)
