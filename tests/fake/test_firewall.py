@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from dtf_server.fence import iptables_tags, nft_tags, rules_name
-from helpers import assert_one_line_error, status_json, wait_until
+from helpers import assert_one_line_error, fake_server, status_json, wait_until
 from lab import FIREWALL_TOOLS, PASSWORD_SUDO_USER, SUDO_USER
 from sites import CLUSTER, LabSite, LocalSite
 
@@ -311,8 +311,9 @@ def test_a_host_whose_user_has_passwordless_sudo_is_closed_by_default_and_under_
         assert "warning" not in r.stderr, r.stderr
         assert status_json(site.home)["network"] == network
         for host in ("h0", "h1"):
-            servers = lab.processes(lab.as_user(host, SUDO_USER)["workdir"])
-            assert servers and {Path(f"/proc/{pid}").stat().st_uid for pid, _ in servers} == {lab.uids[SUDO_USER]}
+            servers = [pid for pid, cmd in lab.processes(lab.as_user(host, SUDO_USER)["workdir"])
+                       if fake_server(pid, cmd)]
+            assert servers and {Path(f"/proc/{pid}").stat().st_uid for pid in servers} == {lab.uids[SUDO_USER]}
             assert rule_owners(site, host, tool) == [lab.uids[SUDO_USER]]  # set by that user, through sudo
             sets = every_rule_set(site, host)  # one table, or one chain per IP version
             assert [t.split()[0] for t in sets] == (["inet"] if tool == "nft" else ["iptables", "ip6tables"]), sets
