@@ -12,6 +12,15 @@ and what the laptop keeps below /srv no host sees. `lab.laptop_dir()` is such a 
 laptop (a program run from there, with relative output paths, is a program whose files the hosts
 cannot see); `lab.exists(host, path)` looks at a path as that host sees it.
 
+Users: every host is reached as root (ssh_config's `User root`), and also has non-root login users
+of its own (USERS): SUDO_USER may run the firewall tools (nft, iptables, ip6tables) with sudo and no
+password, PASSWORD_SUDO_USER only with a password. Their accounts and sudo rules exist only in
+each host's mount namespace: modified copies of /etc/passwd, /etc/group, /etc/shadow and
+/etc/sudoers (kept below the lab's root) are bound over the machine's there, never written to it.
+Their homes are in the host's PRIVATE; `lab.as_user(host, user)` is an inventory entry's keys
+that reach the host as that user (`user:`, a workdir in that home, a python the user can run:
+for fake servers only, see `_write_python`).
+
 Two labs side by side (two checkouts testing at once) need their own name and subnet. Without
 DTF_LAB_NAME / DTF_LAB_SUBNET in the environment (see lab_identity()), a lab takes the first free
 pair of IDENTITIES (dtflab 10.213.37, then dtflabxa 10.213.200, dtflabxb 10.213.201, ...): its
@@ -26,8 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.metadata
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -48,6 +59,11 @@ SSHD = "/usr/sbin/sshd"
 MARKER = f"# {PREFIX} sshd, owner pid "  # first line of every lab sshd_config
 PORT_RANGE = (21000, 29000)
 PRIVATE = "/srv"  # each host's own tmpfs (a mount namespace per sshd); the laptop's own /srv otherwise
+SUDO_USER = "dtfsudo"  # a non-root login user with passwordless sudo for the firewall tools
+PASSWORD_SUDO_USER = "dtfsudopw"  # a non-root login user whose sudo for them asks for a password
+USERS = (SUDO_USER, PASSWORD_SUDO_USER)
+FIREWALL_TOOLS = ("nft", "iptables", "ip6tables")
+FIRST_UID = 2000  # the users' uids (and their groups' gids): the first free from here
 
 
 # The (name, subnet) pairs a lab picks from when none is given: the first one free. After the
@@ -248,6 +264,7 @@ class Lab:
         self._next_port = PORT_RANGE[0]
         self._lock: IO[str] | None = None  # flock on /run/<name>.lock: we own the namespace names
         self._laptop_dirs: list[Path] = []
+        self.uids: dict[str, int] = {}  # USERS' uids (each user's group has the same number)
 
     # ---- building -------------------------------------------------------------------------
 
@@ -284,6 +301,8 @@ class Lab:
             workdir.mkdir(parents=True, exist_ok=True)
             self.hosts.append(Host(f"h{i}", addr, port, ns, str(workdir)))
         self._write_client_files()
+        self._write_accounts()
+        self._write_python()
         for h in self.hosts:
             h.proc = self._start_sshd(h)
         deadline = time.monotonic() + 15
@@ -372,7 +391,7 @@ class Lab:
             (hdir / "sshd_config").write_text(
                 f"{MARKER}{os.getpid()}\n"
                 f"ListenAddress {addr}:{port}\nHostKey {hostkey}\n"
-                f"AuthorizedKeysFile {self.root / 'authorized_keys'}\n"
+                f"AuthorizedKeysFile {self.root / 'authorized_keys'} .ssh/authorized_keys\n"
                 "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
                 "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
                 f"PidFile {hdir / 'sshd.pid'}\nSubsystem sftp internal-sftp\n"
@@ -401,16 +420,130 @@ class Lab:
 
     def _start_sshd(self, h: Host) -> subprocess.Popen[bytes]:
         """sshd in the host's network namespace and in a mount namespace of its own whose PRIVATE
-        is a fresh tmpfs (every process it starts inherits both). Each step execs the next: the
+        is a fresh tmpfs holding USERS' homes, and whose /etc/passwd, group, shadow and sudoers are
+        the lab's copies (every process it starts inherits both). Each step execs the next: the
         Popen's pid is sshd's."""
         prefix = ["ip", "netns", "exec", h.netns] if h.netns else []
         sshd = [SSHD, "-D", "-e", "-f", str(self.root / h.name / "sshd_config")]
-        private = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                   f'mount -t tmpfs -o mode=0755 dtflab-{h.name} {PRIVATE} && exec "$@"', "sh"]
+        q = shlex.quote
+        steps = [f"mount -t tmpfs -o mode=0755 dtflab-{h.name} {PRIVATE}"]
+        steps += [f"mount --bind {q(str(copy))} {real}" for copy, real in self._etc(h)]
+        python = os.path.dirname(self._python_of(h))
+        if (self.root / "python").exists():
+            steps += [f"mkdir -p {q(os.path.dirname(python))}", f"cp -R {q(str(self.root / 'python'))} {q(python)}",
+                      f"chmod -R a+rX {q(python)}"]
+        for user, uid in self.uids.items():  # their homes, where sshd finds their key
+            home = self.home(h, user)
+            steps += [f"mkdir -p {q(os.path.dirname(home))}",
+                      f"install -d -o {uid} -g {uid} -m 0755 {q(home)}",
+                      f"install -d -o {uid} -g {uid} -m 0700 {q(home + '/.ssh')}",
+                      f"install -o {uid} -g {uid} -m 0600 {q(str(self.root / 'authorized_keys'))} "
+                      f"{q(home + '/.ssh/authorized_keys')}"]
+        private = ["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join([*steps, 'exec "$@"']),
+                   "sh"]
         log = open(self.root / h.name / "sshd.log", "wb")
         with log:
             return subprocess.Popen(prefix + private + sshd, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    # ---- the non-root users (USERS) ----------------------------------------------------------
+
+    def home(self, host: Host | str, user: str) -> str:
+        """That user's home on that host: in its PRIVATE (only that host sees it; the lab's root
+        may be below a directory only root may enter), named after the lab and the host, so that
+        `processes(path)` tells the hosts' and two labs' processes apart."""
+        return f"{PRIVATE}/{self.name}-{self.host(host).name}/{user}"
+
+    def as_user(self, host: Host | str, user: str) -> dict[str, str]:
+        """An inventory entry's keys that reach that host as `user`: the login, a workdir in the
+        user's home, and the users' python there (`_write_python`)."""
+        assert user in USERS, user
+        if not (self.root / "python").exists():
+            raise LabError(f"the lab's users (uid {self.uids[user]}) can run neither {sys.executable} nor /usr/bin/python3")
+        return {"user": user, "workdir": f"{self.home(host, user)}/dtf", "python": self._python_of(self.host(host))}
+
+    def _python_of(self, h: Host) -> str:
+        return f"{PRIVATE}/{self.name}-{h.name}/python/python"
+
+    def _write_python(self) -> None:
+        """The users' python, copied to each host's PRIVATE at its start: the first python they may
+        run (this one may be below root's home, which they cannot enter, with its TensorFlow),
+        else the machine's python3; with this machine's TensorFlow's metadata (a dist-info
+        directory holding only its name and version) first on its PYTHONPATH. The servers of the
+        tests that log in as these users are fake ones: the metadata passes dtf's TensorFlow check
+        (the host's TensorFlow is this machine's version), nothing imports TensorFlow."""
+        uid = self.uids[SUDO_USER]
+        here = self.root / "python"
+        shutil.rmtree(here, ignore_errors=True)
+        for python in (sys.executable, "/usr/bin/python3"):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                if subprocess.run([python, "-c", ""], user=uid, group=uid, extra_groups=[],
+                                  cwd="/", capture_output=True, timeout=30).returncode == 0:
+                    break
+        else:
+            return  # none: `as_user` says so (the rest of the lab does not need it)
+        for dist in ("tensorflow", "tensorflow-cpu"):
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                version = importlib.metadata.version(dist)
+                info = here / "tf" / f"{dist.replace('-', '_')}-{version}.dist-info"
+                info.mkdir(parents=True)
+                (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        here.mkdir(exist_ok=True)
+        (here / "python").write_text('#!/bin/sh\nPYTHONPATH="$(dirname "$0")/tf${PYTHONPATH:+:$PYTHONPATH}" '
+                                     f'exec {shlex.quote(python)} "$@"\n')
+        (here / "python").chmod(0o755)
+
+    def _etc(self, h: Host) -> list[tuple[Path, str]]:
+        """(the lab's copy, the file of this machine it is bound over in the host's mount
+        namespace): the copies `_write_accounts` made."""
+        files = [(self.root / h.name / "etc" / "passwd", "/etc/passwd")]
+        files += [(self.root / "etc" / name, f"/etc/{name}") for name in ("group", "shadow", "sudoers")]
+        return [(copy, real) for copy, real in files if copy.exists()]
+
+    def _write_accounts(self) -> None:
+        """Copies of this machine's /etc/passwd (one per host: the homes differ), group, shadow
+        and sudoers (where sudo is installed) with USERS added; the copies keep their originals'
+        owner and mode (sudo reads only a sudoers file of root's, mode 0440)."""
+        etc = Path("/etc")
+        lines = {name: [line for line in (etc / name).read_text().splitlines()
+                        if line.split(":", 1)[0] not in USERS]
+                 for name in ("passwd", "group", "shadow") if (etc / name).exists()}
+        taken = {int(f[2]) for name in ("passwd", "group") for line in lines.get(name, [])
+                 if len(f := line.split(":")) > 2 and f[2].isdigit()}
+        free = (i for i in range(FIRST_UID, 60000) if i not in taken)
+        self.uids = {user: next(free) for user in USERS}
+        today = int(time.time() // 86400)
+        added = {"group": [f"{u}:x:{uid}:" for u, uid in self.uids.items()],
+                 "shadow": [f"{u}:*:{today}:0:99999:7:::" for u in self.uids]}
+        (self.root / "etc").mkdir(exist_ok=True)
+        for name, extra in added.items():
+            if name in lines:
+                self._copy_of(etc / name, self.root / "etc" / name, lines[name] + extra)
+        for h in self.hosts:
+            (self.root / h.name / "etc").mkdir(exist_ok=True)
+            self._copy_of(etc / "passwd", self.root / h.name / "etc" / "passwd", lines["passwd"] + [
+                f"{u}:x:{uid}:{uid}:dtf lab user:{self.home(h, u)}:/bin/bash" for u, uid in self.uids.items()])
+        if not (etc / "sudoers").exists():
+            return  # no sudo here: the users have none
+        tools = ", ".join(p for t in FIREWALL_TOOLS if (p := shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin")))
+        sudoers = self.root / "etc" / "sudoers"
+        self._copy_of(etc / "sudoers", sudoers, (etc / "sudoers").read_text().splitlines() + [
+            "# the dtf lab's users (tests/lab.py)",
+            f"{SUDO_USER} ALL=(root) NOPASSWD: {tools}",
+            f"{PASSWORD_SUDO_USER} ALL=(root) {tools}"])
+        if shutil.which("visudo", path="/usr/sbin:/usr/bin:/sbin:/bin"):
+            r = _sh(["visudo", "-c", "-q", "-f", str(sudoers)], check=False)
+            if r.returncode != 0:
+                raise LabError(f"the lab's sudoers ({sudoers}) does not parse: {(r.stdout + r.stderr).strip()}")
+
+    @staticmethod
+    def _copy_of(original: Path, copy: Path, lines: list[str]) -> None:
+        copy.unlink(missing_ok=True)
+        with open(os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:  # (shadow's hashes)
+            f.write("\n".join(lines) + "\n")
+        st = original.stat()
+        os.chown(copy, st.st_uid, st.st_gid)
+        copy.chmod(st.st_mode & 0o7777)
 
     def _wait_sshd(self, h: Host, deadline: float) -> None:
         while True:
@@ -610,6 +743,8 @@ class Lab:
                 Lab._cleanup_netns(self.name)
             for path in self._laptop_dirs:
                 shutil.rmtree(path, ignore_errors=True)
+            for etc in [self.root / "etc", *(self.root / h.name / "etc" for h in self.hosts)]:
+                shutil.rmtree(etc, ignore_errors=True)  # (a copy of shadow among them)
         finally:
             if self._lock is not None:
                 self._lock.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import paramiko
 import pytest
 import yaml
 
-from lab import PRIVATE, Host, Lab, LabError, LabUnsupported, _alive
+from lab import PASSWORD_SUDO_USER, PRIVATE, SUDO_USER, USERS, Host, Lab, LabError, LabUnsupported, _alive
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
@@ -263,6 +264,23 @@ def test_host_objects_expose_the_documented_fields(lab: Lab) -> None:
     assert h.name == "h0" and h.workdir.endswith("/h0/home/dtf")
     assert (h.netns is None) == (lab.mode == "loopback")
     assert lab.key.exists() and lab.wrong_key.exists() and lab.known_hosts.exists()
+
+
+def test_the_hosts_non_root_users_and_their_sudo_exist_on_the_hosts_only(lab: Lab) -> None:
+    """Each lab host has SUDO_USER (sudo runs nft without a password) and PASSWORD_SUDO_USER
+    (sudo asks for one, and -n refuses); this machine's own /etc knows neither user."""
+    etc = Path("/etc/passwd").read_text() + Path("/etc/group").read_text()
+    assert not any(line.split(":")[0] in USERS for line in etc.splitlines())
+    nft = shutil.which("nft")
+    for h in (lab.hosts[0], lab.hosts[-1]):
+        for user, sudo in ((SUDO_USER, 0), (PASSWORD_SUDO_USER, 1)):
+            r = subprocess.run(["ssh", "-F", str(lab.ssh_config), "-i", str(lab.key), "-o", "BatchMode=yes",
+                                "-l", user, h.name, f"id -u; echo $HOME; sudo -k -n {nft} list tables >/dev/null; echo $?"],
+                               capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.split() == [str(lab.uids[user]), lab.home(h, user), str(sudo)], r.stdout
+            assert sudo == 0 or "a password is required" in r.stderr, r.stderr
+    assert not Path(lab.home(lab.hosts[0], SUDO_USER)).exists()  # (in the host's own PRIVATE)
 
 
 def test_each_host_has_a_private_disk_the_laptop_does_not_see(lab: Lab) -> None:

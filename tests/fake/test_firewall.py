@@ -1,7 +1,9 @@
 """Who may connect to the TF ports under each `firewall:` setting, on the SSH lab with fake servers
 (a TF port is a port: no TensorFlow needed). The cluster runs on h0 and h1; h2 is a machine of
 the same network that is no member; the laptop is this machine. `firewall: members` and its
-iptables variant: tests/fake/test_network.py.
+iptables variant: tests/fake/test_network.py. The hosts' users: root (the lab's login), a user
+with passwordless sudo for the rule tools and one whose sudo asks for a password (the lab's
+SUDO_USER and PASSWORD_SUDO_USER), and a user without root or sudo (unprivileged_python).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dtf_server.fence import rules_name
-from helpers import assert_one_line_error, status_json, wait_until
+from dtf_server.fence import iptables_tags, nft_tags, rules_name
+from helpers import assert_one_line_error, fake_server, status_json, wait_until
+from lab import FIREWALL_TOOLS, PASSWORD_SUDO_USER, SUDO_USER
 from sites import CLUSTER, LabSite, LocalSite
 
 pytestmark = pytest.mark.lab
@@ -242,3 +245,116 @@ def test_the_laptops_own_servers_are_closed_to_other_machines(tmp_path: Path, ne
         assert f"inet {ours}" not in laptop_tables()
     finally:
         local.cleanup()
+
+
+def as_user(site: LabSite, inv: Path, hosts: dict[int, str], tools: str = "") -> None:
+    """The inventory's host number i logs in as hosts[i] (a lab user, in its home there), with
+    a python launcher that tries only these firewall `tools` (where given)."""
+    doc = yaml.safe_load(inv.read_text())
+    for i, user in hosts.items():
+        entry = doc["hosts"][i]
+        entry.update(site.lab.as_user(entry["host"], user))
+        if tools:  # (written on the host: the laptop's files below the lab's root are root's only)
+            python = f"{site.lab.home(entry['host'], user)}/python-{tools}"
+            script = f"#!/bin/sh\nDTF_FIREWALL_TOOLS={tools} exec {entry['python']} \"$@\"\n"
+            r = site.lab.run(entry["host"], ["sh", "-c", f'printf %s "$0" > {python} && chmod 0755 {python}', script])
+            assert r.returncode == 0, r.stderr
+            entry["python"] = python
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def every_rule_set(site: LabSite, host: str) -> list[str]:
+    """dtf's rule sets on a lab host, whatever the tool: nftables tables (`inet dtf_...`), iptables
+    and ip6tables chains (`iptables DTF-...`, `ip6tables DTF-...`)."""
+    chains = [f"{tool} {line.split()[1]}" for tool in FIREWALL_TOOLS[1:]
+              for line in site.lab.run(host, [tool, "-S"], timeout=10).stdout.splitlines() if line.startswith("-N DTF-")]
+    return dtf_tables(site, host)[host] + chains
+
+
+def rule_owners(site: LabSite, host: str, tool: str) -> list[int]:
+    """The uids in the tags of dtf's rule sets on a lab host (the users that set them)."""
+    if tool == "nft":
+        tags = nft_tags(site.lab.run(host, ["nft", "list", "ruleset"], timeout=10).stdout)
+    else:
+        tags = iptables_tags(site.lab.run(host, ["iptables", "-S"], timeout=10).stdout)
+    return [uid for uid, _ in tags.values()]
+
+
+def left_by_user(site: LabSite, user: str) -> tuple[list[str], list[tuple[int, str]]]:
+    """The cluster's files and the processes left in that user's workdirs on h0 and h1."""
+    files, procs = [], []
+    for host in ("h0", "h1"):
+        workdir = site.lab.as_user(host, user)["workdir"]
+        found = site.lab.run(host, ["find", f"{workdir}/{CLUSTER}"], timeout=10)
+        files += found.stdout.split()
+        procs += site.lab.processes(workdir)
+    return files, procs
+
+
+@pytest.mark.parametrize("tool", ["nft", "iptables"])
+def test_a_host_whose_user_has_passwordless_sudo_is_closed_by_default_and_under_members(site: LabSite, tool: str):
+    """Both hosts' users are no root but may run the rule tools with sudo and no password: `up`
+    sets the rules through sudo (tagged with that user), as it does for root; `down` removes them;
+    `firewall: members` starts there."""
+    lab = site.lab
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    as_user(site, inv, {0: SUDO_USER, 1: SUDO_USER}, tools=tool)
+    for setting, said, network in (
+            ("auto", "the TF ports accept connections from this machine; closed to non-members (firewall: auto)",
+             "direct"),
+            ("members", "closed to non-members (firewall: members)", "ssh")):  # (the laptop is no member)
+        if setting == "members":
+            inv.write_text(inv.read_text() + "firewall: members\n")
+        r = site.dtf("up", str(inv))
+        assert r.returncode == 0, r.stderr
+        assert said in r.stdout, r.stdout
+        assert "warning" not in r.stderr, r.stderr
+        assert status_json(site.home)["network"] == network
+        for host in ("h0", "h1"):
+            servers = [pid for pid, cmd in lab.processes(lab.as_user(host, SUDO_USER)["workdir"])
+                       if fake_server(pid, cmd)]
+            assert servers and {Path(f"/proc/{pid}").stat().st_uid for pid in servers} == {lab.uids[SUDO_USER]}
+            assert rule_owners(site, host, tool) == [lab.uids[SUDO_USER]]  # set by that user, through sudo
+            sets = every_rule_set(site, host)  # one table, or one chain per IP version
+            assert [t.split()[0] for t in sets] == (["inet"] if tool == "nft" else ["iptables", "ip6tables"]), sets
+        for name, host in (("a", "h0"), ("b", "h1")):
+            address = lab.host(host).address
+            for port in site.ports_of(name):
+                assert lab.connects(None, address, port) == (network == "direct")  # the laptop
+                assert lab.connects("h1" if host == "h0" else "h0", address, port)  # the other member
+                assert not lab.connects("h2", address, port)  # no member
+        assert site.dtf("down").returncode == 0
+        assert [every_rule_set(site, h) for h in ("h0", "h1", "h2")] == [[], [], []]  # nothing in nft or iptables
+        assert left_by_user(site, SUDO_USER) == ([], [])
+
+
+def test_a_host_whose_users_sudo_asks_for_a_password_is_warned_about_and_still_works(site: LabSite):
+    """firewall: auto on a host whose user's sudo for the rule tools needs a password (sudo -n
+    cannot run them): `up` goes on, and says in one line that the host stays open and why.
+    firewall: members refuses that host in one line."""
+    lab = site.lab
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    as_user(site, inv, {0: PASSWORD_SUDO_USER})
+    why = r"needs root or passwordless sudo for \S+/nft \(sudo -n asks for a password\)"
+    r = site.dtf("up", str(inv))
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and re.fullmatch(
+        rf"dtf: warning: firewall: auto could not close the TF ports on h0 \(h0: {why}\): anyone who "
+        r"reaches them can run code there; root or passwordless sudo for nft or iptables closes them, firewall: "
+        r"members refuses such hosts", warnings[0]), warnings
+    assert "closed to non-members (firewall: auto) except on h0" in r.stdout
+    for port in site.ports_of("a"):
+        assert lab.connects("h2", lab.host("h0").address, port)  # open, as said
+        assert lab.connects(None, lab.host("h0").address, port)
+    assert not lab.connects("h2", lab.host("h1").address, site.ports_of("b")[0])  # h1's root closed its own
+    assert every_rule_set(site, "h0") == []
+    assert site.dtf("status").returncode == 0
+    assert site.dtf("down").returncode == 0
+    assert no_rules(site) and site.files() == [] and left_by_user(site, PASSWORD_SUDO_USER) == ([], [])
+
+    inv.write_text(inv.read_text() + "firewall: members\n")
+    r = site.dtf("up", str(inv))
+    error = assert_one_line_error(r, 4)
+    assert re.search(rf"^  h0: firewall: members is not possible there: {why}$", error, re.M), error
+    assert no_rules(site) and site.files() == [] and left_by_user(site, PASSWORD_SUDO_USER) == ([], [])
