@@ -158,8 +158,11 @@ def cmd_stop(args: Namespace) -> StopReply:
 def end_streams(root: str) -> None:
     """TERM every `top` stream of the cluster (a reader may be gone without closing it: a killed
     `dtf train`), and wait until they are gone."""
-    streams = [r for r in (read_json(os.path.join(root, name)) for name in os.listdir(root)
-                           if name.startswith(layout.TOP_PREFIX)) if ours(r)]
+    streams: list[dict[str, Any]] = []
+    for name in os.listdir(root):
+        record = read_json(os.path.join(root, name)) if name.startswith(layout.TOP_PREFIX) else None
+        if record is not None and ours(record):
+            streams.append(record)
     for r in streams:
         with contextlib.suppress(ProcessLookupError):
             os.kill(r["pid"], signal.SIGTERM)
