@@ -149,11 +149,11 @@ class Mender:
         return self.record.plan
 
     def __enter__(self) -> Mender:
-        # A Slurm allocation's nodes are asked through job steps, too dear to ask every few
-        # seconds; a job that ends is replaced as a whole (dtf.program.train), not host by host.
-        if self.plan.slurm is None:
-            self.watch.__enter__()
-            self.thread.start()
+        # On a Slurm allocation each node's feed is one long job step; a dead task is started
+        # again there as on a host. A node is never moved (no spares): a job that ends is
+        # replaced as a whole (dtf.program.train, dtf.hostops.realloc).
+        self.watch.__enter__()
+        self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -204,7 +204,7 @@ class Mender:
                     self.repairing.add(hp.name)
                     threading.Thread(target=self._guarded, args=(lambda hp=hp, gone=gone: self._repair(hp, gone),),
                                      name=f"dtf-mender-{hp.name}", daemon=True).start()
-            if self.lost is not None:
+            if self.lost is not None or plan.slurm is not None:
                 return
             now = time.monotonic()
             for hp in plan.hosts:
@@ -229,11 +229,24 @@ class Mender:
             return True
         return now.taking_down or now.created != self.record.created
 
+    def job_ended(self) -> bool:
+        """A Slurm cluster's job no longer runs (its tasks died with it): the attempt loop gets a
+        new allocation (dtf.hostops.realloc); nothing is started on the old one."""
+        if self.plan.slurm is None:
+            return False
+        from dtf.hostops.slurm import allocation_state
+
+        plan = self.plan
+        assert plan.slurm is not None
+        _, ended = allocation_state(plan.slurm, plan.cluster, plan.ssh_config, plan.ttl, self.connect_timeout,
+                                    what="dtf train")
+        return ended is not None
+
     def _restart(self, hp: HostPlan, gone: dict[str, str | None]) -> None:
         """Start the host's tasks in `gone` (name -> why) again; the others keep serving."""
         with self.lock:
             plan = self.plan
-            if hp not in plan.hosts or self.going_down():
+            if hp not in plan.hosts or self.going_down() or self.job_ended():
                 return
             ops = HostOps(plan, connect_timeout=self.connect_timeout)
             only = {hp.name: set(gone)}
