@@ -91,8 +91,9 @@ def answered_or_moved(record: Record, hosts: list[str], connect_timeout: float,
     past the plan's `host_timeout`, has its tasks moved to a spare in the record (nothing is
     started there: the next attempt's copies take the ports). The record as it is then;
     ClusterDown with the one line where a host is lost and no spare is left."""
-    begun = time.monotonic()
-    with Mender(record, connect_timeout, say, restart=False) as mender:
+    mender = Mender(record, connect_timeout, say, restart=False)
+    begun = time.monotonic()  # after the mender's start: a host answers with a sample from now on
+    with mender:
         while True:
             if mender.lost is not None:
                 raise ClusterDown(mender.lost)
