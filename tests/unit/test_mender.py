@@ -38,8 +38,9 @@ def plan() -> Plan:
 class Recorded(repair.Mender):
     """A mender whose repairs are recorded; a restart waits for `release` (a repair under way)."""
 
-    def __init__(self, p: Plan) -> None:
-        super().__init__(Record(plan=p, inventory="/x", created=1.0, chief_host="h"), 5.0, lambda line: None)
+    def __init__(self, p: Plan | Record) -> None:
+        record = p if isinstance(p, Record) else Record(plan=p, inventory="/x", created=1.0, chief_host="h")
+        super().__init__(record, 5.0, lambda line: None)
         self.restarts: list[tuple[str, dict[str, str | None]]] = []
         self.moves: list[str] = []
         self.release = threading.Event()
@@ -96,6 +97,16 @@ def test_a_host_silent_past_the_timeout_is_lost_and_one_that_answered_is_not():
     sample(m, "a", {"ps:0": ALIVE})  # a's sample came now; b has said nothing since
     m.look()
     assert m.moves == ["b"] and m.restarts == []
+
+
+def test_a_slurm_node_silent_past_the_timeout_is_never_moved():
+    """No spares on Slurm: a job that ends is replaced as a whole (dtf.hostops.realloc)."""
+    from unit.test_realloc import record_of
+
+    m = Recorded(record_of())
+    m.answered = {h: time.monotonic() - 10 * m.plan.host_timeout for h in m.answered}
+    m.look()
+    assert m.moves == [] and m.lost is None
 
 
 def test_the_watch_follows_a_new_plan():
