@@ -25,7 +25,7 @@ reply (dtf_server.protocol) as JSON and exits 0 when it did what was asked:
     run       --dir D --task SPEC ... [--env K=V] [--clear-output]  collective mode: start program copies
     supervise-program --dir D --task SPEC          (internal) run one program copy once (dtf_server.program)
     follow    --dir D --task JOB:INDEX [--beat S]  stream a program copy's output and events until it ends
-    top       --dir D --task JOB:INDEX ... [--interval S] [--for S]  one TopSample line per interval
+    top       --dir D --task JOB:INDEX ... [--interval S] [--for S] [--states-only]  one TopSample line per interval
                                                    (status, CPU%, memory, network per task) until
                                                    its reader goes, or for S seconds (`dtf top`)
 
@@ -155,6 +155,7 @@ def parser() -> Parser:
     many(c, "--task")
     c.add_argument("--interval", type=float, default=1.0)
     c.add_argument("--for", dest="for_seconds", type=float, default=24 * 3600.0)
+    c.add_argument("--states-only", action="store_true")
     c = add("renew", "maintenance.cmd_renew")
     c.add_argument("--dir", required=True)
     c.add_argument("--ttl", type=float, default=None)

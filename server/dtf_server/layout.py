@@ -6,6 +6,7 @@ Everything of one cluster lives below its root, WORKDIR/CLUSTER:
     ROOT/lease.json            {ttl, renewed}: see supervisor.py
     ROOT/.expire-lock          taken by tasks removing their files when the lease lapsed
     ROOT/fence.json            the TF ports' firewall rules its start set (`firewall: auto`, `members`: fence.py)
+    ROOT/top-<pid>.json        a running `top` stream (its pid and start time): `clean` ends it
     ROOT/JOB-INDEX/            one per task:
         log                    the supervisor's and the server's output
         pid.json               the supervisor's pid and process start time (and its task)
@@ -38,6 +39,7 @@ HELPERS_ENV = "DTF_HELPERS"  # the zip's path, in a collective `run`'s environme
 LEASE = "lease.json"
 EXPIRE_LOCK = ".expire-lock"
 FENCE = "fence.json"
+TOP_PREFIX = "top-"  # + pid + ".json": a running `top` stream's record (maintenance.cmd_top)
 LOG = "log"
 PID = "pid.json"
 SUPERVISOR = "supervisor.json"

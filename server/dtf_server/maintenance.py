@@ -5,6 +5,7 @@ each task's process group, KILL after a grace; with `--clean`, `down` in one cal
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ from typing import Any
 
 from dtf_server import fence, layout, sample
 from dtf_server.layout import parse_name
-from dtf_server.procs import ours, port_open, read_json, server_record
+from dtf_server.procs import ours, port_open, proc_start_ticks, read_json, server_record, write_json
 from dtf_server.protocol import (
     CleanReply,
     RenewReply,
@@ -61,15 +62,27 @@ def cmd_top(args: Namespace) -> None:
     """Print one TopSample line every `--interval` seconds until stdout's reader is gone (EPIPE:
     `dtf top` quit, or its SSH connection closed), the cluster's directory is gone, or `--for`
     seconds passed. It never renews the
-    lease: a view left open does not keep an abandoned cluster alive."""
+    lease: a view left open does not keep an abandoned cluster alive. `--states-only` (dtf train's
+    mender, which needs only each task's state): no /proc scan, no `ss`, no training figures."""
     tasks = [(t, *parse_name(t)) for t in args.task]
+    record = os.path.join(args.dir, f"{layout.TOP_PREFIX}{os.getpid()}.json")
+    if os.path.isdir(args.dir):  # `clean` (`dtf down`) ends the streams it finds so recorded
+        write_json(record, {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid())})
+    try:
+        stream_samples(args, tasks)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(record)
+
+
+def stream_samples(args: Namespace, tasks: list[tuple[str, str, int]]) -> None:
     before: dict[str, sample.Usage] = {}
     then = sample.clock()
     end = then + args.for_seconds
     while True:
         statuses = {name: task_status(args.dir, job, index) for name, job, index in tasks}
         leaders = {name: s.pid for name, s in statuses.items() if s.alive and s.pid is not None}
-        now_usage = sample.usage(leaders)
+        now_usage = {} if args.states_only else sample.usage(leaders)
         now = sample.clock()
         samples = {}
         for name, status in statuses.items():
@@ -142,6 +155,22 @@ def cmd_stop(args: Namespace) -> StopReply:
 
 
 
+def end_streams(root: str) -> None:
+    """TERM every `top` stream of the cluster (a reader may be gone without closing it: a killed
+    `dtf train`), and wait until they are gone."""
+    streams: list[dict[str, Any]] = []
+    for name in os.listdir(root):
+        record = read_json(os.path.join(root, name)) if name.startswith(layout.TOP_PREFIX) else None
+        if record is not None and ours(record):
+            streams.append(record)
+    for r in streams:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(r["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while any(ours(r) for r in streams) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def cmd_clean(args: Namespace) -> CleanReply:
     """What `down` ends with on every host (`stop --clean`): the firewall rules first, then the
     tasks' files and the launchers. A directory another dtf's tasks use (`--if-unused`) is left
@@ -151,6 +180,7 @@ def cmd_clean(args: Namespace) -> CleanReply:
         return CleanReply(removed=removed)
     if args.if_unused and running_tasks(args.dir):
         return CleanReply(removed=removed, in_use=True)  # another dtf's tasks live here: not ours
+    end_streams(args.dir)
     if os.path.exists(os.path.join(args.dir, layout.FENCE)):  # the firewall rules first: they outlive no cluster
         fenced = fence.remove(args.dir)
         if fenced.error:
@@ -172,6 +202,7 @@ def cmd_clean(args: Namespace) -> CleanReply:
             if not os.listdir(path):
                 os.rmdir(path)
         elif (layout.is_launcher(name) or layout.is_helpers(name) or name in (layout.LEASE, layout.EXPIRE_LOCK)
+              or name.startswith(layout.TOP_PREFIX)
               or ".tmp-" in name):
             os.unlink(path)  # every launcher version (and dtf's package), and uploads that never completed
             removed.append(path)

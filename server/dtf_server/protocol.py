@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields: a reply of another version
 # is refused, never half-read (what each version changed: this file's git log).
-PROTOCOL = 12
+PROTOCOL = 13
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The

@@ -11,15 +11,17 @@ brings back what is lost.
   address inside a run, so the program is stopped and its next attempt resumes from its last
   checkpoint. No spare left: `lost` says so in one line, and the run ends.
 
-Each host is asked in a thread of its own (a host whose link is down holds only its own
-thread), every `WATCH_EVERY` seconds; the status call renews the lease as it goes.
+The hosts are not asked: the mender reads a `Watch` (dtf.hostops.watch, as `dtf top` does), one
+SSH session per host for the whole run on which the launcher's `top --states-only` pushes every
+task's state each `WATCH_EVERY` seconds. A host has answered when its last sample came; a silent
+stream is connected again by the watch. A repair runs in a thread of its own per host (a host
+whose link is down holds only its own thread). The lease is the lease keeper's (`dtf.hostops.lease`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import threading
 import time
 from collections.abc import Callable
@@ -31,10 +33,10 @@ from dtf.errors import ClusterDown, DtfError, HostFailure
 from dtf.hostops import reach, stop
 from dtf.hostops.parallel import HostOps, ProgressView, failures, no_view
 from dtf.hostops.start import Starter, local_tf_version
-from dtf.hostops.status import status_host
-from dtf.hosts.transport import HostError
+from dtf.hostops.status import FILES_GONE
+from dtf.hostops.watch import HostFeed, Watch
 
-WATCH_EVERY = 2.0  # seconds between two questions to a host
+WATCH_EVERY = 2.0  # seconds between two samples of a host's task states
 PROBE_TIMEOUT = 3.0  # seconds a task's port gets to accept a connection (wait_serving)
 # A task in one of these states has nothing on its host that brings it back: dtf starts it again.
 NEEDS_START = ("dead", "failed")
@@ -90,16 +92,29 @@ def answered_or_moved(record: Record, hosts: list[str], connect_timeout: float,
     started there: the next attempt's copies take the ports). The record as it is then;
     ClusterDown with the one line where a host is lost and no spare is left."""
     mender = Mender(record, connect_timeout, say, restart=False)
-    begun = time.monotonic()
-    while True:
-        mender.look()
-        if mender.lost is not None:
-            raise ClusterDown(mender.lost)
-        names = {hp.name for hp in mender.plan.hosts}
-        with mender.lock:
-            if all(h not in names or mender.answered.get(h, 0) > begun for h in hosts):
-                return mender.record
-        time.sleep(WATCH_EVERY)
+    begun = time.monotonic()  # after the mender's start: a host answers with a sample from now on
+    with mender:
+        while True:
+            if mender.lost is not None:
+                raise ClusterDown(mender.lost)
+            names = {hp.name for hp in mender.plan.hosts}
+            with mender.lock:
+                if all(h not in names or mender.answered.get(h, 0) > begun for h in hosts):
+                    return mender.record
+            time.sleep(WATCH_EVERY / 4)
+
+
+def dead_tasks(hp: HostPlan, feed: HostFeed) -> dict[str, str | None]:
+    """The host's tasks its latest sample shows in need of a start (name -> why)."""
+    if feed.files_gone:
+        return {t.name: FILES_GONE.format(root=hp.root) for t in hp.tasks}
+    gone: dict[str, str | None] = {}
+    tasks = feed.sample.tasks if feed.sample is not None else {}
+    for t in hp.tasks:
+        s = tasks.get(t.name)
+        if s is None or s.status.state in NEEDS_START:
+            gone[t.name] = s.status.reason if s is not None else "not reported by its host"
+    return gone
 
 
 class Mender:
@@ -124,8 +139,10 @@ class Mender:
         self.lost: str | None = None  # a host lost with no spare left: the line the run ends with
         now = time.monotonic()
         self.answered = {hp.name: now for hp in record.plan.hosts}  # host -> when it last answered
-        self.asking: set[str] = set()
+        self.read: dict[str, float] = {}  # host -> when the last sample acted upon came
+        self.repairing: set[str] = set()  # hosts whose tasks are being started again
         self.failed = False  # a repair raised (a bug): said once
+        self.watch = Watch(HostOps(record.plan, connect_timeout=connect_timeout), every, states_only=True)
         self.thread = threading.Thread(target=self._run, name="dtf-mender", daemon=True)
 
     @property
@@ -133,21 +150,27 @@ class Mender:
         return self.record.plan
 
     def __enter__(self) -> Mender:
-        # A Slurm allocation's nodes are asked through job steps, too dear to ask every few
-        # seconds; a job that ends is replaced as a whole (dtf.program.train), not host by host.
-        if self.plan.slurm is None:
-            self.thread.start()
+        # On a Slurm allocation each node's feed is one long job step; a dead task is started
+        # again there as on a host. A node is never moved (no spares): a job that ends is
+        # replaced as a whole (dtf.program.train, dtf.hostops.realloc).
+        self.watch.__enter__()
+        self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stopped.set()
+        self.watch.changed.set()
         if self.thread.is_alive():
             self.thread.join(timeout=self.connect_timeout + 60)
+        self.watch.__exit__()
 
     # -- watching ---------------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self.stopped.wait(self.every):
-            self._guarded(self.look)
+        while not self.stopped.is_set():
+            self.watch.changed.wait(self.every)
+            self.watch.changed.clear()
+            if not self.stopped.is_set():
+                self._guarded(self.look)
 
     def _guarded(self, step: Callable[[], None]) -> None:
         """A bug in a repair is said once and written to $DTF_HOME/debug.log; the run goes on."""
@@ -164,15 +187,25 @@ class Mender:
                          f"(traceback in {state.home() / 'debug.log'})")
 
     def look(self) -> None:
-        """Ask every host not being asked already; move the tasks of each host lost past the timeout."""
+        """Read every host's latest sample: its dead tasks are started again (in a thread of the
+        host's own); move the tasks of each host silent past the timeout."""
         with self.lock:
             plan = self.plan
+            feeds = self.watch.feeds()
             for hp in plan.hosts:
-                if hp.name not in self.asking:
-                    self.asking.add(hp.name)
-                    threading.Thread(target=self._guarded, args=(functools.partial(self._ask, plan, hp),),
+                feed = feeds.get(hp.name)
+                if feed is None or feed.at is None or feed.at <= self.read.get(hp.name, 0.0):
+                    continue
+                self.answered[hp.name] = max(self.answered.get(hp.name, 0.0), feed.at)
+                if hp.name in self.repairing:
+                    continue  # a sample from before the repair ended: the next one says
+                self.read[hp.name] = feed.at
+                gone = dead_tasks(hp, feed)
+                if gone and self.restart and not self.stopped.is_set():
+                    self.repairing.add(hp.name)
+                    threading.Thread(target=self._guarded, args=(lambda hp=hp, gone=gone: self._repair(hp, gone),),
                                      name=f"dtf-mender-{hp.name}", daemon=True).start()
-            if self.lost is not None:
+            if self.lost is not None or plan.slurm is not None:
                 return
             now = time.monotonic()
             for hp in plan.hosts:
@@ -180,25 +213,13 @@ class Mender:
                 if waited > plan.host_timeout and not self.stopped.is_set():
                     self._move(hp, waited)
 
-    def _ask(self, plan: Plan, hp: HostPlan) -> None:
+    def _repair(self, hp: HostPlan, gone: dict[str, str | None]) -> None:
         try:
-            reply = status_host(HostOps(plan, connect_timeout=self.connect_timeout), hp)
-        except HostError:
-            return  # not answered: `look` counts the time since it last did
+            self._restart(hp, gone)
         finally:
             with self.lock:
-                self.asking.discard(hp.name)
-        with self.lock:
-            if hp not in self.plan.hosts:
-                return  # moved away meanwhile
-            self.answered[hp.name] = time.monotonic()
-        gone: dict[str, str | None] = {}
-        for t in hp.tasks:
-            s = reply.tasks.get(t.name)
-            if s is None or s.state in NEEDS_START:
-                gone[t.name] = s.reason if s is not None else "not reported by its host"
-        if gone and self.restart and not self.stopped.is_set():
-            self._restart(hp, gone)
+                self.repairing.discard(hp.name)
+                self.read[hp.name] = time.monotonic()  # the samples that came meanwhile are stale
 
     # -- repairs ----------------------------------------------------------------------------------
     def going_down(self) -> bool:
@@ -209,11 +230,24 @@ class Mender:
             return True
         return now.taking_down or now.created != self.record.created
 
+    def job_ended(self) -> bool:
+        """A Slurm cluster's job no longer runs (its tasks died with it): the attempt loop gets a
+        new allocation (dtf.hostops.realloc); nothing is started on the old one."""
+        if self.plan.slurm is None:
+            return False
+        from dtf.hostops.slurm import allocation_state
+
+        plan = self.plan
+        assert plan.slurm is not None
+        _, ended = allocation_state(plan.slurm, plan.cluster, plan.ssh_config, plan.ttl, self.connect_timeout,
+                                    what="dtf train")
+        return ended is not None
+
     def _restart(self, hp: HostPlan, gone: dict[str, str | None]) -> None:
         """Start the host's tasks in `gone` (name -> why) again; the others keep serving."""
         with self.lock:
             plan = self.plan
-            if hp not in plan.hosts or self.going_down():
+            if hp not in plan.hosts or self.going_down() or self.job_ended():
                 return
             ops = HostOps(plan, connect_timeout=self.connect_timeout)
             only = {hp.name: set(gone)}
@@ -255,7 +289,9 @@ class Mender:
         if not self.restart:
             pids = {}
         self.answered.pop(lost.name, None)
+        self.read.pop(lost.name, None)
         self.answered[spare.name] = time.monotonic()
+        self.watch.follow(HostOps(new, connect_timeout=self.connect_timeout))
         self._save(new, pids, {name: moved_note(lost.name, spare.name, waited) for name in only_names},
                    gone=only_names)
         self.changes += 1

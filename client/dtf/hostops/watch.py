@@ -2,6 +2,9 @@
 `top` command that prints a sample of every task of the host each interval (dtf_server.sample).
 A refresh costs no SSH handshake and no round trip: the hosts push. A host that says nothing for
 STALL intervals is shown as such, and its connection made again (a new handshake only then).
+
+`dtf train`'s mender (dtf.hostops.repair) reads a Watch too, of states only (`top --states-only`:
+no /proc scan on the hosts), and has it `follow` a new plan when tasks move to a spare.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ STALL = 5  # intervals without a sample before a host is "silent" and its connec
 RETRY = 3.0  # seconds before connecting again to a host that failed
 
 
+class FilesGone(HostError):
+    """dtf's files are gone from a host: taken down, or its lease lapsed (every task is dead)."""
+
+
 @dataclass(frozen=True)
 class HostFeed:
     """The latest of one host: its sample (None: none yet), or why there is none now."""
@@ -29,16 +36,19 @@ class HostFeed:
     error: str | None = None
     samples: int = 0  # samples received since the view started
     connects: int = 0  # connections opened to the host (1 while all is well)
+    at: float | None = None  # time.monotonic() here when the latest sample came
+    files_gone: bool = False  # dtf's files are gone from the host (every task is dead)
 
 
 class Watch:
     """Start with `with Watch(ops, interval) as w:`; `w.feeds()` is the latest of every host."""
 
-    def __init__(self, ops: HostOps, interval: float = 1.0) -> None:
-        self.ops, self.interval = ops, interval
+    def __init__(self, ops: HostOps, interval: float = 1.0, states_only: bool = False) -> None:
+        self.ops, self.interval, self.states_only = ops, interval, states_only
         self._feeds: dict[str, HostFeed] = {hp.name: HostFeed() for hp in ops.plan.hosts}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._left: dict[str, threading.Event] = {}  # host -> set when the watch no longer follows it
         self._threads: list[threading.Thread] = []
         self.changed = threading.Event()  # set at every new sample or error
 
@@ -48,8 +58,35 @@ class Watch:
 
     def _set(self, host: str, **changes: object) -> None:
         with self._lock:
+            if host not in self._feeds:
+                return  # no longer followed
             self._feeds[host] = HostFeed(**{**self._feeds[host].__dict__, **changes})
         self.changed.set()
+
+    def follow(self, ops: HostOps) -> None:
+        """Follow the hosts of `ops.plan` from now on (tasks moved to a spare): a host new to the
+        watch gets its connection, one left out has its connection closed and its feed dropped;
+        the others go on as they were."""
+        with self._lock:
+            old = {hp.name for hp in self.ops.plan.hosts}
+            self.ops = ops
+            new = [hp for hp in ops.plan.hosts if hp.name not in old]
+            for name in old - {hp.name for hp in ops.plan.hosts}:
+                self._feeds.pop(name, None)
+                if name in self._left:
+                    self._left[name].set()
+            for hp in new:
+                self._feeds[hp.name] = HostFeed()
+            started = bool(self._threads)
+        if started:
+            for hp in new:
+                self._start(hp)
+
+    def _start(self, hp: HostPlan) -> None:
+        left = self._left[hp.name] = threading.Event()
+        th = threading.Thread(target=self._host, args=(hp, left), daemon=True, name=f"dtf-top-{hp.name}")
+        th.start()
+        self._threads.append(th)
 
     def wait_samples(self, count: int, timeout: float) -> None:
         """Until every host has sent `count` samples or failed, or `timeout` seconds passed."""
@@ -61,10 +98,12 @@ class Watch:
             self.changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
             self.changed.clear()
 
-    def _host(self, hp: HostPlan) -> None:
-        while not self._stop.is_set():
+    def _host(self, hp: HostPlan, left: threading.Event) -> None:
+        while not self._stop.is_set() and not left.is_set():
             try:
-                self._follow(hp)
+                self._follow(hp, left)
+            except FilesGone as e:
+                self._set(hp.name, error=str(e), files_gone=True, at=time.monotonic())
             except (HostError, ProtocolMismatch, ValueError) as e:
                 self._set(hp.name, error=str(e).splitlines()[0] if str(e) else type(e).__name__)
             except NotImplementedError:
@@ -72,17 +111,20 @@ class Watch:
                 return
             self._stop.wait(RETRY)
 
-    def _follow(self, hp: HostPlan) -> None:
+    def _follow(self, hp: HostPlan, left: threading.Event) -> None:
         with self._lock:
+            if hp.name not in self._feeds:
+                return
             connects = self._feeds[hp.name].connects + 1
         self._set(hp.name, connects=connects)
         transport = self.ops.transport(hp)
         with transport:
             self._ensure_launcher(transport, hp)
             stream = transport.lines(hp.launcher_argv("top", "--dir", hp.root, "--interval", f"{self.interval:g}",
+                                                      *(["--states-only"] if self.states_only else []),
                                                       *hp.task_args()))
             try:
-                self._read(hp, stream)
+                self._read(hp, stream, left)
             finally:
                 stream.close()
 
@@ -92,12 +134,12 @@ class Watch:
             launcher.ask(t, hp, StatusReply, hp.launcher_argv("status", "--dir", hp.root, *hp.task_args()),
                          "status", launcher.RENEW_TIMEOUT, upload_if=lambda: launcher.root_exists(t, hp))
         except launcher.LauncherMissing:
-            raise HostError(f"dtf's files are gone from {hp.root} (taken down, or its lease lapsed)")
+            raise FilesGone(f"dtf's files are gone from {hp.root} (taken down, or its lease lapsed)")
 
-    def _read(self, hp: HostPlan, stream: LineStream) -> None:
+    def _read(self, hp: HostPlan, stream: LineStream, left: threading.Event) -> None:
         silent_for = STALL * self.interval + 5
         heard = time.monotonic()
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not left.is_set():
             line = stream.readline(timeout=0.5)
             if line is None:
                 if time.monotonic() - heard > silent_for:
@@ -109,13 +151,13 @@ class Watch:
             heard = time.monotonic()
             with self._lock:
                 count = self._feeds[hp.name].samples + 1
-            self._set(hp.name, sample=sample, error=None, samples=count)
+            self._set(hp.name, sample=sample, error=None, samples=count, at=heard, files_gone=False)
 
     def __enter__(self) -> Watch:
-        for hp in self.ops.plan.hosts:
-            th = threading.Thread(target=self._host, args=(hp,), daemon=True, name=f"dtf-top-{hp.name}")
-            th.start()
-            self._threads.append(th)
+        with self._lock:
+            hosts = list(self.ops.plan.hosts)
+        for hp in hosts:
+            self._start(hp)
         return self
 
     def __exit__(self, *exc: object) -> None:
