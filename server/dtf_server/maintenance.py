@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
+import sys
 import time
 from argparse import Namespace
 from typing import Any
@@ -101,7 +103,17 @@ def stream_samples(args: Namespace, tasks: list[tuple[str, str, int]]) -> None:
             return
         if now >= end or not os.path.isdir(args.dir):  # the cluster is gone (`dtf down`, a lapsed lease)
             return
-        time.sleep(max(0.0, min(args.interval - (sample.clock() - now), end - now)))
+        if reader_gone(max(0.0, min(args.interval - (sample.clock() - now), end - now))):
+            return
+
+
+def reader_gone(timeout: float) -> bool:
+    """Wait `timeout` seconds, or less: True as soon as stdout's reader is gone (its pipe or socket
+    hung up: the SSH channel closed when `dtf top` quit or `dtf train` ended), so the stream and its
+    record end then, not at the next sample's write. Stdout of another kind only waits."""
+    poll = select.poll()
+    poll.register(sys.stdout.fileno(), 0)  # no events asked: a hang-up or an error is always said
+    return bool(poll.poll(timeout * 1000))
 
 
 def cmd_renew(args: Namespace) -> RenewReply:

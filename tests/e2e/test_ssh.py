@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 
 from dtf.files.shipping import launcher_name
-from helpers import EXAMPLES, REPO, as_in_a_terminal, assert_one_line_error, dtf, leftovers, pids_alive, status_json
+from helpers import (
+    EXAMPLES,
+    REPO,
+    as_in_a_terminal,
+    assert_one_line_error,
+    dtf,
+    leftovers,
+    pids_alive,
+    status_json,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
@@ -74,6 +84,9 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert s["final_loss"] < 0.5 * s["first_loss"], s
     assert s["steps"] == 3 * 50
     assert list((tmp_path / "loop" / "checkpoints").glob("ckpt-*.index"))
+    # dtf train's mender followed each host through a `top` stream, which ends (and its record with
+    # it) once its SSH channel closed
+    wait_until(lambda: not [p for h in lab.hosts for p in Path(h.workdir, "lab").glob("top-*.json")], timeout=30)
     on_hosts = [str(p) for h in lab.hosts for p in Path(h.workdir, "lab").rglob("*")
                 if p.name not in (launcher_name(), "log", "pid.json", "ready.json", "supervisor.json",
                                   "lease.json", "fence.json")

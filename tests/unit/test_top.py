@@ -217,3 +217,18 @@ def test_collective_copies_steps_from_their_hosts(tmp_path: Path):
     assert top.training_lines(doc["training"]) == [
         "training (collective): attempt 1 of 3 | 2 of 2 copies joined, 38.5 steps/s (the slowest copy's)",
         "copies: worker:0 running 40.0 steps/s, worker:1 running 38.5 steps/s"]
+
+
+def test_the_launchers_top_stream_ends_with_its_reader_not_at_its_next_sample(tmp_path: Path):
+    """A `top` stream whose reader goes (the SSH channel closed at the end of `dtf train` or `dtf
+    top`) ends then, and its record with it: not at the next sample's write, an interval later."""
+    code = "import sys; from dtf_server.commands import main; main()"
+    stream = subprocess.Popen([sys.executable, "-c", code, "top", "--dir", str(tmp_path), "--task", "worker:0",
+                               "--interval", "3600", "--states-only"], stdout=subprocess.PIPE)
+    assert stream.stdout is not None
+    line = stream.stdout.readline()
+    assert decode(TopSample, line.decode()).tasks["worker:0"].status.alive is False
+    assert [p.name for p in tmp_path.glob("top-*.json")] == [f"top-{stream.pid}.json"]
+    stream.stdout.close()  # its reader gone, an hour before its next sample
+    assert stream.wait(timeout=60) == 0
+    assert list(tmp_path.glob("top-*.json")) == []
