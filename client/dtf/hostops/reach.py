@@ -14,6 +14,7 @@ from dtf.hosts.netutil import port_open
 from dtf.hosts.transport import HostError
 from dtf_server.protocol import ReachReply
 
+PROBE_TIMEOUT = 3.0  # seconds a task's port gets to accept a connection from this machine
 MESH_TIMEOUT = 5.0  # seconds each host gives a connection to another host's task
 
 

@@ -37,7 +37,6 @@ from dtf.hostops.status import FILES_GONE
 from dtf.hostops.watch import HostFeed, Watch
 
 WATCH_EVERY = 2.0  # seconds between two samples of a host's task states
-PROBE_TIMEOUT = 3.0  # seconds a task's port gets to accept a connection (wait_serving)
 # A task in one of these states has nothing on its host that brings it back: dtf starts it again.
 NEEDS_START = ("dead", "failed")
 
@@ -334,7 +333,7 @@ class Mender:
                 return []
             plan = self.plan
             ops = HostOps(plan, connect_timeout=self.connect_timeout)
-            dead = reach.unreachable(ops, self.record.network, PROBE_TIMEOUT)
+            dead = reach.unreachable(ops, self.record.network, reach.PROBE_TIMEOUT)
             if not dead:
                 return []
             with self.lock:

@@ -32,7 +32,6 @@ from dtf_server.procs import EXIT_STATUS_ENV, ended_before_crash, exit_reason
 if TYPE_CHECKING:
     from dtf.hosts.tunnel import Tunnel
 
-PROBE_TIMEOUT = 3.0
 # After Ctrl-C: seconds until the program's main thread is sent SIGINT itself, until SIGTERM,
 # and until SIGKILL.
 INTERRUPT_STEPS = (3.0, 10.0, 15.0)
@@ -57,7 +56,7 @@ def interrupt_main_thread(pid: int) -> bool:
     return bool(libc.syscall(number, pid, pid, int(signal.SIGINT)) == 0)
 
 
-def dead_tasks(ops: HostOps, network: str, timeout: float = PROBE_TIMEOUT) -> list[str]:
+def dead_tasks(ops: HostOps, network: str, timeout: float = reach.PROBE_TIMEOUT) -> list[str]:
     """Tasks whose port does not accept a connection from here, as the cluster's network goes
     (directly, or through SSH), probed in parallel."""
     return [f"{t.name} ({t.host}, {t.address})" for t in reach.unreachable(ops, network, timeout)]
@@ -345,7 +344,7 @@ def lost_ps(ops: HostOps, before: dict[str, tuple[int, int | None]], network: st
             lost[name] = "not serving"
     rest = [t.name for t in ops.plan.tasks() if t.job == "ps" and t.name not in lost]
     if rest:
-        for t in reach.unreachable(ops, network, PROBE_TIMEOUT, rest):
+        for t in reach.unreachable(ops, network, reach.PROBE_TIMEOUT, rest):
             lost[t.name] = f"{t.address} unreachable"
     return [f"{name} ({why})" for name, why in sorted(lost.items())]
 
@@ -354,7 +353,7 @@ def wait_serving(ops: HostOps, network: str, timeout: float) -> list[str]:
     """Wait until every task accepts connections from here; the ones that still do not."""
     deadline = time.monotonic() + timeout
     while True:
-        dead = dead_tasks(ops, network, timeout=min(PROBE_TIMEOUT, max(0.1, deadline - time.monotonic())))
+        dead = dead_tasks(ops, network, timeout=min(reach.PROBE_TIMEOUT, max(0.1, deadline - time.monotonic())))
         if not dead or time.monotonic() >= deadline:
             return dead
         time.sleep(0.25)
