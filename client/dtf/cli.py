@@ -154,8 +154,7 @@ def up(
 
     server = os.environ.get(lifecycle.SERVER_ENV) or "tensorflow"
     with lifecycle.allocated(inv, inventory, wait=slurm_wait, say=ui.say, connect_timeout=connect_timeout,
-                             replace=replace, view=ui.host_progress, ttl=ttl_seconds, server=server,
-                             network=network) as allocation:
+                             replace=replace, view=ui.host_progress, ttl=ttl_seconds) as allocation:
         plan = lifecycle.load_plan(inventory, ttl_seconds, server, network=network, slurm=allocation, inv=inv,
                                    config_checked=inv.slurm is not None)
         if dry_run:

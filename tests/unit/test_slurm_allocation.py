@@ -93,7 +93,7 @@ class Login(Transport):
         state = self.run(["squeue", f"--jobs={job}"]).stdout
         out.append(state.strip())
         if state.startswith("RUNNING"):
-            then = script.split("THEN=", 1)[1].split("; START=", 1)[0]
+            then = script.split("THEN=", 1)[1].split("\n", 1)[0]
             if then != "''":
                 self.ran.append(["then", then])
             out += ["---", self.run(["scontrol", "--oneliner"]).stdout.strip()]

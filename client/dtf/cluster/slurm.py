@@ -199,8 +199,7 @@ def ended_line(job: str, show_job: str, show_nodes: str = "") -> str:
 # One command on the login host per look at a job that `up` waits for, submitting it first or
 # not (scripts/wait.sh, wait_argv): squeue every WAIT_PAUSE seconds for up to WAIT_SECONDS until
 # the job leaves the pending states; once it runs, its nodes and their addresses in the same
-# answer, the lease watch started, and (with START) every node's start begun. ID_SECONDS: what
-# salloc gets to say its job id.
+# answer, and the lease watch started. ID_SECONDS: what salloc gets to say its job id.
 WAIT_SECONDS, WAIT_PAUSE, ID_SECONDS = 1.0, 0.1, 20
 # THEN (the lease watch) starts this long after the job runs: its srun, slurmstepd and python
 # would share the login host's and the first node's cores with the nodes' own start, which `up`
@@ -208,21 +207,15 @@ WAIT_SECONDS, WAIT_PAUSE, ID_SECONDS = 1.0, 0.1, 20
 # lease written from 1 s before it began (scripts/lease_watch.py), which `up`'s last write, once
 # the servers serve, is.
 WATCH_DELAY = 0.5
-HEARTBEAT = 0.2
-BEGUN_MARK = "=== dtf-start\n"  # (wait.sh's line before the steps' answers)
 
 
 def wait_argv(job: str | None = None, submit: list[str] | None = None, seconds: float = WAIT_SECONDS,
-              pause: float = WAIT_PAUSE, then: str | None = None, start: str = "", nodes: int = 0) -> list[str]:
+              pause: float = WAIT_PAUSE, then: str | None = None) -> list[str]:
     """Look at `job` until it leaves the pending states (squeue `pause` apart, for up to `seconds`),
     or submit it first (`submit`: the salloc argv) and look at it: one command (scripts/wait.sh).
-    `then`: sh to start, detached, once the job runs (watch_command). `start` (with `submit`): sh
-    that begins the steps of the job's `nodes` nodes once it runs (wait.sh's START:
-    EarlySteps.script)."""
-    assert not start or submit is not None
+    `then`: sh to start, detached, once the job runs (watch_command)."""
     settings = {"MS": str(round(max(0.0, seconds) * 1000)), "PAUSE": f"{pause:g}", "ID_MS": str(ID_SECONDS * 1000),
-                "WATCH_DELAY": f"{WATCH_DELAY:g}", "THEN": then or "", "START": start, "START_NODES": f"{nodes:d}",
-                "HEARTBEAT": f"{HEARTBEAT:g}", "BEGUN": BEGUN_MARK.strip()}
+                "WATCH_DELAY": f"{WATCH_DELAY:g}", "THEN": then or ""}
     program = "; ".join(f"{name}={shlex.quote(value)}" for name, value in settings.items()) + "\n" + script("wait.sh")
     if submit is not None:
         return ["sh", "-c", program, "sh", "--submit", "-", "-", "--", *submit]

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dtf.cluster import state
 from dtf.cluster.inventory import Inventory
@@ -37,9 +37,6 @@ from dtf.hostops.parallel import HostOps, Outcome, ProgressView, failures, no_vi
 from dtf.hostops.repair import check_spares, restarted_note
 from dtf.hostops.start import HostStarted, Starter
 from dtf.hostops.stop import STOP_GRACE, HostStopped
-
-if TYPE_CHECKING:
-    from dtf.hosts.slurmstep import EarlySteps
 
 SERVER_ENV = "DTF_SERVER"  # what serves each task: `tensorflow` (default), or `fake[:options]` for tests
 
@@ -122,8 +119,7 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
 @contextlib.contextmanager
 def allocated(inv: Inventory, inventory_path: Path, *, wait: float, say: Callable[[str], None],
               connect_timeout: float, replace: bool = False, view: ProgressView = no_view,
-              ttl: float | None = None, server: str = "tensorflow", network: str | None = None
-              ) -> Iterator[Allocation | None]:
+              ttl: float | None = None) -> Iterator[Allocation | None]:
     """`up`'s Slurm allocation (`slurm_allocation`), for the block that starts the cluster on it;
     None for an inventory of hosts. The inventory's ssh_config is checked first (its mistakes at
     their line, not as ssh's failure). An allocation made for this `up` is released (cancelled,
@@ -137,7 +133,7 @@ def allocated(inv: Inventory, inventory_path: Path, *, wait: float, say: Callabl
 
         check_ssh_config(inv.position("ssh_config"), inv.ssh_config)
     allocation, fresh = slurm_allocation(inv, inventory_path, wait=wait, say=say, connect_timeout=connect_timeout,
-                                         replace=replace, view=view, ttl=ttl, server=server, network=network)
+                                         replace=replace, view=view, ttl=ttl)
     try:
         yield allocation
     except BaseException:
@@ -150,14 +146,12 @@ def allocated(inv: Inventory, inventory_path: Path, *, wait: float, say: Callabl
 
 def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: Callable[[str], None],
                      connect_timeout: float, replace: bool = False, view: ProgressView = no_view,
-                     ttl: float | None = None, server: str = "tensorflow", network: str | None = None
-                     ) -> tuple[Allocation, bool]:
+                     ttl: float | None = None) -> tuple[Allocation, bool]:
     """The allocation `up` runs a Slurm inventory's cluster on: the recorded cluster's, while its
     job runs and the inventory asks for the same one (an `up` again repairs it), else a new one
     (True: made now, so an `up` that fails cancels it). An inventory that asks for another
     allocation than the running one is refused (ClusterChanged); `replace` takes the recorded
-    cluster down (its job with it) and starts anew. A new one's command begins the nodes' starts
-    (`early_steps`: `server`, `network` and `ttl` are the plan's)."""
+    cluster down (its job with it) and starts anew."""
     from dtf.cluster import slurm
     from dtf.hostops import slurm as slurm_ops
     from dtf.hosts.transport import HostError
@@ -186,37 +180,7 @@ def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: 
                     state.remove(inv.cluster)
                 say(f"job {recorded.job} of cluster {inv.cluster} is no longer in the queue "
                     f"(its tasks ended with it): starting the cluster anew")
-    early = early_steps(inv, inventory_path, ttl, server, network)
-    return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout, ttl=ttl, early=early), True
-
-
-def early_steps(inv: Inventory, inventory_path: Path, ttl: float | None, server: str, network: str | None
-                ) -> EarlySteps | None:
-    """The start `up` gives each node of the allocation it is about to submit, for the command that
-    submits it to begin (dtf.hosts.slurmstep.EarlySteps): the plan of placeholder nodes, its
-    nodes' steps as `start` makes them (Starter.node_starts). None where `up` starts the nodes
-    otherwise (a managed environment, `sync:`: the mesh check after the packs), or the plan has
-    a mistake (`up` says it once the nodes are known, as before)."""
-    from dtf.cluster import slurm
-    from dtf.files import shipping
-    from dtf.hosts.slurmstep import EarlySteps
-
-    spec = inv.slurm
-    if spec is None or not spec.submits or not spec.nodes:
-        return None
-    job = "@dtf-job@"  # (texts no plan holds)
-    nodes = tuple(f"@dtf-node-{i}@" for i in range(spec.nodes))
-    addresses = tuple(f"@dtf-address-{i}@" for i in range(spec.nodes))
-    placeholder = Allocation(job=job, submitted=True, login=spec.login, nodes=nodes, addresses=addresses,
-                             request=slurm.request(inv))
-    try:
-        plan = load_plan(inventory_path, ttl, server, network, slurm=placeholder, inv=inv, config_checked=True)
-    except (InventoryError, UsageError):
-        return None
-    if plan.sync:
-        return None
-    starts = Starter(HostOps(plan), mesh=True).node_starts()
-    return None if starts is None else EarlySteps(job, nodes, addresses, starts, shipping.launcher_bytes())
+    return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout, ttl=ttl), True
 
 
 def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.Pack] = ()

@@ -75,8 +75,8 @@ def comeback(record: Record, ended: str, *, wait: float, connect_timeout: float,
             HostOps(plan).close_control()
             slurm_ops.close_masters(cluster)
             state.remove(cluster)
-        with lifecycle.allocated(inv, path, wait=wait, say=say, connect_timeout=connect_timeout, ttl=plan.ttl,
-                                 server=server, network=network) as allocation:
+        with lifecycle.allocated(inv, path, wait=wait, say=say, connect_timeout=connect_timeout,
+                                 ttl=plan.ttl) as allocation:
             new_plan = lifecycle.load_plan(path, plan.ttl, server, network=network, slurm=allocation, inv=inv,
                                            config_checked=True)
             with sync.packed([(item.name, item.path) for item in new_plan.sync]) as packs:

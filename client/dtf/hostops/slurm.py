@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from dtf.cluster import slurm
 from dtf.cluster.inventory import HostSpec, Inventory
@@ -19,7 +18,7 @@ from dtf.cluster.plan import DEFAULT_TTL
 from dtf.cluster.slurm import Allocation, JobState
 from dtf.errors import HostFailure
 from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.transport import HostError, Result, Transport, transport_for
+from dtf.hosts.transport import HostError, Transport, transport_for
 
 # While a job pends: squeue often at first, on the login host (a free partition starts a job in a
 # second or two: slurm.wait_argv's looks), then a look a second or so (a long wait must not load
@@ -29,9 +28,6 @@ CANCEL_TIMEOUT = 60.0  # seconds a cancelled job gets to leave the queue
 QUERY_TIMEOUT = 30.0  # seconds for one Slurm command on the login host
 
 Say = Callable[[str], None]
-
-if TYPE_CHECKING:
-    from dtf.hosts.slurmstep import EarlySteps
 
 
 def login_master(login: HostSpec, cluster: str, ssh_config: str | None, connect_timeout: float = CONNECT_TIMEOUT,
@@ -90,13 +86,11 @@ def job_state(t: Transport, job: str) -> JobState:
 
 
 def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = CONNECT_TIMEOUT,
-             ttl: float | None = None, early: EarlySteps | None = None) -> Allocation:
+             ttl: float | None = None) -> Allocation:
     """The running allocation of a Slurm inventory: submitted now, or the inventory's `job`.
     HostFailure (the login host, with the reason) if it cannot be had within `wait` seconds;
     what was submitted is cancelled then, and on Ctrl-C. Over the cluster's master to the login
-    host (`login_master`), which `up` goes on using; closed here if it fails. `early`: the
-    nodes' starts, begun by the command that submits the job where Slurm grants it at once (the
-    nodes' start_kept take their answers)."""
+    host (`login_master`), which `up` goes on using; closed here if it fails."""
     spec = inv.slurm
     assert spec is not None
     login = spec.login.host
@@ -104,39 +98,27 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
     try:
         with login_transport(inv, connect_timeout, ttl) as t:
             waited: slurm.Waited | None = None
-            begun = ""  # the steps' answers follow (EarlySteps): that the job runs was said
             # The lease watch of a job dtf submits: started by the look that finds it running.
             watch = slurm.watch_command(inv) if spec.submits else None
             if spec.submits:
-                # (a command whose stdin carries the launcher: over an OpenSSH master)
-                begin = early if early is not None and t.converses else None
                 submit = slurm.wait_argv(submit=slurm.salloc_argv(inv), seconds=min(slurm.WAIT_SECONDS, wait),
-                                         then=watch, start=begin.script() if begin else "",
-                                         nodes=len(begin.nodes) if begin else 0)
-                submitted = f"submitted: {slurm.job_name(inv.cluster)}, {spec.nodes} node(s)"
-                if begin is not None:  # (its lines said as they come)
-                    r = _submit_and_begin(t, submit, begin, say, submitted)
-                else:
-                    r = t.run(submit, timeout=QUERY_TIMEOUT + slurm.ID_SECONDS)
-                answer, begun, said = r.stdout.partition(slurm.BEGUN_MARK)
+                                         then=watch)
+                r = t.run(submit, timeout=QUERY_TIMEOUT + slurm.ID_SECONDS)
                 try:  # its id, even if the look after salloc failed: it must be cancelled then
-                    waited = slurm.parse_wait(answer)
+                    waited = slurm.parse_wait(r.stdout)
                     job = waited.job
                 except ValueError as e:
                     raise HostError(str(e))
                 if job is None:
                     raise HostError(f"salloc failed: {(r.stderr.strip().splitlines() or [f'exit {r.exit_code}'])[-1]}")
-                if begin is None:
-                    say(f"job {job} {submitted}")
+                say(f"job {job} submitted: {slurm.job_name(inv.cluster)}, {spec.nodes} node(s)")
                 if not r.ok:  # salloc worked, the look after it did not: look again
                     waited = None
-                elif begin is not None and begun and waited.addresses:
-                    begin.take(job, waited.nodes, tuple(waited.addresses.get(n, n) for n in waited.nodes), said)
             assert job is not None
             try:
                 if waited is None:
                     waited = _look(t, job, 0, watch)
-                waited = _wait_running(t, job, waited, wait, say, watch, shown=bool(begun))
+                waited = _wait_running(t, job, waited, wait, say, watch)
             except BaseException:
                 if spec.submits:
                     _cancel(t, job, say)
@@ -152,48 +134,15 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
                       addresses=tuple(addresses.get(n, n) for n in waited.nodes), request=slurm.request(inv))
 
 
-def _submit_and_begin(t: Transport, argv: list[str], begin: EarlySteps, say: Say, submitted: str
-                      ) -> Result:
-    """The command that submits the job and begins its nodes' steps (slurm.wait_argv's `start`),
-    its answer read as it comes: the job's id said as soon as salloc gave it (`submitted`: what
-    follows it), and once the job runs its nodes, while their steps start (a node's TensorFlow
-    server takes seconds to import: `up` does not sit silent meanwhile). HostError past its
-    deadline."""
-    seconds = QUERY_TIMEOUT + slurm.ID_SECONDS + begin.timeout
-    deadline = time.monotonic() + seconds
-    conv = t.converse(argv, begin.upload)
-    try:
-        head: list[str] = []
-        while (line := conv.readline(max(0.0, deadline - time.monotonic()))) is not None:
-            head.append(line)
-            if line.startswith("JOB "):
-                say(f"job {line[4:].strip()} {submitted}")
-            elif line + "\n" == slurm.BEGUN_MARK:
-                waited = slurm.parse_wait("".join(f"{said}\n" for said in head[:-1]))
-                if waited.job is not None and waited.state.state == "RUNNING":
-                    _say_running(waited.job, waited.state, 0.0, say)
-                break
-        if time.monotonic() >= deadline:
-            raise HostError(f"command timed out after {seconds:g}s: salloc")
-        rest = conv.finish(max(0.0, deadline - time.monotonic()))
-    finally:
-        conv.kill()
-    return t.result(Result(rest.exit_code, "".join(f"{line}\n" for line in head) + rest.stdout, rest.stderr))
-
-
 def _look(t: Transport, job: str, seconds: float = slurm.WAIT_SECONDS, then: str | None = None) -> slurm.Waited:
     """One look at the job (slurm.wait_argv: for up to `seconds` on the login host; `then` once it runs)."""
     return slurm.parse_wait(_run(t, slurm.wait_argv(job, seconds=seconds, then=then), f"looking at job {job}"))
 
 
-def _say_running(job: str, state: JobState, waited: float, say: Say) -> None:
-    say(f"job {job} runs on {state.nodelist} (waited {waited:.0f}s)")
-
-
 def _wait_running(t: Transport, job: str, look: slurm.Waited, wait: float, say: Say,
-                  then: str | None = None, shown: bool = False) -> slurm.Waited:
+                  then: str | None = None) -> slurm.Waited:
     """Until the job runs (its nodes known), saying why it pends; HostError past `wait` seconds.
-    `then`: what the look that finds it running starts (wait_argv). `shown`: that it runs was said."""
+    `then`: what the look that finds it running starts (wait_argv)."""
     t0 = time.monotonic()
     said, last_shown = "", 0.0
     while True:
@@ -202,8 +151,7 @@ def _wait_running(t: Transport, job: str, look: slurm.Waited, wait: float, say: 
         if state.state == "RUNNING":
             if not look.nodes:
                 raise HostError(f"job {job} runs, but Slurm named none of its nodes ({state.nodelist!r})")
-            if not shown:
-                _say_running(job, state, waited, say)
+            say(f"job {job} runs on {state.nodelist} (waited {waited:.0f}s)")
             return look
         if state.gone or state.state not in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING"):
             raise HostError(f"job {job} is {state.state or 'no longer in the queue'}"

@@ -44,8 +44,8 @@ SLURM_GRACE = 0.1
 
 @functools.cache
 def local_tf_version() -> str | None:
-    """The laptop's TensorFlow version, asked the same way the launcher asks on each host (once:
-    a Slurm `up` asks it for the allocation's command too, Starter.node_starts)."""
+    """The laptop's TensorFlow version, asked the same way the launcher asks on each host (once
+    per command: `up` and the mender each ask it)."""
     return tf_version()
 
 
@@ -323,19 +323,6 @@ class Starter:
         """A Slurm node's check and start in one kept step (`_check_and_start`)."""
         return self._kept(hp, hp.check_start_argv(only, tf_version, *self._reach(hp), keep=True), only, 2,
                           CHECK_TIMEOUT + hp.start_timeout + 30 + MESH_TIMEOUT, upload=True)
-
-    def node_starts(self) -> list[KeptStart] | None:
-        """The kept step each node of a Slurm plan gets from `up` (`up()` with every node, in the
-        plan's order), where each node's start is one (`_in_one_call`); else None. The allocation's
-        command begins them (dtf.hosts.slurmstep.EarlySteps)."""
-        hosts = self.ops.plan.hosts
-        if not hosts or not all(hp.spec.connection == "slurm" and self._in_one_call(hp) for hp in hosts):
-            return None
-        turns = self._decide(hosts)
-        if turns is not None and len(hosts) > turns:
-            return None  # (`up` takes them in turns: the login host runs as many sruns at once)
-        version = local_tf_version()
-        return [self._kept_check_start(hp, version, None) for hp in hosts]
 
     def _reachable(self, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan]) -> bool:
         """Check that this machine reaches every task as the plan's network says; whether the

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from dtf.cluster.inventory import HostSpec
@@ -71,109 +70,17 @@ def node_step(job: str, node: str, argv: Sequence[str], name: str = "dtf") -> li
     return step_argv(job, node, ["sh", "-c", 'exec "$@"', "sh", *argv], name=name)
 
 
-def _detached(srun: str, lines: int, timeout: float, err: str, stdin: str = "") -> str:
+def _detached(srun: str, lines: int, timeout: float, err: str) -> str:
     """sh (a pipeline) that starts `srun` (shell text) detached on the login host (setsid -f: its
-    own session, it outlives this command), its stdin `stdin` (a redirection, or this command's),
-    its stderr into the file `err` (holding this session's stderr, it would hold the command open
-    for the step's life), and passes on the first `lines` lines it writes, each as it comes (a
+    own session, it outlives this command), its stdin this command's, its stderr into the file
+    `err` (holding this session's stderr, it would hold the command open for the step's life),
+    and passes on the first `lines` lines it writes, each as it comes (a
     deadline keeps those said), for at most `timeout` seconds (then exits 124). A step that ends
     (a failed check, python missing) says its exit status last (kept_result)."""
     from shlex import quote
 
-    return (f'{{ setsid -f sh -c \'"$@"; echo "{_EXIT} $?"\' sh {srun} 2>"{err}"; }}{stdin}'
+    return (f'{{ setsid -f sh -c \'"$@"; echo "{_EXIT} $?"\' sh {srun} 2>"{err}"; }}'
             f' | timeout {max(1, round(timeout)):d} sh -c {quote(_LINES)} sh {lines:d}')
-
-
-@dataclass(frozen=True)
-class _Begun:
-    """A node's kept step begun by the allocation's own command (EarlySteps), and what it said."""
-
-    start: KeptStart
-    result: Result
-
-
-_BEGUN: dict[tuple[str, str], _Begun] = {}  # (job, node): taken by the node's start_kept
-
-
-class EarlySteps:
-    """Each node's kept step (KeptStart) begun by the command that allocates the nodes, on the login
-    host, as soon as Slurm has named them: the laptop learns the allocation and the steps' answers
-    in one round trip, the steps started a round trip, a laptop's planning and an SSH session
-    sooner (dtf.hostops.slurm.allocate; cluster.slurm.wait_argv's `start`).
-
-    The steps are a plan's for placeholder nodes (`nodes`, `addresses`, `job`: texts found
-    nowhere else in it): on the login host they are shell variables, set from the allocation.
-    Once it is known here, each node's step is remembered under the node's real values; the
-    node's start_kept takes it, if the start it is asked for is that step's, the placeholders
-    replaced (a start that differs is a bug: HostError, and `up` fails, cancelling the job)."""
-
-    def __init__(self, job: str, nodes: Sequence[str], addresses: Sequence[str],
-                 starts: Sequence[KeptStart], upload: bytes) -> None:
-        assert len(nodes) == len(addresses) == len(starts)
-        self.job, self.nodes, self.addresses = job, tuple(nodes), tuple(addresses)
-        self.starts = list(starts)
-        self.upload = upload  # on the command's stdin: the login host keeps it for the steps' own
-        self.timeout = max(s.timeout for s in starts) + 5
-
-    def script(self) -> str:
-        """sh that begins every node's step at once (each a background job; their pids in
-        $begun), the upload read from "$d/up", each step's lines into "$d/oI", its srun's stderr
-        into "$d/eI", its exit status into "$d/rI". Needs $job, NI and AI (node I's name and
-        address) set."""
-        from dtf.hosts.shell import render_with
-
-        variables = {self.job: "job"}
-        for i, (node, address) in enumerate(zip(self.nodes, self.addresses)):
-            variables[node], variables[address] = f"N{i}", f"A{i}"
-        lines = ["begun="]
-        for i, (node, start) in enumerate(zip(self.nodes, self.starts)):
-            step = start.argv if start.upload is None else _written_then(start.argv, start.upload[1], start.upload[2])
-            srun = render_with(node_step(self.job, node, step, name=start.name), variables)
-            detached = _detached(srun, start.lines, start.timeout, f"$d/e{i}", ' <"$d/up"')
-            lines.append(f'( rc=0; {detached} >"$d/o{i}" || rc=$?; echo "$rc" >"$d/r{i}" ) &')
-            lines.append('begun="$begun $!"')
-        return "\n".join(lines)
-
-    def take(self, job: str, nodes: Sequence[str], addresses: Sequence[str], said: str) -> int:
-        """Remember each node's step the command's output `said` (after its `=== dtf-start` line)
-        answers for, under the allocation's job, nodes and addresses; how many it answers for."""
-        values = {self.job: job}
-        for placeholder, placeholder_address, node, address in zip(self.nodes, self.addresses, nodes, addresses):
-            values[placeholder], values[placeholder_address] = node, address
-
-        def real(text: str) -> str:
-            for placeholder, value in values.items():
-                text = text.replace(placeholder, value)
-            return text
-
-        answers = _parse_begun(said)
-        for i, result in answers.items():
-            if i >= len(nodes):
-                continue
-            start = self.starts[i]
-            upload = None if start.upload is None else (start.upload[0], real(start.upload[1]), real(start.upload[2]))
-            _BEGUN[(job, nodes[i])] = _Begun(KeptStart([real(a) for a in start.argv], real(start.name), start.lines,
-                                                       start.timeout, upload), result)
-        return len(answers)
-
-
-def _parse_begun(said: str) -> dict[int, Result]:
-    """Each node's answer in the allocation's command output after `=== dtf-start`: a line
-    `=== node I RC`, then its step's lines (each `o LINE`) and its srun's stderr (`e LINE`)."""
-    found: dict[int, tuple[int, list[str], list[str]]] = {}
-    current: tuple[int, list[str], list[str]] | None = None
-    for line in said.split("\n"):
-        if line.startswith("=== node "):
-            _, _, index, code = (line.split() + ["1"])[:4]
-            current = found[int(index)] = (int(code) if code.lstrip("-").isdigit() else 1, [], [])
-        elif current is not None and line[:2] in ("o ", "e "):
-            (current[1] if line[0] == "o" else current[2]).append(line[2:] + "\n")
-    return {i: Result(code, "".join(out), "".join(err)) for i, (code, out, err) in found.items()}
-
-
-def forget_begun() -> None:
-    """Forget the steps no start took (tests; an `up` that failed before its nodes' starts)."""
-    _BEGUN.clear()
 
 
 class SlurmStepTransport(Transport):
@@ -223,8 +130,7 @@ class SlurmStepTransport(Transport):
         """`start.argv` as a job step that stays (the launcher's `start --keep`: it lasts as long as
         the supervisors it forks, so Slurm accounts for them and ends them with the job), named
         `start.name`; `start.upload` (data, dir, filename): a file written on its stdin first, as
-        put_then_run. The allocation's own command may have begun it already (EarlySteps): its
-        answer then.
+        put_then_run.
 
         ONE command on the login host: the step's srun is started detached there (it lives as
         long as the step), and the command returns once the step has written `start.lines` lines
@@ -233,14 +139,6 @@ class SlurmStepTransport(Transport):
         launcher's own deadlines, shorter, end the step; `up`'s rollback stops what it started)."""
         from dtf.hosts.shell import render
 
-        begun = _BEGUN.pop((self.allocation.job, self.spec.host), None)
-        if begun is not None:
-            ran, asked = begun.start, start
-            if (ran.argv, ran.name, ran.lines, ran.upload and ran.upload[1:]) != (
-                    asked.argv, asked.name, asked.lines, asked.upload and asked.upload[1:]):
-                raise HostError(f"job step {start.name}: the step the allocation began is not this start's "
-                                f"(a bug in dtf): {' '.join(ran.argv)[:200]}")
-            return _kept_outcome(begun.result, start.name, start.lines, start.timeout)
         argv, upload = start.argv, start.upload
         step = list(argv) if upload is None else _written_then(argv, upload[1], upload[2])
         srun = render(self.step(step, name=start.name))

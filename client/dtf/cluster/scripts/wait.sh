@@ -10,12 +10,6 @@
 #   THEN         sh started detached once the job runs (the lease watch's step,
 #                slurm.watch_command), its "$job" and "$first" (the job's first node) in its
 #                environment; exit 4 if it cannot start
-#   START        sh begun once the job runs on START_NODES nodes (--submit; dtf.hosts.slurmstep's
-#                EarlySteps.script), in this shell: its job id in $job, node I's name and address
-#                (as slurm.parse_node_addresses reads them) in $NI and $AI, the upload (this
-#                command's stdin, read first) in "$d/up"; it leaves its steps' pids in $begun
-#   HEARTBEAT    seconds between the blank lines said while the steps start
-#   BEGUN        the line said before the steps' answers (slurm.BEGUN_MARK)
 # ARGS: JOB (look at it), or `--submit - - -- SALLOC_ARGV...`: salloc first, left in the
 # background (it waits there while the job pends, and exits once it is granted or cancelled), its
 # job id read from its first words (within ID_MS; its error, if it ends without one), on the
@@ -24,23 +18,13 @@
 # Then squeue every PAUSE seconds, until the job leaves the pending states or MS is up. Answer:
 # [JOB ID], the squeue line (empty: squeue no longer lists the job), then for a running job `---`
 # and `scontrol --oneliner show node` of its nodes: one line each, in Slurm's order (scontrol walks
-# the node list as `scontrol show hostnames` does: one command fewer). With START, the answer goes
-# on with BEGUN, a blank line every HEARTBEAT seconds while the steps start (the laptop gone, the
-# write fails: the job is cancelled), then each node's answer (EarlySteps.take).
+# the node list as `scontrol show hostnames` does: one command fewer).
 set -e
 NL='
 '
 ms() { t=$(date +%s%N); echo $((t / 1000000)); }
 if [ "$1" = --submit ]; then
   shift 4
-  if [ -n "$START" ]; then
-    d=$(mktemp -d)
-    trap 'rm -rf "$d"' EXIT
-    exec 3<&0  # (an asynchronous list's stdin is /dev/null but for its own redirection)
-    cat <&3 >"$d/up" &  # while salloc asks
-    upload=$!
-    exec 3<&-
-  fi
   said=$(mktemp)
   ( trap '' HUP; exec "$@" ) >"$said" 2>&1 </dev/null &
   salloc=$!
@@ -104,37 +88,3 @@ out=$(
   esac
 )
 printf '%s\n' "$out" || { [ -z "${submitted:-}" ] || scancel "$job"; exit 1; }
-[ -n "$START" ] || exit 0
-case $line in RUNNING*) ;; *) exit 0 ;; esac
-i=0
-while IFS= read -r l; do
-  case $l in NodeName=*) ;; *) continue ;; esac
-  n=${l#NodeName=}; n=${n%%[ 	]*}; a=
-  case $l in *[' 	']NodeAddr=*) a=${l#*[' 	']NodeAddr=}; a=${a%%[ 	]*} ;; esac
-  # (read assigns the numbered names; the values are never parsed as sh)
-  read -r "N$i" "A$i" <<NODE
-$n ${a:-$n}
-NODE
-  i=$((i + 1))
-done <<EOF
-$out
-EOF
-[ "$i" -eq "$START_NODES" ] || exit 0
-echo "$BEGUN" || { scancel "$job"; exit 1; }
-wait "$upload"
-# START's steps must be this shell's own children (`wait`): it runs here, not in a sh of its own.
-eval "$START"
-( while sleep "$HEARTBEAT" >/dev/null 2>&1; do echo || { scancel "$job"; exit 0; }; done ) &
-beat=$!
-# shellcheck disable=SC2086,SC2154  # (START set $begun: its steps' pids, one word each)
-wait $begun || true
-kill "$beat" 2>/dev/null || true
-i=0
-while [ "$i" -lt "$START_NODES" ]; do
-  rc=1
-  read -r rc <"$d/r$i" || true
-  echo "=== node $i $rc" || { scancel "$job"; exit 1; }
-  while IFS= read -r l || [ -n "$l" ]; do printf 'o %s\n' "$l"; done <"$d/o$i"
-  while IFS= read -r l || [ -n "$l" ]; do printf 'e %s\n' "$l"; done <"$d/e$i"
-  i=$((i + 1))
-done || { scancel "$job"; exit 1; }
