@@ -105,3 +105,21 @@ def test_fetch_tree_over_the_local_twin_copies(tmp_path: Path) -> None:
     assert remote_files.fetch_tree(LocalTransport(SPEC), str(source), tmp_path / "back") == 1
     assert (tmp_path / "back" / "model.txt").read_text() == "m"
     assert remote_files.fetch_tree(LocalTransport(SPEC), str(tmp_path / "missing"), tmp_path / "none") == 0
+
+
+def test_send_tree_unpacks_with_the_hosts_python_once_or_merged(tmp_path: Path) -> None:
+    """The unpack program (package data: dtf/cluster/scripts/unpack.py) run by a python as a host
+    runs it: `once` puts the tree in place only where it is missing; otherwise merged into it; the
+    tar is removed either way."""
+    import sys
+    from types import SimpleNamespace
+
+    host = cast(Any, SimpleNamespace(python=sys.executable))
+    dest = tmp_path / "program"
+    remote_files.send_tree(LocalTransport(SPEC), host, tar_of(FILES), str(dest), once=True)
+    assert tree(dest) == {"a.bin": FILES["./a.bin"], "b/c.txt": FILES["./b/c.txt"]}
+    remote_files.send_tree(LocalTransport(SPEC), host, tar_of({"./d.txt": b"d"}), str(dest), once=True)
+    assert "d.txt" not in tree(dest)  # there already: left as it was
+    remote_files.send_tree(LocalTransport(SPEC), host, tar_of({"./d.txt": b"d"}), str(dest))
+    assert tree(dest)["d.txt"] == b"d" and "a.bin" in tree(dest)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["program"]  # no tar, no temporary directory left

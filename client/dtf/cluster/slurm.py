@@ -1,6 +1,6 @@
 """The Slurm commands dtf runs on a cluster's login host, as argv lists, and how it reads their
-answers. Pure: no I/O (dtf.hostops.slurm runs them) but reading the programs some of them run,
-package data in dtf/cluster/scripts (sh and Python that `make lint` checks: shellcheck and ruff).
+answers. Pure: no I/O (dtf.hostops.slurm runs them) but reading the programs some of them run
+(dtf.cluster.programs).
 
 What dtf asks for is an allocation that holds its nodes and runs nothing of its own (`salloc
 --no-shell`: Slurm grants it at once where the nodes are free, where a batch job waits for the
@@ -11,26 +11,14 @@ on its first node watches the cluster's lease (`watch_argv`).
 
 from __future__ import annotations
 
-import functools
 import posixpath
 import re
 import shlex
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from dtf.cluster.inventory import HostSpec, Inventory
-
-
-@functools.cache
-def script(name: str) -> str:
-    """The text of a program in dtf/cluster/scripts, without its leading comment (its documentation
-    and shellcheck's directives, which need not travel with every command)."""
-    lines = (resources.files("dtf.cluster") / "scripts" / name).read_text(encoding="utf-8").splitlines(keepends=True)
-    while lines and lines[0].startswith("#"):
-        lines.pop(0)
-    return "".join(lines)
-
+from dtf.cluster.programs import script
 
 # The lease watch of the allocation dtf submits: a job step on its first node that cancels the job
 # once the cluster's lease there lapsed: no dtf command used the cluster for its ttl (`dtf up

@@ -17,29 +17,11 @@ import tarfile
 from pathlib import Path
 
 from dtf.cluster.plan import HostPlan
+from dtf.cluster.programs import script
 from dtf.hosts.transport import HostError, Transport
 
 EXTRACT_TIMEOUT = 120.0
-# Run by the host's python: unpack TAR into DEST (replacing it atomically when `--once` finds it
-# missing; merging into it otherwise), then remove TAR.
-_UNPACK = """\
-import os, shutil, sys, tarfile, uuid
-tar, dest, once = sys.argv[1], sys.argv[2], sys.argv[3] == "once"
-try:
-    if once and os.path.isdir(dest):
-        sys.exit(0)
-    target = dest + ".tmp-" + uuid.uuid4().hex[:8] if once else dest
-    os.makedirs(target, exist_ok=True)
-    with tarfile.open(tar) as t:
-        t.extractall(target, filter="data") if hasattr(tarfile, "data_filter") else t.extractall(target)
-    if once:
-        try:
-            os.rename(target, dest)
-        except OSError:
-            shutil.rmtree(target, ignore_errors=True)  # another dtf put it there first
-finally:
-    os.unlink(tar)
-"""
+_UNPACK = script("unpack.py")  # the host's python: a tar unpacked into its directory
 
 
 def _files(root: Path) -> list[tuple[str, Path]]:

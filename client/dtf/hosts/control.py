@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dtf.cluster.inventory import HostSpec
+from dtf.cluster.programs import script
 from dtf.hosts import spawn
 from dtf.hosts.base import (
     COMMAND_TIMEOUT,
@@ -52,39 +53,8 @@ from dtf.hosts.shell import quote_arg, render
 from dtf.hosts.spawn import listening
 from dtf.hosts.trees import fetch_by_tar
 
-# put_and_converse's python on the host: read the upload from stdin to its last byte (the rest of
-# stdin is the command's), write it under a temporary name in its directory (made here: a `sh -c
-# 'mkdir -p DIR && exec python ...'` would be a shell and a mkdir more on every host), rename it, then
-# run it as `python PATH ARGS` runs a zipapp (the launcher): PATH first on sys.path (in place of
-# `-c`'s current directory, whose modules must not shadow the launcher's, nor TensorFlow's in the
-# servers it forks), its __main__ run as __main__. Not runpy.run_path: its imports (runpy, pkgutil)
-# would be most of the command's cost on every host past python's own start; zipimport is python's
-# own, already loaded.
-_BOOT = """import os, sys
-size, path, tmp = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-data = bytearray()
-while len(data) < size:
-    chunk = os.read(0, min(1 << 20, size - len(data)))
-    if not chunk:
-        sys.exit("the upload ended early")
-    data += chunk
-try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-except OSError as e:
-    try:
-        os.unlink(tmp)
-    except OSError:
-        pass
-    sys.exit(f"upload to {os.path.dirname(path)} failed: {e.strerror or e}")
-sys.argv = [path, *sys.argv[4:]]
-sys.path[0] = path
-import zipimport
-main = zipimport.zipimporter(path).get_code("__main__")
-exec(main, {"__name__": "__main__", "__file__": f"{path}/__main__.py", "__builtins__": __builtins__})
-"""
+# put_and_converse's python on the host: it writes the upload, then runs it as a zipapp.
+_BOOT = script("boot.py")
 NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
 ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands) in ~15 s
 
