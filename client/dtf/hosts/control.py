@@ -168,12 +168,12 @@ class ControlTransport(Transport):
         """OpenSSH refused the host's revoked key: name the known_hosts line that marks it, as
         dtf.hosts.knownhosts does for the paramiko transport."""
         from dtf.hosts.knownhosts import KnownHosts, host_name
-        from dtf.hosts.paramikossh import ParamikoTransport
+        from dtf.hosts.openssh import settings
 
-        # (paramiko's reading of ssh_config, no network: only for this message)
-        conn = ParamikoTransport(self.spec, self.ssh_config_path, self.connect_timeout).connection()
-        name = host_name(conn.host, int(conn.port))
-        marks = [e for e in KnownHosts.from_ssh_config(conn.ssh_config).entries(name) if e.revoked]
+        found = settings(self.ssh, self.spec, self.ssh_config_path)  # (OpenSSH's reading: `ssh -G`)
+        port = found.get("port") or str(self.spec.port or 22)
+        name = host_name(found.get("hostname") or self.spec.host, int(port) if port.isdigit() else 22)
+        marks = [e for e in KnownHosts.from_ssh_config(found).entries(name) if e.revoked]
         where = f" in {marks[0].where}" if marks else ""
         return f"the host key of {name} is marked @revoked{where}: refusing to connect"
 

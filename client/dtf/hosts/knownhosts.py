@@ -156,8 +156,9 @@ class KnownHosts:
 
     @classmethod
     def from_ssh_config(cls, cfg: Any) -> KnownHosts:
-        """From a paramiko SSHConfigDict (UserKnownHostsFile, GlobalKnownHostsFile,
-        StrictHostKeyChecking, HashKnownHosts)."""
+        """From a paramiko SSHConfigDict, or OpenSSH's settings (`ssh -G`, dtf.hosts.openssh: a
+        key's values in one string): UserKnownHostsFile, GlobalKnownHostsFile,
+        StrictHostKeyChecking, HashKnownHosts."""
         def files(key: str, default: Sequence[str]) -> list[str]:
             value = cfg.get(key)
             if value is None:
