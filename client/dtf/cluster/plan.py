@@ -353,8 +353,7 @@ class Plan:
         return spec
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = _plain(self)
-        return data
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
@@ -544,22 +543,3 @@ def differences(old: Plan, new: Plan) -> list[str]:
         if name not in new_tasks:
             lines.append(f"task {name}: removed (was on {t.host} at {t.address})")
     return lines
-
-
-def _plain(value: Any) -> Any:
-    """dataclasses.asdict's dict of a plan, without its deep copy of every value (a plan holds
-    only strings, numbers, tuples and lists of them, and records of them): the copy is wasted
-    work at the end of `up`, when every host is done and waits for the record."""
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    names = _FIELDS.get(type(value))
-    if names is None:
-        if not dataclasses.is_dataclass(value) or isinstance(value, type):
-            return value
-        names = _FIELDS[type(value)] = tuple(f.name for f in dataclasses.fields(value))
-    return {name: _plain(getattr(value, name)) for name in names}
-
-
-_FIELDS: dict[type, tuple[str, ...]] = {}
