@@ -3,7 +3,7 @@ a TCP check), `transport` its local twin, `control` the OpenSSH twin (every comm
 master per host kept for the cluster's life; `mux` speaks the master's protocol directly),
 `paramikossh` the paramiko twin for where there is no `ssh` binary, `slurmstep` a node of a
 Slurm allocation (job steps through its login host's transport), `trees` a directory brought back
-as a tar. `masters` starts and stops OpenSSH masters, `spawn` starts a master's ssh,
+as a tar. `masters` starts and stops OpenSSH masters (their ssh processes too),
 `openssh` is the OpenSSH client's command line.
 `tunnel` carries the laptop's TensorFlow connections through SSH masters (network: ssh), with
 `proxy` (the CONNECT proxy and its routes) and `loginrelay` (Slurm's way back). `knownhosts`

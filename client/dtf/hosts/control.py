@@ -29,7 +29,6 @@ from pathlib import Path
 
 from dtf.cluster.inventory import HostSpec
 from dtf.cluster.programs import script
-from dtf.hosts import spawn
 from dtf.hosts.base import (
     COMMAND_TIMEOUT,
     Conversation,
@@ -45,12 +44,11 @@ from dtf.hosts.base import (
     read_process,
     temporary_name,
 )
-from dtf.hosts.masters import Master, MasterFailed, parallel
+from dtf.hosts.masters import Master, MasterFailed, listening, parallel, stop_master
 from dtf.hosts.mux import SSH_FAILED, MuxProcess, MuxRefused
 from dtf.hosts.mux import enabled as mux_enabled
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.shell import quote_arg, render
-from dtf.hosts.spawn import listening
 from dtf.hosts.trees import fetch_by_tar
 
 # put_and_converse's python on the host: it writes the upload, then runs it as a zipapp.
@@ -381,7 +379,7 @@ def close_control(home: Path, cluster: str) -> int:
     hosts = [p for p in paths if not os.path.basename(p).split("-", 1)[1].startswith("j")]
     hops = [p for p in paths if p not in hosts]
     for group in (hosts, hops):
-        parallel([functools.partial(spawn.stop, ssh, p) for p in group])
+        parallel([functools.partial(stop_master, ssh, p) for p in group])
     for p in found:  # the logs too, a failed start's included
         with contextlib.suppress(OSError):
             os.unlink(p if p.endswith(".log") else p + ".log")

@@ -23,15 +23,17 @@ import hashlib
 import os
 import re
 import shlex
+import socket
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from dtf.cluster.inventory import HostSpec
-from dtf.hosts import spawn
+from dtf.hosts import mux
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.openssh import ALIVE_INTERVAL, settings, ssh_argv, ssh_binary
 from dtf.hosts.transport import HostError
@@ -64,6 +66,94 @@ def parse_jump(text: str, spec: HostSpec) -> HostSpec:
     elif host.count(":") == 1 and host.split(":")[1].isdigit():
         host, port = host.split(":")[0], int(host.split(":")[1])
     return replace(spec, host=host, user=user or None, port=port, identity_file=None)
+
+
+# -- a master's process: started, asked whether it answers, closed ---------------------------
+STOP_WAIT = 5.0  # seconds a master has to exit after `-O exit`
+
+
+def listening(path: str) -> bool:
+    """Whether a master answers on the socket (a connect, no process started)."""
+    if not os.path.exists(path):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2.0)
+        try:
+            s.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+def _wait_exited(pid: int, timeout: float) -> bool:
+    """Until process `pid` has ended (or is a zombie, where /proc says so); False at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.02)
+    return False
+
+
+def stop_master(ssh: str, path: str) -> None:
+    """Close the master at `path` and wait until it has exited (a hop's carries the hosts' until
+    they have); its socket is removed. Asked of the master itself (dtf.hosts.mux: `dtf down`
+    closes one per host, and two ssh processes each were most of its CPU here), else, where it
+    does not take that or DTF_SSH_MUX=0, with `ssh -O check` and `ssh -O exit`."""
+    pid: int | None = None
+    if mux.enabled() and listening(path):
+        with contextlib.suppress(mux.MuxRefused):
+            pid = mux.terminate(path)
+    if pid is None:
+        pid = _stop_by_ssh(ssh, path)
+    if pid is not None:
+        _wait_exited(pid, STOP_WAIT)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _stop_by_ssh(ssh: str, path: str) -> int | None:
+    """`ssh -O exit` to the master at `path`: its process id once it agreed to exit, else None."""
+
+    def control(command: str) -> str | None:
+        try:
+            # The host argument is required and ignored: the socket names the master.
+            r = subprocess.run([ssh, "-S", path, "-O", command, "dtf-host"], capture_output=True, text=True,
+                               timeout=10, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stderr + r.stdout if r.returncode == 0 else None
+
+    checked = control("check") if listening(path) else None
+    m = re.search(r"pid=(\d+)", checked or "")
+    return int(m.group(1)) if m and control("exit") is not None else None
+
+
+def start_master(argv: list[str], path: str) -> subprocess.Popen[bytes]:
+    """Start a master's ssh (`-N -f` in `argv`: it exits once the master runs, or failed) with its
+    control socket at `path` and its stderr in `path`.log: a file, not a pipe, for the master that
+    `-f` leaves behind keeps it open. A dead master's socket at `path` is removed first: ssh would
+    not replace it, and would run unshared."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    with open(path + ".log", "w") as err:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
 
 
 class MasterFailed(HostError):
@@ -157,7 +247,7 @@ class Master:
         argv = ssh_argv(self.ssh, self.spec, self.ssh_config, self.connect_timeout, *via,
                         "-o", "ControlMaster=yes", "-o", f"ControlPath={self.path}",
                         "-o", f"ControlPersist={self.persist}", *back, "-N", "-f", alive=self.alive_interval)
-        proc = spawn.start(argv, self.path)
+        proc = start_master(argv, self.path)
         try:
             code: int | None = proc.wait(timeout=self.connect_timeout + 20)
         except subprocess.TimeoutExpired:
@@ -185,7 +275,7 @@ class Master:
         """Start the master unless it runs (again, after it was lost). A socket that accepts a
         connection is a running master: 100 hosts behind one jump host ask at once, and an
         `ssh -O check` each, one after another under the lock, would take seconds."""
-        if spawn.listening(self.path):
+        if listening(self.path):
             return
         with self.lock:
             if not self.alive():
@@ -195,7 +285,7 @@ class Master:
         """Close this master, then the masters of its jump hosts (last hop first). Each is waited
         for: `-O exit` answers before the master has gone, and a jump host's master still carries
         the channel of the master behind it until that one has exited."""
-        spawn.stop(self.ssh, self.path)
+        stop_master(self.ssh, self.path)
         with contextlib.suppress(OSError):
             os.unlink(self.path + ".log")
         hops = sorted((p for p in glob.glob(glob.escape(self.path) + "-j*") if not p.endswith(".log")), reverse=True)
