@@ -129,19 +129,8 @@ def _zip(files: list[tuple[str, bytes]], main: str | None = None) -> bytes:
     return buffer.getvalue()
 
 
-# python runs a zip's top-level __main__.py; sys.argv[0] stays the zipapp's path, which `start`
-# passes on to the supervisors it starts. A command that did its work leaves at once, its replies
-# flushed: the interpreter's own end (its modules torn down one by one) is a cost on every
-# launcher command, a host's `up` and each of `status`'s and `down`'s. The launcher starts no thread
-# that is not a daemon, and registers no atexit handler. An error (an exception, an exit of
-# argparse's) ends as python ends it.
-_MAIN = """import os, sys
-from dtf_server.commands import main
-code = main()
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code)
-"""
+# The zipapp's top-level __main__.py, which python runs (dtf_server.__main__.launch).
+_MAIN = "from dtf_server.__main__ import launch\nlaunch()\n"
 
 
 def _build(server: list[tuple[str, bytes]]) -> bytes:
