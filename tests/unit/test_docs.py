@@ -242,6 +242,8 @@ NOT_ONE_LITERAL = {
     "that cannot start any token",  # PyYAML's scanner
     "expected a host name without quotes or shell characters",  # values.name_reader: what + flaw
     "expected one of auto",  # cli: the modes joined
+    "expected a mapping with keys cluster and hosts",  # inventory.checks: "the file is empty; expected " + what
+    "expected a list of requirements such as",  # inventory.values: "expected " + what a list holds
 }
 
 
@@ -276,3 +278,16 @@ def test_every_quoted_message_is_in_the_code() -> None:
     missing = [f"docs/troubleshooting.md:{n}: `{m}`: no {w!r} in client/ or server/"
                for n, m in MESSAGES if (w := words_of(m)) and w not in NOT_ONE_LITERAL and w not in code]
     assert not missing, "\n".join(missing)
+
+
+def host_failure_actions() -> set[str]:
+    """The ACTION of every `ACTION failed on N host(s):` dtf raises (errors.HostFailure)."""
+    return set(re.findall(r"HostFailure\(\s*\"([^\"]+)\"", code_text()))
+
+
+def test_every_host_failure_action_is_on_the_troubleshooting_page() -> None:
+    actions = host_failure_actions()
+    assert {"dtf up", "dtf down", "sending the program"} <= actions  # the search finds them
+    page = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
+    missing = sorted(a for a in actions if f"*{a}*" not in page)
+    assert not missing, f"docs/troubleshooting.md: no row for the action(s) {missing}"
