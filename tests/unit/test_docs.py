@@ -4,7 +4,10 @@
 - every relative link between the pages (and from the READMEs into docs/) resolves, anchors too;
 - every `dtf ...` command line shown is a real command with real options (the Typer app's own);
 - the commands page lists every option of every command.
-- every error message the troubleshooting page quotes is worded so in dtf's code.
+- every error message the troubleshooting page quotes is worded so in dtf's code, and every
+  action of a per-host failure (`ACTION failed on N host(s):`) has its row there;
+- every command on the benchmarks page runs a script in bench/ with options it has, and every
+  benchmark script has its command there.
 
 The strict site build (`make docs`) checks the links again, as MkDocs renders them.
 """
@@ -291,3 +294,37 @@ def test_every_host_failure_action_is_on_the_troubleshooting_page() -> None:
     page = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
     missing = sorted(a for a in actions if f"*{a}*" not in page)
     assert not missing, f"docs/troubleshooting.md: no row for the action(s) {missing}"
+
+
+# ---- the benchmarks page -----------------------------------------------------------------------
+_BENCH_COMMAND = re.compile(r"\bbench/(\w+\.py)((?:\s+\S+)*)")
+# bench/ modules that are no benchmark of their own: helpers the scripts import or run.
+BENCH_HELPERS = {"common.py", "cpugroups.py", "delay_relay.py"}
+
+
+def bench_commands() -> list[tuple[int, str, list[str]]]:
+    """(line, script, options) of every command line the benchmarks page shows."""
+    out = []
+    for number, text, code in prose_lines(DOCS / "benchmarks.md"):
+        m = _BENCH_COMMAND.search(text) if code and "python" in text else None
+        if m:
+            out.append((number, m.group(1), [w.split("=")[0] for w in m.group(2).split() if w.startswith("-")]))
+    return out
+
+
+def test_every_benchmark_command_is_a_real_script_and_options() -> None:
+    commands = bench_commands()
+    assert len(commands) >= 15
+    problems = []
+    for number, script, options in commands:
+        path = ROOT / "bench" / script
+        if not path.is_file():
+            problems.append(f"docs/benchmarks.md:{number}: no bench/{script}")
+            continue
+        source = path.read_text(encoding="utf-8")
+        problems += [f"docs/benchmarks.md:{number}: bench/{script} has no option {o}"
+                     for o in options if f'"{o}"' not in source]
+    shown = {script for _, script, _ in commands}
+    problems += [f"docs/benchmarks.md: no command for bench/{p.name}"
+                 for p in sorted((ROOT / "bench").glob("*.py")) if p.name not in shown | BENCH_HELPERS]
+    assert not problems, "\n".join(problems)
