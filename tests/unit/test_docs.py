@@ -14,6 +14,10 @@ The strict site build (`make docs`) checks the links again, as MkDocs renders th
 
 from __future__ import annotations
 
+import ast
+import inspect
+import json
+import os
 import re
 import unicodedata
 from pathlib import Path
@@ -328,3 +332,50 @@ def test_every_benchmark_command_is_a_real_script_and_options() -> None:
     problems += [f"docs/benchmarks.md: no command for bench/{p.name}"
                  for p in sorted((ROOT / "bench").glob("*.py")) if p.name not in shown | BENCH_HELPERS]
     assert not problems, "\n".join(problems)
+
+
+# ---- the JSON documents on the watching page ---------------------------------------------------
+def json_examples(page: str) -> list[dict[str, Any]]:
+    text = (DOCS / page).read_text(encoding="utf-8")
+    return [json.loads(block) for block in re.findall(r"^```json\n(.*?)^```", text, re.S | re.M)]
+
+
+def keys_of_dict_assigned(module: Any, function: str, name: str) -> set[str]:
+    """The keys of the dict literal `function` (in `module`) assigns to `name`."""
+    tree = ast.parse(inspect.getsource(getattr(module, function)))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)):
+            return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    raise AssertionError(f"{module.__name__}.{function} assigns no dict to {name}")
+
+
+def test_the_json_documents_shown_have_every_field_the_code_writes(tmp_path: Path) -> None:
+    """docs/watching.md's `dtf status --json` (and its Slurm part) and `dtf top --json`, field for
+    field against what dtf.ui and dtf.top build."""
+    from dtf import top, ui
+    from dtf.cluster.inventory import loads
+    from dtf.cluster.plan import make_plan
+    from dtf.hostops.status import TaskState
+    from dtf.program import figures
+
+    status, slurm_status, top_doc = json_examples("watching.md")
+    plan = make_plan(loads("cluster: c\nhosts: [{host: h, ps: 1, workers: 1}]\n", "i.yaml"),
+                     resolve=lambda spec: spec.host, server="fake")
+    rows = ui.status_rows([TaskState(task, "alive", None, None) for task in plan.tasks()])
+    assert set(status) == {"schema", "cluster", "network", "firewall", "tasks"}
+    assert set(status["tasks"][0]) == set(rows[0])
+    assert set(slurm_status) == set(status) | {"slurm"}
+    assert set(slurm_status["slurm"]) == keys_of_dict_assigned(ui, "show_status", "slurm")
+
+    live = tmp_path / "live"
+    live.mkdir()
+    figures.write_atomic(live / figures.RUN, {"schema": 1, "kind": "ps", "pid": os.getpid()})
+    figures.write_atomic(live / figures.TRAIN, {"schema": 1, "pid": os.getpid()})
+    train = top.training(live)
+    assert train is not None
+    doc = top.snapshot(plan, {}, train)
+    assert set(top_doc) == set(doc)
+    assert set(top_doc["summary"]) == set(doc["summary"])
+    assert set(top_doc["tasks"][0]) == set(doc["tasks"][0])
+    assert set(top_doc["training"]) == set(train)
