@@ -3,7 +3,7 @@
 - every page in docs/ is in mkdocs.yml's nav, and the nav names no missing page;
 - every relative link between the pages (and from the READMEs into docs/) resolves, anchors too;
 - every `dtf ...` command line shown is a real command with real options (the Typer app's own);
-- the commands page lists every option of every command.
+- the commands page lists every option of every command, with its default;
 - every error message the troubleshooting page quotes is worded so in dtf's code, and every
   action of a per-host failure (`ACTION failed on N host(s):`) has its row there;
 - every command on the benchmarks page runs a script in bench/ with options it has, and every
@@ -229,6 +229,22 @@ def test_commands_page_lists_every_option(name: str) -> None:
     text = section("commands.md", f"## `dtf {name}`")
     missing = [o for o in options_of(APP.commands[name]) if f"`{o}" not in text and f", `{o}`" not in text]
     assert not missing, f"docs/commands.md, dtf {name}: not described: {', '.join(missing)}"
+
+
+@pytest.mark.parametrize("name", list(APP.commands))
+def test_commands_page_gives_every_default(name: str) -> None:
+    """Each option's row on the commands page says its default as the CLI has it (10, 600, 3, on)."""
+    text = section("commands.md", f"## `dtf {name}`")
+    wrong = []
+    for param in APP.commands[name].params:
+        default = param.default
+        if param.param_type_name != "option" or default is None or default is False or isinstance(default, tuple):
+            continue
+        said = "default on" if default is True else f"{default:g}" if isinstance(default, float) else str(default)
+        rows = [line for line in text.splitlines() if line.startswith(f"| `{param.opts[0]}")]
+        if not any(said in row for row in rows):
+            wrong.append(f"{param.opts[0]} (default {default!r})")
+    assert not wrong, f"docs/commands.md, dtf {name}: the default not said: {', '.join(wrong)}"
 
 
 # ---- the messages quoted on the troubleshooting page -------------------------------------------
