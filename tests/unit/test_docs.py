@@ -8,6 +8,8 @@
   action of a per-host failure (`ACTION failed on N host(s):`) has its row there;
 - every command on the benchmarks page runs a script in bench/ with options it has, and every
   benchmark script has its command there.
+- the inventory reference's defaults are the loader's; the JSON documents on the watching page
+  have the fields dtf status --json and dtf top --json write.
 
 The strict site build (`make docs`) checks the links again, as MkDocs renders them.
 """
@@ -395,3 +397,22 @@ def test_the_json_documents_shown_have_every_field_the_code_writes(tmp_path: Pat
     assert set(top_doc["summary"]) == set(doc["summary"])
     assert set(top_doc["tasks"][0]) == set(doc["tasks"][0])
     assert set(top_doc["training"]) == set(train)
+
+
+# ---- the inventory reference's defaults --------------------------------------------------------
+def test_the_inventory_reference_gives_the_loaders_defaults() -> None:
+    """Each host key's default in docs/inventory.md's table is what the loader gives a host that
+    leaves the key out, and the top-level defaults are the loader's too."""
+    from dtf.cluster.inventory import loads
+
+    inventory = loads("cluster: c\nhosts: [{host: h, ps: 1, workers: 1}]\n", "i.yaml")
+    host = inventory.hosts[0]
+    table = section("inventory.md", "## Host keys")
+    shown = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` +\| [^|]+\| `([^`]*)` +\|", table, re.M)}
+    keys = ("connection", "python", "base_python", "accelerator", "workdir", "restart_limit", "restart_backoff")
+    assert {k: shown.get(k) for k in keys} == {k: str(getattr(host, k)) for k in keys}
+    assert (shown.get("packages"), host.packages) == ("[]", ())
+    assert shown.get("tf_port") == str(host.ps_ports[0])  # counts start at tf_port
+    top = section("inventory.md", "## Top-level keys")
+    assert f"default {inventory.host_timeout:g})" in top and f"default `{inventory.network}`" in top
+    assert f"`{inventory.firewall}` (default)" in top
