@@ -54,7 +54,8 @@ from dtf.hosts.trees import fetch_by_tar
 # put_and_converse's python on the host: it writes the upload, then runs it as a zipapp.
 _BOOT = script("boot.py")
 NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
-ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands) in ~15 s
+ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands)
+# after openssh.ALIVE_COUNT intervals unanswered
 
 
 def _key(*parts: str) -> str:
