@@ -17,7 +17,7 @@ def test_one_round_runs_each_command_and_counts_its_cpu(tmp_path: Path, monkeypa
     monkeypatch.syspath_prepend(str(REPO / "bench"))
     import host_cpu
 
-    data = host_cpu.build_launcher(REPO / "server", tmp_path / "built.pyz")
+    data = host_cpu.build_launcher(REPO / "server")
     packages = tmp_path / "packages"
     (packages / "tensorflow-2.99.0.dist-info").mkdir(parents=True)  # (the check looks for it)
     spent = host_cpu.one_round(tmp_path, data, {**os.environ, "PYTHONPATH": str(packages)})
