@@ -213,3 +213,27 @@ def test_a_program_that_never_made_a_strategy_is_an_error_at_its_end_under_dtf_t
         "`with dtf.strategy().scope():`"]
     no_tf = run(tmp_path, "print('no TensorFlow here')\n", **UNDER_DTF_TRAIN)
     assert no_tf.returncode == 0 and dtf_lines(no_tf) == [], no_tf.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("made", "fix"), [
+    ("tf.distribute.MirroredStrategy()", "make the strategy with `dtf.strategy()` in its place, or drop it and run "
+                                         "`dtf train --wrap PROGRAM`"),
+    ("tf.distribute.OneDeviceStrategy('/cpu:0')", "make the strategy with `dtf.strategy()` in its place"),
+    ("tf.distribute.MultiWorkerMirroredStrategy()", "run it with `dtf train --collective PROGRAM`"),
+])
+def test_a_strategy_of_its_own_that_would_train_here_is_refused_when_made_under_dtf_train(
+        tmp_path: Path, made: str, fix: str):
+    program = f"""
+        import tensorflow as tf
+
+        strategy = {made}
+        print("made", flush=True)
+    """
+    r = run(tmp_path, program, **UNDER_DTF_TRAIN)
+    assert r.returncode == 9 and "made" not in r.stdout, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    lines = dtf_lines(r)
+    assert len(lines) == 1 and lines[0].startswith("dtf: error: the program made a "), lines
+    assert fix in lines[0] and lines[0].endswith("(prog.py:4)"), lines
+    plain = run(tmp_path, program.replace("MultiWorkerMirroredStrategy()", "MirroredStrategy()"))  # `python prog.py`
+    assert plain.returncode == 0 and "made" in plain.stdout, plain.stderr[-3000:]

@@ -68,15 +68,62 @@ MIRRORED = textwrap.dedent("""
 """)
 
 
-def test_a_strategy_of_its_own_is_left_alone(cluster: Path, tmp_path: Path):
-    """A MirroredStrategy made after the program's first op (the program is then connected to the
-    cluster) mirrors over this machine's devices, as on one machine, not over the cluster's."""
+def test_a_mirrored_strategy_of_its_own_is_refused_when_made(cluster: Path, tmp_path: Path):
+    """A MirroredStrategy would train on this machine's devices, not on the cluster: one line with
+    the fix, before anything trains, under --wrap as without it."""
     program = tmp_path / "mirrored.py"
     program.write_text(MIRRORED)
-    r = dtf("train", "--wrap", str(program), home=cluster, timeout=300)
+    for wrap in (["--wrap"], []):
+        r = dtf("train", *wrap, str(program), home=cluster, timeout=300)
+        assert r.returncode == 9, (wrap, r.stdout, r.stderr[-4000:])
+        assert "replicas" not in r.stdout and "Traceback" not in r.stderr, r.stderr[-4000:]
+        errors = [line for line in r.stderr.splitlines() if line.startswith("dtf: error:")]
+        assert errors == [
+            "dtf: error: the program made a MirroredStrategy, which would train on this machine's devices, not on "
+            "the cluster; make the strategy with `dtf.strategy()` in its place, or drop it and run `dtf train "
+            "--wrap PROGRAM` (a single-machine script) (mirrored.py:6)"], r.stderr[-4000:]
+
+
+OWN_PSS_LOOP = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+
+    # A custom loop with a ParameterServerStrategy the program makes itself, from TF_CONFIG (dtf sets it).
+    strategy = tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(4,))])
+        optimizer = tf.keras.optimizers.SGD(0.1)
+
+    def dataset_fn():
+        x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+        return tf.data.Dataset.from_tensor_slices((x, (x.sum(1) > 0).astype("int64"))).repeat().batch(16)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def step(iterator):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+        return strategy.run(replica, args=next(iterator))
+
+    for _ in range(8):
+        coordinator.schedule(step, args=(iterator,))
+    coordinator.join()
+    print("own strategy steps", int(optimizer.iterations.numpy()))
+""")
+
+
+def test_a_custom_loop_with_a_parameter_server_strategy_of_its_own_trains_on_the_cluster(cluster: Path,
+                                                                                         tmp_path: Path):
+    program = tmp_path / "own_pss.py"
+    program.write_text(OWN_PSS_LOOP)
+    r = dtf("train", str(program), home=cluster, timeout=300)
     assert r.returncode == 0, (r.stdout, r.stderr[-4000:])
-    assert "replicas 1" in r.stdout and "evaluated True" in r.stdout, r.stdout
-    assert "dtf: --wrap: the program uses a strategy of its own (MirroredStrategy): --wrap changes nothing" in r.stderr
+    assert "own strategy steps 8" in r.stdout and "dtf: error" not in r.stderr, (r.stdout, r.stderr[-4000:])
 
 
 VARIANTS = textwrap.dedent("""

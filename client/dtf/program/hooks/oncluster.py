@@ -13,8 +13,12 @@ A program that imported TensorFlow and ended without making any strategy (it nev
 cluster: a loop of its own that no check above saw) is the same error at its end
 (`check_at_end`, called by dtf.program.runner).
 
-A strategy the program made itself (a MirroredStrategy) is its choice, and is left alone; so is
-`dtf train --collective`, whose copies run on the hosts.
+A strategy of the program's own other than ParameterServerStrategy (MirroredStrategy,
+OneDeviceStrategy, MultiWorkerMirroredStrategy...) would run on this machine's devices, or not at
+all on this cluster of ps and workers: it is refused when it is made, with the fix (`dtf.strategy()`,
+`--wrap` without it, `--collective`). A ParameterServerStrategy the program makes itself (from
+TF_CONFIG, which `dtf train` sets) runs on the cluster and is left alone. `dtf train --collective`,
+whose copies run on the hosts, is left alone.
 """
 
 from __future__ import annotations
@@ -76,11 +80,26 @@ def _patch_strategies(_: ModuleType) -> None:
 
     @functools.wraps(init)
     def init_(self: Any, *args: Any, **kwargs: Any) -> None:
-        if type(self).__name__ != "_DefaultDistributionStrategy":  # TensorFlow's own, made on first use
-            _made.append(type(self).__name__)
+        name = type(self).__name__
+        if name != "_DefaultDistributionStrategy":  # TensorFlow's own, made on first use
+            if "ParameterServerStrategy" not in name:
+                raise NotOnCluster(local_strategy(name))
+            _made.append(name)
         init(self, *args, **kwargs)
 
     distribute_lib.StrategyBase.__init__ = init_
+
+
+def local_strategy(name: str) -> str:
+    """The error for a strategy of the program's own that is not a ParameterServerStrategy."""
+    if "Collective" in name or "MultiWorker" in name:
+        name = "MultiWorkerMirroredStrategy"  # tf.distribute's name of CollectiveAllReduceStrategy
+        return (f"the program made a {name}: under `dtf train` the program is the coordinator of ps and "
+                f"workers (ParameterServerStrategy); run it with `dtf train --collective PROGRAM` (one copy "
+                f"per worker), or make the strategy with `dtf.strategy()`")
+    return (f"the program made a {name}, which would train on this machine's devices, not on the cluster; "
+            f"make the strategy with `dtf.strategy()` in its place, or drop it and run `dtf train --wrap "
+            f"PROGRAM` (a single-machine script)")
 
 
 def _no_strategy(strategy: Any) -> bool:
