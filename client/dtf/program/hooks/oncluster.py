@@ -156,11 +156,15 @@ def _patch_keras(keras: ModuleType) -> None:
     def refused(method: Callable[..., Any], name: str) -> Callable[..., Any]:
         @functools.wraps(method)
         def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+            legacy = os.environ.get("TF_USE_LEGACY_KERAS", "")
+            use = ("`tf.keras` (dtf train sets TF_USE_LEGACY_KERAS=1: tf.keras is tf-keras)"
+                   if legacy.lower() in ("1", "true") else
+                   f"`tf.keras` with TF_USE_LEGACY_KERAS=1 (the program set it to {legacy!r}: leave it as "
+                   f"dtf train sets it)")
             raise NotOnCluster(
                 f"model.{name} on a Keras 3 model (keras {version}): Keras 3 cannot train under "
                 f"ParameterServerStrategy (keras-team/keras#18624), so it would train on this machine; use "
-                f"tf-keras: `tf.keras` (dtf train sets TF_USE_LEGACY_KERAS=1: tf.keras is tf-keras) or "
-                f"`import tf_keras as keras` in place of `import keras`")
+                f"tf-keras: {use} or `import tf_keras as keras` in place of `import keras`")
 
         return refuse
 
