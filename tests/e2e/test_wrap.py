@@ -154,6 +154,7 @@ def test_variants_are_supplied_or_named(cluster: Path, tmp_path: Path):
     assert "evaluated ['accuracy', 'loss']" in r.stdout
     line = next(x for x in r.stderr.splitlines() if x.startswith("dtf: --wrap:"))
     assert "steps_per_epoch=8 (its length)" in line and "verbose=1 -> 2" in line
+    assert "validation" not in line  # there is none
     assert ("dtf: error: --wrap: model.fit on a dataset that repeats forever needs steps_per_epoch"
             in r.stderr)
     assert "Traceback" not in r.stderr
