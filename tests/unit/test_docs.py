@@ -276,3 +276,15 @@ def test_every_quoted_message_is_in_the_code() -> None:
     missing = [f"docs/troubleshooting.md:{n}: `{m}`: no {w!r} in client/ or server/"
                for n, m in MESSAGES if (w := words_of(m)) and w not in NOT_ONE_LITERAL and w not in code]
     assert not missing, "\n".join(missing)
+
+
+def test_every_markdown_file_the_code_and_examples_cite_is_in_the_repository() -> None:
+    """examples/, client/, server/ and bench/ cite documents by path (`docs/watching.md`): each is in
+    the repository."""
+    cited = {(path, name) for tree in ("examples", "client", "server", "bench") for path in (ROOT / tree).rglob("*")
+             if path.is_file() and path.suffix in (".py", ".md", ".ipynb", ".sh")
+             for name in re.findall(r"[\w./-]+\.md\b", path.read_text(errors="replace"))}
+    assert cited
+    missing = [(str(path.relative_to(ROOT)), name) for path, name in sorted(cited)
+               if not (path.parent / name).exists() and not (ROOT / name).exists()]
+    assert missing == []
