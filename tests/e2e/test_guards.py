@@ -211,6 +211,8 @@ def test_a_program_that_never_made_a_strategy_is_an_error_at_its_end_under_dtf_t
         "dtf: error: the program ended without making a strategy: nothing ran on the cluster; run `dtf train --wrap "
         "PROGRAM` (a single-machine script, unchanged), or build and compile the model inside "
         "`with dtf.strategy().scope():`"]
+    ended = run(tmp_path, loop + "    raise SystemExit(0)  # sys.exit(main()), main's end\n", **UNDER_DTF_TRAIN)
+    assert ended.returncode == 9 and dtf_lines(ended) == dtf_lines(r), ended.stderr[-3000:]
     no_tf = run(tmp_path, "print('no TensorFlow here')\n", **UNDER_DTF_TRAIN)
     assert no_tf.returncode == 0 and dtf_lines(no_tf) == [], no_tf.stderr[-3000:]
 
