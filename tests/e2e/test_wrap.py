@@ -113,17 +113,25 @@ OWN_PSS_LOOP = textwrap.dedent("""
     for _ in range(8):
         coordinator.schedule(step, args=(iterator,))
     coordinator.join()
-    print("own strategy steps", int(optimizer.iterations.numpy()))
+    print("own strategy steps", int(optimizer.iterations.numpy()), flush=True)
+    x, y = next(iter(dataset_fn()))
+    with tf.GradientTape() as tape:  # a step here, on the coordinator: not on the workers
+        loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    print("stepped here")
 """)
 
 
-def test_a_custom_loop_with_a_parameter_server_strategy_of_its_own_trains_on_the_cluster(cluster: Path,
-                                                                                         tmp_path: Path):
+def test_a_custom_loop_with_a_strategy_of_its_own_trains_on_the_cluster_and_not_here(cluster: Path, tmp_path: Path):
     program = tmp_path / "own_pss.py"
     program.write_text(OWN_PSS_LOOP)
     r = dtf("train", str(program), home=cluster, timeout=300)
-    assert r.returncode == 0, (r.stdout, r.stderr[-4000:])
-    assert "own strategy steps 8" in r.stdout and "dtf: error" not in r.stderr, (r.stdout, r.stderr[-4000:])
+    assert r.returncode == 9 and "stepped here" not in r.stdout, (r.stdout, r.stderr[-4000:])
+    assert "own strategy steps 8" in r.stdout, (r.stdout, r.stderr[-4000:])  # scheduled: on the workers
+    assert r.stderr.splitlines() == [
+        "dtf: error: optimizer.apply_gradients would train on this machine, not on the cluster: the training step "
+        "runs here, not in a function scheduled on the workers; schedule it (`dtf.coordinator().schedule(step)`, a "
+        "tf.function with `strategy.run` inside), or use model.fit (own_pss.py:34)"], r.stderr[-4000:]
 
 
 VARIANTS = textwrap.dedent("""

@@ -4,7 +4,8 @@ before the step runs, and exit code 9 (dtf.errors.ExitCode.NOT_ON_CLUSTER).
 
 - tf-keras `Model.fit`/`train_on_batch` of a model made under no strategy (a single-machine script
   run without `--wrap`, or a model built outside `strategy.scope()`), and a tf-keras optimizer's
-  `apply_gradients` under no strategy (a custom loop that runs here).
+  `apply_gradients` under no strategy, or under a ParameterServerStrategy but not in a function
+  scheduled on the workers (a custom loop whose steps run here).
 - A Keras 3 model's `fit`/`train_on_batch` (`import keras` with keras 3.x): Keras 3 has no
   ParameterServerStrategy (https://github.com/keras-team/keras/issues/18624); tf-keras has it, and
   `TF_USE_LEGACY_KERAS=1` (set by `dtf train`) makes `tf.keras` resolve to it.
@@ -110,6 +111,18 @@ def _no_strategy(strategy: Any) -> bool:
     return not tf.distribute.has_strategy() and (strategy is None or strategy is tf.distribute.get_strategy())
 
 
+def _unscheduled(strategy: Any) -> bool:
+    """A ParameterServerStrategy's step that runs here: not traced for `ClusterCoordinator.schedule`
+    (which sets `_being_scheduled` while it traces the function it sends to the workers:
+    tensorflow/python/distribute/coordinator/cluster_coordinator.py), nor where tf-keras lets the
+    strategy run without its coordinator (`_allow_run_without_coordinator`)."""
+    if strategy is None or "ParameterServerStrategy" not in type(strategy).__name__:
+        return False
+    extended = strategy.extended
+    return not getattr(extended, "_being_scheduled", True) and not getattr(extended, "_allow_run_without_coordinator",
+                                                                            False)
+
+
 def _checked(method: Callable[..., Any], what: str) -> Callable[..., Any]:
     @functools.wraps(method)
     def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -133,12 +146,18 @@ def _patch_tf_keras(_: ModuleType) -> None:
     def checked_apply(apply: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(apply)
         def apply_gradients(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if _no_strategy(getattr(self, "_distribution_strategy", None)):
+            strategy = getattr(self, "_distribution_strategy", None)
+            if _no_strategy(strategy):
                 raise NotOnCluster("optimizer.apply_gradients would train on this machine, not on the cluster: "
                                    "the training step runs under no strategy; schedule it on the workers "
                                    "(`dtf.coordinator().schedule(step)`, with `strategy.run` inside and the "
                                    "model built inside `with dtf.strategy().scope():`), or use model.fit "
                                    "under `dtf train --wrap`")
+            if _unscheduled(strategy):
+                raise NotOnCluster("optimizer.apply_gradients would train on this machine, not on the cluster: "
+                                   "the training step runs here, not in a function scheduled on the workers; "
+                                   "schedule it (`dtf.coordinator().schedule(step)`, a tf.function with "
+                                   "`strategy.run` inside), or use model.fit")
             return apply(self, *args, **kwargs)
 
         return apply_gradients
