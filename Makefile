@@ -63,7 +63,7 @@ unit: bytecode
 # Linter, and the type checker (strict on the client and on the host package alike); shellcheck
 # for the sh programs dtf runs on a Slurm cluster (ruff reads their Python beside them).
 lint: venv
-	$(BIN)/ruff check client server tests bench
+	$(BIN)/ruff check client server tests bench examples
 	$(BIN)/mypy -p dtf -p dtf_server
 	$(BIN)/shellcheck client/dtf/cluster/scripts/*.sh
 

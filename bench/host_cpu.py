@@ -28,25 +28,24 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "client"))
 
+from dtf.files import shipping  # noqa: E402  (its _build: the launcher as dtf makes it)
 from dtf.hosts.control import _BOOT  # noqa: E402  (the boot `up` runs the launcher with)
 from dtf.hosts.netutil import listen_ports  # noqa: E402
 
 BUDGET_MS = {"up": 150.0, "status": 100.0, "down": 100.0}
-MAIN = "import sys\nfrom dtf_server.commands import main\nsys.exit(main())\n"
 
 
-def build_launcher(server: Path, target: Path) -> bytes:
-    """The `dtf_server` package in `server` as a zipapp of bytecode, as dtf ships it."""
-    with zipfile.PyZipFile(target, "w") as z:
-        z.writepy(str(server / "dtf_server"))
-        z.writestr("__main__.py", MAIN)
-    return target.read_bytes()
+def build_launcher(server: Path) -> bytes:
+    """The `dtf_server` package in `server` as a zipapp, built by the code dtf ships it with
+    (sources and their bytecode, whatever the directory's __pycache__ holds)."""
+    sources = [(f"{path.relative_to(server).as_posix()}", path.read_bytes())
+               for path in sorted((server / "dtf_server").rglob("*.py")) if "__pycache__" not in path.parts]
+    return shipping._build(sources)
 
 
 def children_cpu() -> float:
@@ -106,7 +105,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dtf-host-cpu-") as name:
         tmp = Path(name)
-        data = build_launcher(args.server.resolve(), tmp / "built.pyz")
+        data = build_launcher(args.server.resolve())
         packages = tmp / "packages"
         (packages / "tensorflow-2.99.0.dist-info").mkdir(parents=True)
         env = {**os.environ, "PYTHONPATH": str(packages)}

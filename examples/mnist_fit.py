@@ -105,11 +105,13 @@ def main():
         )
 
     class Progress(tf.keras.callbacks.Callback):
-        """One line per finished epoch (after its backup): where a resumed run picks up."""
+        """The one line per finished epoch (after its backup, so it also says where a resumed run
+        picks up); fit's own progress lines are off (verbose=0): they would say the loss again."""
 
         def on_epoch_end(self, epoch, logs=None):
             print(f"epoch {epoch + 1}/{args.epochs} done: step {int(self.model.optimizer.iterations.numpy())}, "
-                  f"loss {logs['loss']:.4f} (attempt {dtf.attempt()})", flush=True)
+                  f"loss {logs['loss']:.4f}, accuracy {logs['accuracy']:.4f} "
+                  f"(attempt {dtf.attempt()})", flush=True)
 
     callbacks = [
         # First: restores model, optimizer and epoch from the last backup if this is a resumed run,
@@ -130,7 +132,7 @@ def main():
     ]
 
     history = model.fit(train_ds, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
-                        callbacks=callbacks, verbose=2)
+                        callbacks=callbacks, verbose=0)
 
     # The evaluation set as a function each worker calls to build it (a DatasetCreator): exact
     # evaluation shards it there (at least one batch per shard). A dataset made here from in-memory

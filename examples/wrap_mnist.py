@@ -25,7 +25,8 @@ def load_data(n_train=6000, n_test=1000, seed=0):
     def make(n):
         labels = rng.integers(0, 10, size=n)
         images = rng.integers(0, 90, size=(n, 28, 28))
-        row, col = 2 + 12 * (labels // 5) + rng.integers(0, 3, size=n), 1 + 5 * (labels % 5) + rng.integers(0, 2, size=n)
+        row = 2 + 12 * (labels // 5) + rng.integers(0, 3, size=n)
+        col = 1 + 5 * (labels % 5) + rng.integers(0, 2, size=n)
         for i in range(n):
             images[i, row[i]:row[i] + 8, col[i]:col[i] + 8] += 160
         return np.clip(images, 0, 255).astype(np.uint8), labels.astype(np.uint8)

@@ -3,14 +3,23 @@
 - every page in docs/ is in mkdocs.yml's nav, and the nav names no missing page;
 - every relative link between the pages (and from the READMEs into docs/) resolves, anchors too;
 - every `dtf ...` command line shown is a real command with real options (the Typer app's own);
-- the commands page lists every option of every command.
-- every error message the troubleshooting page quotes is worded so in dtf's code.
+- the commands page lists every option of every command, with its default;
+- every error message the troubleshooting page quotes is worded so in dtf's code, and every
+  action of a per-host failure (`ACTION failed on N host(s):`) has its row there;
+- every command on the benchmarks page runs a script in bench/ with options it has, and every
+  benchmark script has its command there.
+- the inventory reference's defaults are the loader's; the JSON documents on the watching page
+  have the fields dtf status --json and dtf top --json write.
 
 The strict site build (`make docs`) checks the links again, as MkDocs renders them.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
+import json
+import os
 import re
 import unicodedata
 from pathlib import Path
@@ -224,6 +233,22 @@ def test_commands_page_lists_every_option(name: str) -> None:
     assert not missing, f"docs/commands.md, dtf {name}: not described: {', '.join(missing)}"
 
 
+@pytest.mark.parametrize("name", list(APP.commands))
+def test_commands_page_gives_every_default(name: str) -> None:
+    """Each option's row on the commands page says its default as the CLI has it (10, 600, 3, on)."""
+    text = section("commands.md", f"## `dtf {name}`")
+    wrong = []
+    for param in APP.commands[name].params:
+        default = param.default
+        if param.param_type_name != "option" or default is None or default is False or isinstance(default, tuple):
+            continue
+        said = "default on" if default is True else f"{default:g}" if isinstance(default, float) else str(default)
+        rows = [line for line in text.splitlines() if line.startswith(f"| `{param.opts[0]}")]
+        if not any(said in row for row in rows):
+            wrong.append(f"{param.opts[0]} (default {default!r})")
+    assert not wrong, f"docs/commands.md, dtf {name}: the default not said: {', '.join(wrong)}"
+
+
 # ---- the messages quoted on the troubleshooting page -------------------------------------------
 def code_text() -> str:
     """The text of dtf's sources, each implicit string concatenation joined into one literal and
@@ -242,6 +267,8 @@ NOT_ONE_LITERAL = {
     "that cannot start any token",  # PyYAML's scanner
     "expected a host name without quotes or shell characters",  # values.name_reader: what + flaw
     "expected one of auto",  # cli: the modes joined
+    "expected a mapping with keys cluster and hosts",  # inventory.checks: "the file is empty; expected " + what
+    "expected a list of requirements such as",  # inventory.values: "expected " + what a list holds
 }
 
 
@@ -276,6 +303,119 @@ def test_every_quoted_message_is_in_the_code() -> None:
     missing = [f"docs/troubleshooting.md:{n}: `{m}`: no {w!r} in client/ or server/"
                for n, m in MESSAGES if (w := words_of(m)) and w not in NOT_ONE_LITERAL and w not in code]
     assert not missing, "\n".join(missing)
+
+
+def host_failure_actions() -> set[str]:
+    """The ACTION of every `ACTION failed on N host(s):` dtf raises (errors.HostFailure)."""
+    return set(re.findall(r"HostFailure\(\s*\"([^\"]+)\"", code_text()))
+
+
+def test_every_host_failure_action_is_on_the_troubleshooting_page() -> None:
+    actions = host_failure_actions()
+    assert {"dtf up", "dtf down", "sending the program"} <= actions  # the search finds them
+    page = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
+    missing = sorted(a for a in actions if f"*{a}*" not in page)
+    assert not missing, f"docs/troubleshooting.md: no row for the action(s) {missing}"
+
+
+# ---- the benchmarks page -----------------------------------------------------------------------
+_BENCH_COMMAND = re.compile(r"\bbench/(\w+\.py)((?:\s+\S+)*)")
+# bench/ modules that are no benchmark of their own: helpers the scripts import or run.
+BENCH_HELPERS = {"common.py", "cpugroups.py", "delay_relay.py"}
+
+
+def bench_commands() -> list[tuple[int, str, list[str]]]:
+    """(line, script, options) of every command line the benchmarks page shows."""
+    out = []
+    for number, text, code in prose_lines(DOCS / "benchmarks.md"):
+        m = _BENCH_COMMAND.search(text) if code and "python" in text else None
+        if m:
+            out.append((number, m.group(1), [w.split("=")[0] for w in m.group(2).split() if w.startswith("-")]))
+    return out
+
+
+def test_every_benchmark_command_is_a_real_script_and_options() -> None:
+    commands = bench_commands()
+    assert len(commands) >= 15
+    problems = []
+    for number, script, options in commands:
+        path = ROOT / "bench" / script
+        if not path.is_file():
+            problems.append(f"docs/benchmarks.md:{number}: no bench/{script}")
+            continue
+        source = path.read_text(encoding="utf-8")
+        problems += [f"docs/benchmarks.md:{number}: bench/{script} has no option {o}"
+                     for o in options if f'"{o}"' not in source]
+    shown = {script for _, script, _ in commands}
+    problems += [f"docs/benchmarks.md: no command for bench/{p.name}"
+                 for p in sorted((ROOT / "bench").glob("*.py")) if p.name not in shown | BENCH_HELPERS]
+    assert not problems, "\n".join(problems)
+
+
+# ---- the JSON documents on the watching page ---------------------------------------------------
+def json_examples(page: str) -> list[dict[str, Any]]:
+    text = (DOCS / page).read_text(encoding="utf-8")
+    return [json.loads(block) for block in re.findall(r"^```json\n(.*?)^```", text, re.S | re.M)]
+
+
+def keys_of_dict_assigned(module: Any, function: str, name: str) -> set[str]:
+    """The keys of the dict literal `function` (in `module`) assigns to `name`."""
+    tree = ast.parse(inspect.getsource(getattr(module, function)))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)):
+            return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    raise AssertionError(f"{module.__name__}.{function} assigns no dict to {name}")
+
+
+def test_the_json_documents_shown_have_every_field_the_code_writes(tmp_path: Path) -> None:
+    """docs/watching.md's `dtf status --json` (and its Slurm part) and `dtf top --json`, field for
+    field against what dtf.ui and dtf.top build."""
+    from dtf import top, ui
+    from dtf.cluster.inventory import loads
+    from dtf.cluster.plan import make_plan
+    from dtf.hostops.status import TaskState
+    from dtf.program import figures
+
+    status, slurm_status, top_doc = json_examples("watching.md")
+    plan = make_plan(loads("cluster: c\nhosts: [{host: h, ps: 1, workers: 1}]\n", "i.yaml"),
+                     resolve=lambda spec: spec.host, server="fake")
+    rows = ui.status_rows([TaskState(task, "alive", None, None) for task in plan.tasks()])
+    assert set(status) == {"schema", "cluster", "network", "firewall", "tasks"}
+    assert set(status["tasks"][0]) == set(rows[0])
+    assert set(slurm_status) == set(status) | {"slurm"}
+    assert set(slurm_status["slurm"]) == keys_of_dict_assigned(ui, "show_status", "slurm")
+
+    live = tmp_path / "live"
+    live.mkdir()
+    figures.write_atomic(live / figures.RUN, {"schema": 1, "kind": "ps", "pid": os.getpid()})
+    figures.write_atomic(live / figures.TRAIN, {"schema": 1, "pid": os.getpid()})
+    train = top.training(live)
+    assert train is not None
+    doc = top.snapshot(plan, {}, train)
+    assert set(top_doc) == set(doc)
+    assert set(top_doc["summary"]) == set(doc["summary"])
+    assert set(top_doc["tasks"][0]) == set(doc["tasks"][0])
+    assert set(top_doc["training"]) == set(train)
+
+
+# ---- the inventory reference's defaults --------------------------------------------------------
+def test_the_inventory_reference_gives_the_loaders_defaults() -> None:
+    """Each host key's default in docs/inventory.md's table is what the loader gives a host that
+    leaves the key out, and the top-level defaults are the loader's too."""
+    from dtf.cluster.inventory import loads
+
+    inventory = loads("cluster: c\nhosts: [{host: h, ps: 1, workers: 1}]\n", "i.yaml")
+    host = inventory.hosts[0]
+    table = section("inventory.md", "## Host keys")
+    shown = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` +\| [^|]+\| `([^`]*)` +\|", table, re.M)}
+    keys = ("connection", "python", "base_python", "accelerator", "workdir", "restart_limit", "restart_backoff")
+    assert {k: shown.get(k) for k in keys} == {k: str(getattr(host, k)) for k in keys}
+    assert (shown.get("packages"), host.packages) == ("[]", ())
+    assert shown.get("tf_port") == str(host.ps_ports[0])  # counts start at tf_port
+    top = section("inventory.md", "## Top-level keys")
+    assert f"default {inventory.host_timeout:g})" in top and f"default `{inventory.network}`" in top
+    assert f"`{inventory.firewall}` (default)" in top
 
 
 def test_every_markdown_file_the_code_and_examples_cite_is_in_the_repository() -> None:

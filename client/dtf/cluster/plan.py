@@ -23,10 +23,12 @@ from dtf_server import layout
 from dtf_server.protocol import Defaults, TaskSpec
 
 JOBS = ("ps", "worker")
-# gRPC keepalive on every channel TensorFlow opens (servers and the coordinator): a connection
-# whose peer vanished (a host cut off, a NAT that forgot it) fails within about 50 s instead of
-# stalling its calls until TCP gives up (15 min). Pings only while calls are in flight, and at most
-# two without data in between: below what a gRPC server counts as abuse (it cannot be told more).
+# gRPC keepalive on every channel TensorFlow opens, servers' and the coordinator's (TensorFlow
+# reads TF_GRPC_DEFAULT_OPTIONS for each: tsl/distributed_runtime/rpc/grpc_channel.cc,
+# CreateDefaultChannelArguments): a connection whose peer vanished (a host cut off, a NAT that
+# forgot it) fails once a ping goes unanswered for keepalive_timeout, instead of stalling its calls
+# until TCP gives up. Pings only while calls are in flight, and at most two without data in
+# between: below what a gRPC server counts as abuse (it cannot be told more).
 GRPC_KEEPALIVE = "grpc.keepalive_time_ms=30000,grpc.keepalive_timeout_ms=20000"
 # The environment of every server: fail fast on a dead peer instead of retrying (GRPC_FAIL_FAST, as
 # tensorflow/docs' parameter_server_training tutorial sets it on every task).

@@ -137,7 +137,7 @@ def parse_squeue(out: str) -> JobState:
 
 def show_job_argv(job: str) -> list[str]:
     """The job's record (JobState, Reason, RunTime, TimeLimit...): slurmctld keeps a finished job's
-    for MinJobAge (300 s by default), where squeue no longer lists it."""
+    for MinJobAge (slurm.conf(5); 300 seconds by default), where squeue no longer lists it."""
     return ["scontrol", "--oneliner", "show", "job", job]
 
 

@@ -372,8 +372,8 @@ class Report:
     via: dict[str, str] = field(default_factory=dict)  # host -> the host it copied from ("": the laptop)
 
     def line(self) -> str:
-        """`data (3 files, 1.2 MB, 3f2a...): sent to h0 (1.2 MB in 0.4s, 3.0 MB/s); h1 copied it
-        from other hosts (the last in 0.5s); h2 had it already (skipped)`."""
+        """`NAME (N files, SIZE, HASH...): sent to h0 (SIZE in SECONDS, RATE); h1 copied it from
+        other hosts (the last in SECONDS); h2 had it already (skipped)`."""
         s = self.synced
         had = [h for h, n in self.sent.items() if n == 0]
         copied = [h for h, n in self.sent.items() if n and self.via.get(h)]

@@ -213,7 +213,7 @@ def mb(n: int) -> str:
 
 
 def env_summary(report: EnvReport) -> str:
-    """`built in 41.2s (resolve 2.0s, send 6.1s, create 0.1s, install 33.0s), 1.5 GB`."""
+    """`built in SECONDS (resolve SECONDS, send SECONDS, create SECONDS, install SECONDS), SIZE`."""
     if report.reused and not report.seconds:
         return "reused (found complete by the check)"
     phases = ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items())

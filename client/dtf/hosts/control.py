@@ -86,7 +86,8 @@ main = zipimport.zipimporter(path).get_code("__main__")
 exec(main, {"__name__": "__main__", "__file__": f"{path}/__main__.py", "__builtins__": __builtins__})
 """
 NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
-ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands) in ~15 s
+ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands)
+# after openssh.ALIVE_COUNT intervals unanswered
 
 
 def _key(*parts: str) -> str:
