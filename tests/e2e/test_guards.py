@@ -211,5 +211,53 @@ def test_a_program_that_never_made_a_strategy_is_an_error_at_its_end_under_dtf_t
         "dtf: error: the program ended without making a strategy: nothing ran on the cluster; run `dtf train --wrap "
         "PROGRAM` (a single-machine script, unchanged), or build and compile the model inside "
         "`with dtf.strategy().scope():`"]
+    ended = run(tmp_path, loop + "    raise SystemExit(0)  # sys.exit(main()), main's end\n", **UNDER_DTF_TRAIN)
+    assert ended.returncode == 9 and dtf_lines(ended) == dtf_lines(r), ended.stderr[-3000:]
     no_tf = run(tmp_path, "print('no TensorFlow here')\n", **UNDER_DTF_TRAIN)
     assert no_tf.returncode == 0 and dtf_lines(no_tf) == [], no_tf.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("made", "fix"), [
+    ("tf.distribute.MirroredStrategy()", "make the strategy with `dtf.strategy()` in its place, or drop it and run "
+                                         "`dtf train --wrap PROGRAM`"),
+    ("tf.distribute.OneDeviceStrategy('/cpu:0')", "make the strategy with `dtf.strategy()` in its place"),
+    ("tf.distribute.MultiWorkerMirroredStrategy()", "run it with `dtf train --collective PROGRAM`"),
+])
+def test_a_strategy_of_its_own_that_would_train_here_is_refused_when_made_under_dtf_train(
+        tmp_path: Path, made: str, fix: str):
+    program = f"""
+        import tensorflow as tf
+
+        strategy = {made}
+        print("made", flush=True)
+    """
+    r = run(tmp_path, program, **UNDER_DTF_TRAIN)
+    assert r.returncode == 9 and "made" not in r.stdout, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    lines = dtf_lines(r)
+    assert len(lines) == 1 and lines[0].startswith("dtf: error: the program made a "), lines
+    assert fix in lines[0] and lines[0].endswith("(prog.py:4)"), lines
+    plain = run(tmp_path, program.replace("MultiWorkerMirroredStrategy()", "MirroredStrategy()"))  # `python prog.py`
+    assert plain.returncode == 0 and "made" in plain.stdout, plain.stderr[-3000:]
+
+
+def test_tf_keras_made_keras_3_by_the_program_is_refused_naming_its_setting(tmp_path: Path):
+    """The program sets TF_USE_LEGACY_KERAS=0 before importing TensorFlow: tf.keras is Keras 3."""
+    program = """
+        import os
+        os.environ["TF_USE_LEGACY_KERAS"] = "0"
+        import numpy as np
+        import tensorflow as tf
+
+        model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(2)])
+        model.compile("sgd", "mse")
+        model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), verbose=0)
+        print("trained")
+    """
+    r = run(tmp_path, program, **UNDER_DTF_TRAIN, TF_USE_LEGACY_KERAS="1")
+    assert r.returncode == 9 and "trained" not in r.stdout, r.stderr[-3000:]
+    assert dtf_lines(r) == [
+        f"dtf: error: model.fit on a Keras 3 model (keras {KERAS}): Keras 3 cannot train under "
+        f"ParameterServerStrategy (keras-team/keras#18624), so it would train on this machine; use tf-keras: "
+        f"`tf.keras` with TF_USE_LEGACY_KERAS=1 (the program set it to '0': leave it as dtf train sets it) or "
+        f"`import tf_keras as keras` in place of `import keras` (prog.py:9)"], r.stderr[-3000:]

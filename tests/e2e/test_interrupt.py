@@ -37,3 +37,4 @@ def test_ctrl_c_during_fit_prints_no_traceback(tmp_path: Path, local_cluster):
     assert code == 130, (out, err)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-4000:]
     assert "dtf: program interrupted; cluster 'loc' is still up (`dtf down` stops it)" in err, err[-4000:]
+    assert "fit ended" not in err, err[-4000:]  # it was interrupted: nothing to say of how far packing got

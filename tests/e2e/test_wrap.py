@@ -68,15 +68,70 @@ MIRRORED = textwrap.dedent("""
 """)
 
 
-def test_a_strategy_of_its_own_is_left_alone(cluster: Path, tmp_path: Path):
-    """A MirroredStrategy made after the program's first op (the program is then connected to the
-    cluster) mirrors over this machine's devices, as on one machine, not over the cluster's."""
+def test_a_mirrored_strategy_of_its_own_is_refused_when_made(cluster: Path, tmp_path: Path):
+    """A MirroredStrategy would train on this machine's devices, not on the cluster: one line with
+    the fix, before anything trains, under --wrap as without it."""
     program = tmp_path / "mirrored.py"
     program.write_text(MIRRORED)
-    r = dtf("train", "--wrap", str(program), home=cluster, timeout=300)
-    assert r.returncode == 0, (r.stdout, r.stderr[-4000:])
-    assert "replicas 1" in r.stdout and "evaluated True" in r.stdout, r.stdout
-    assert "dtf: --wrap: the program uses a strategy of its own (MirroredStrategy): --wrap changes nothing" in r.stderr
+    for wrap in (["--wrap"], []):
+        r = dtf("train", *wrap, str(program), home=cluster, timeout=300)
+        assert r.returncode == 9, (wrap, r.stdout, r.stderr[-4000:])
+        assert "replicas" not in r.stdout and "Traceback" not in r.stderr, r.stderr[-4000:]
+        errors = [line for line in r.stderr.splitlines() if line.startswith("dtf: error:")]
+        assert errors == [
+            "dtf: error: the program made a MirroredStrategy, which would train on this machine's devices, not on "
+            "the cluster; make the strategy with `dtf.strategy()` in its place, or drop it and run `dtf train "
+            "--wrap PROGRAM` (a single-machine script) (mirrored.py:6)"], r.stderr[-4000:]
+
+
+OWN_PSS_LOOP = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+
+    # A custom loop with a ParameterServerStrategy the program makes itself, from TF_CONFIG (dtf sets it).
+    strategy = tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(4,))])
+        optimizer = tf.keras.optimizers.SGD(0.1)
+
+    def dataset_fn():
+        x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+        return tf.data.Dataset.from_tensor_slices((x, (x.sum(1) > 0).astype("int64"))).repeat().batch(16)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def step(iterator):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+        return strategy.run(replica, args=next(iterator))
+
+    for _ in range(8):
+        coordinator.schedule(step, args=(iterator,))
+    coordinator.join()
+    print("own strategy steps", int(optimizer.iterations.numpy()), flush=True)
+    x, y = next(iter(dataset_fn()))
+    with tf.GradientTape() as tape:  # a step here, on the coordinator: not on the workers
+        loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    print("stepped here")
+""")
+
+
+def test_a_custom_loop_with_a_strategy_of_its_own_trains_on_the_cluster_and_not_here(cluster: Path, tmp_path: Path):
+    program = tmp_path / "own_pss.py"
+    program.write_text(OWN_PSS_LOOP)
+    r = dtf("train", str(program), home=cluster, timeout=300)
+    assert r.returncode == 9 and "stepped here" not in r.stdout, (r.stdout, r.stderr[-4000:])
+    assert "own strategy steps 8" in r.stdout, (r.stdout, r.stderr[-4000:])  # scheduled: on the workers
+    assert r.stderr.splitlines() == [
+        "dtf: error: optimizer.apply_gradients would train on this machine, not on the cluster: the training step "
+        "runs here, not in a function scheduled on the workers; schedule it (`dtf.coordinator().schedule(step)`, a "
+        "tf.function with `strategy.run` inside), or use model.fit (own_pss.py:34)"], r.stderr[-4000:]
 
 
 VARIANTS = textwrap.dedent("""
@@ -107,6 +162,7 @@ def test_variants_are_supplied_or_named(cluster: Path, tmp_path: Path):
     assert "evaluated ['accuracy', 'loss']" in r.stdout
     line = next(x for x in r.stderr.splitlines() if x.startswith("dtf: --wrap:"))
     assert "steps_per_epoch=8 (its length)" in line and "verbose=1 -> 2" in line
+    assert "validation" not in line  # there is none
     assert ("dtf: error: --wrap: model.fit on a dataset that repeats forever needs steps_per_epoch"
             in r.stderr)
     assert "Traceback" not in r.stderr

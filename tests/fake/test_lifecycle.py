@@ -46,6 +46,17 @@ def test_up_status_down(site: Site):
     for row in doc["tasks"]:
         assert set(row) == {"task", "job", "index", "host", "address", "state", "serving", "pid",
                             "server_pid", "uptime", "restarts", "last_exit", "error", "recovered"}
+    # The table reads whole at 80 columns: no cell cut (`10.213…`, `restar…`), no line wider.
+    table = site.dtf("status", env={"COLUMNS": "80"})
+    assert table.returncode == 0 and "…" not in table.stdout, table.stdout
+    assert max(len(line) for line in table.stdout.splitlines()) <= 80, table.stdout
+    assert table.stdout.splitlines()[1].split() == ["task", "host", "address", "pid", "state", "uptime", "restarts",
+                                                   "last", "exit"], table.stdout
+    # `dtf top --once` through the SSH masters: its table, and nothing of ssh's own (`Shared connection to
+    # HOST closed.`).
+    top = site.dtf("top", "--once")
+    assert top.returncode == 0 and "worker:1" in top.stdout, top.stderr
+    assert top.stderr == "", top.stderr
     r = site.dtf("down")
     assert r.returncode == 0 and "3 server(s) stopped on 2 host(s)" in r.stdout, r.stderr
     assert site.processes() == [] and site.files() == []

@@ -340,3 +340,24 @@ def test_output_cut_short_by_its_reader_is_no_internal_error(tmp_path: Path) -> 
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1
     assert err == "", err
+
+
+def test_every_commands_help_reads_whole_at_80_columns():
+    """At 80 columns, help wraps between words: no line is wider, nothing is cut (`…`), and every
+    word of every option's description is there whole."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    commands = group.commands  # type: ignore[attr-defined]
+    assert "train" in commands and "status" in commands
+    env = {**os.environ, "COLUMNS": "80"}
+    for name, command in [("", group), *sorted(commands.items())]:
+        argv = [sys.executable, "-m", "dtf.cli", *([name] if name else []), "--help"]
+        r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, (name, r.stderr)
+        lines = r.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 80 and "…" not in r.stdout, (name, r.stdout)
+        words = set(r.stdout.split())
+        for param in command.params:
+            missing = [w for w in (getattr(param, "help", None) or "").split() if w not in words]
+            assert missing == [], (name, param.name, missing, r.stdout)

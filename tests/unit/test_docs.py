@@ -429,3 +429,15 @@ def test_the_inventory_reference_gives_the_loaders_defaults() -> None:
     top = section("inventory.md", "## Top-level keys")
     assert f"default {inventory.host_timeout:g})" in top and f"default `{inventory.network}`" in top
     assert f"`{inventory.firewall}` (default)" in top
+
+
+def test_every_markdown_file_the_code_and_examples_cite_is_in_the_repository() -> None:
+    """examples/, client/, server/ and bench/ cite documents by path (`docs/watching.md`): each is in
+    the repository."""
+    cited = {(path, name) for tree in ("examples", "client", "server", "bench") for path in (ROOT / tree).rglob("*")
+             if path.is_file() and path.suffix in (".py", ".md", ".ipynb", ".sh")
+             for name in re.findall(r"[\w./-]+\.md\b", path.read_text(errors="replace"))}
+    assert cited
+    missing = [(str(path.relative_to(ROOT)), name) for path, name in sorted(cited)
+               if not (path.parent / name).exists() and not (ROOT / name).exists()]
+    assert missing == []

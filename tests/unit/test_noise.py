@@ -23,6 +23,10 @@ Additional GRPC error information from remote target /job:ps/replica:0/task:0 wh
 :UNKNOWN:Error received from peer  {grpc_status:5, grpc_message:"./explicit/ckpt_temp; No such file or directory\\n\\t [[{{node SaveV2}}]]"}
 \t [[ShardedFilename/_4]]
 2026-11-23 11:27:22.123456: I tensorflow/core/platform/cpu_feature_guard.cc:182] old format
+ERROR:tensorflow:Remote function on worker /job:worker/replica:0/task:1 failed with CancelledError():CANCELLED
+Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling /tensorflow.eager.EagerService/Enqueue:
+:UNKNOWN:Error received from peer  {grpc_status:1, grpc_message:"CANCELLED"} [Op:__inference_train_function_1076]
+This derived error is ignored and not reported to users.
 """
 KEPT = b"""WARNING:tensorflow:Found source dataset of type <class '_TensorSliceDataset'>. This type is not efficiently shardable
 ERROR:tensorflow: /job:worker/task:1 encountered the following error when processing closure: InvalidArgumentError()

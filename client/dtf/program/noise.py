@@ -8,7 +8,10 @@ search for a GPU on a CPU machine, and TensorFlow's warning that its multi-task 
 function retraces (MultiDeviceSaver traces it anew for every save by design, in eager mode when
 the saved variables span several tasks; they always do under this strategy: the model's are on
 the ps, the save_counter that tf.train.Checkpoint makes outside any scope is on the coordinator:
-nothing dtf or the program does causes it). The filter drops those lines,
+nothing dtf or the program does causes it), and the coordinator's "Remote function on worker ...
+failed with CancelledError ... This derived error is ignored and not reported to users." (a
+closure cancelled because another failed: the error that failed it reaches the program;
+tensorflow/python/distribute/coordinator/cluster_coordinator.py). The filter drops those lines,
 with the continuation lines TensorFlow attaches to them, and passes everything else through:
 the program's output, its errors and tracebacks, TensorFlow's ERROR lines.
 
@@ -35,6 +38,7 @@ NOISE = re.compile(rb"|".join([
     rb"\.tf_function_(save|restore) ",
     rb".*/tensorflow/python/data/ops/dataset_ops\.py:\d+: UserWarning: To make it possible to "
     rb"preserve tf\.data options across serialization boundaries",
+    rb"ERROR:tensorflow:Remote function on worker \S+ failed with CancelledError\(\)",
 ]))
 # Lines that continue the noise record before them.
 CONTINUATION = re.compile(rb"|".join([
@@ -43,6 +47,7 @@ CONTINUATION = re.compile(rb"|".join([
     rb":UNKNOWN:Error received from peer ",
     rb"\t \[\[",
     rb" +warnings\.warn\(",
+    rb"This derived error is ignored and not reported to users\.",
 ]))
 # A partial line (no newline yet) is held back only if it may begin a noise line; anything else
 # (a progress bar on stderr) passes at once.

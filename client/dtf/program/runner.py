@@ -135,7 +135,12 @@ def main() -> None:
     sys.argv = [program, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(program))
     try:
-        runpy.run_path(program, run_name="__main__")
+        try:
+            runpy.run_path(program, run_name="__main__")
+        except SystemExit as e:
+            if exit_code(e.code) != 0:
+                raise
+            # `sys.exit(0)` / `sys.exit(main())`: a normal end, checked as one
         oncluster.check_at_end()
     except SystemExit as e:
         outcome["code"] = exit_code(e.code)

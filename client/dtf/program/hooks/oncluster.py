@@ -4,7 +4,8 @@ before the step runs, and exit code 9 (dtf.errors.ExitCode.NOT_ON_CLUSTER).
 
 - tf-keras `Model.fit`/`train_on_batch` of a model made under no strategy (a single-machine script
   run without `--wrap`, or a model built outside `strategy.scope()`), and a tf-keras optimizer's
-  `apply_gradients` under no strategy (a custom loop that runs here).
+  `apply_gradients` under no strategy, or under a ParameterServerStrategy but not in a function
+  scheduled on the workers (a custom loop whose steps run here).
 - A Keras 3 model's `fit`/`train_on_batch` (`import keras` with keras 3.x): Keras 3 has no
   ParameterServerStrategy (https://github.com/keras-team/keras/issues/18624); tf-keras has it, and
   `TF_USE_LEGACY_KERAS=1` (set by `dtf train`) makes `tf.keras` resolve to it.
@@ -13,8 +14,12 @@ A program that imported TensorFlow and ended without making any strategy (it nev
 cluster: a loop of its own that no check above saw) is the same error at its end
 (`check_at_end`, called by dtf.program.runner).
 
-A strategy the program made itself (a MirroredStrategy) is its choice, and is left alone; so is
-`dtf train --collective`, whose copies run on the hosts.
+A strategy of the program's own other than ParameterServerStrategy (MirroredStrategy,
+OneDeviceStrategy, MultiWorkerMirroredStrategy...) would run on this machine's devices, or not at
+all on this cluster of ps and workers: it is refused when it is made, with the fix (`dtf.strategy()`,
+`--wrap` without it, `--collective`). A ParameterServerStrategy the program makes itself (from
+TF_CONFIG, which `dtf train` sets) runs on the cluster and is left alone. `dtf train --collective`,
+whose copies run on the hosts, is left alone.
 """
 
 from __future__ import annotations
@@ -76,11 +81,26 @@ def _patch_strategies(_: ModuleType) -> None:
 
     @functools.wraps(init)
     def init_(self: Any, *args: Any, **kwargs: Any) -> None:
-        if type(self).__name__ != "_DefaultDistributionStrategy":  # TensorFlow's own, made on first use
-            _made.append(type(self).__name__)
+        name = type(self).__name__
+        if name != "_DefaultDistributionStrategy":  # TensorFlow's own, made on first use
+            if "ParameterServerStrategy" not in name:
+                raise NotOnCluster(local_strategy(name))
+            _made.append(name)
         init(self, *args, **kwargs)
 
     distribute_lib.StrategyBase.__init__ = init_
+
+
+def local_strategy(name: str) -> str:
+    """The error for a strategy of the program's own that is not a ParameterServerStrategy."""
+    if "Collective" in name or "MultiWorker" in name:
+        name = "MultiWorkerMirroredStrategy"  # tf.distribute's name of CollectiveAllReduceStrategy
+        return (f"the program made a {name}: under `dtf train` the program is the coordinator of ps and "
+                f"workers (ParameterServerStrategy); run it with `dtf train --collective PROGRAM` (one copy "
+                f"per worker), or make the strategy with `dtf.strategy()`")
+    return (f"the program made a {name}, which would train on this machine's devices, not on the cluster; "
+            f"make the strategy with `dtf.strategy()` in its place, or drop it and run `dtf train --wrap "
+            f"PROGRAM` (a single-machine script)")
 
 
 def _no_strategy(strategy: Any) -> bool:
@@ -89,6 +109,18 @@ def _no_strategy(strategy: Any) -> bool:
     import tensorflow as tf
 
     return not tf.distribute.has_strategy() and (strategy is None or strategy is tf.distribute.get_strategy())
+
+
+def _unscheduled(strategy: Any) -> bool:
+    """A ParameterServerStrategy's step that runs here: not traced for `ClusterCoordinator.schedule`
+    (which sets `_being_scheduled` while it traces the function it sends to the workers:
+    tensorflow/python/distribute/coordinator/cluster_coordinator.py), nor where tf-keras lets the
+    strategy run without its coordinator (`_allow_run_without_coordinator`)."""
+    if strategy is None or "ParameterServerStrategy" not in type(strategy).__name__:
+        return False
+    extended = strategy.extended
+    return not getattr(extended, "_being_scheduled", True) and not getattr(extended, "_allow_run_without_coordinator",
+                                                                            False)
 
 
 def _checked(method: Callable[..., Any], what: str) -> Callable[..., Any]:
@@ -114,12 +146,18 @@ def _patch_tf_keras(_: ModuleType) -> None:
     def checked_apply(apply: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(apply)
         def apply_gradients(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if _no_strategy(getattr(self, "_distribution_strategy", None)):
+            strategy = getattr(self, "_distribution_strategy", None)
+            if _no_strategy(strategy):
                 raise NotOnCluster("optimizer.apply_gradients would train on this machine, not on the cluster: "
                                    "the training step runs under no strategy; schedule it on the workers "
                                    "(`dtf.coordinator().schedule(step)`, with `strategy.run` inside and the "
                                    "model built inside `with dtf.strategy().scope():`), or use model.fit "
                                    "under `dtf train --wrap`")
+            if _unscheduled(strategy):
+                raise NotOnCluster("optimizer.apply_gradients would train on this machine, not on the cluster: "
+                                   "the training step runs here, not in a function scheduled on the workers; "
+                                   "schedule it (`dtf.coordinator().schedule(step)`, a tf.function with "
+                                   "`strategy.run` inside), or use model.fit")
             return apply(self, *args, **kwargs)
 
         return apply_gradients
@@ -137,11 +175,15 @@ def _patch_keras(keras: ModuleType) -> None:
     def refused(method: Callable[..., Any], name: str) -> Callable[..., Any]:
         @functools.wraps(method)
         def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+            legacy = os.environ.get("TF_USE_LEGACY_KERAS", "")
+            use = ("`tf.keras` (dtf train sets TF_USE_LEGACY_KERAS=1: tf.keras is tf-keras)"
+                   if legacy.lower() in ("1", "true") else
+                   f"`tf.keras` with TF_USE_LEGACY_KERAS=1 (the program set it to {legacy!r}: leave it as "
+                   f"dtf train sets it)")
             raise NotOnCluster(
                 f"model.{name} on a Keras 3 model (keras {version}): Keras 3 cannot train under "
                 f"ParameterServerStrategy (keras-team/keras#18624), so it would train on this machine; use "
-                f"tf-keras: `tf.keras` (dtf train sets TF_USE_LEGACY_KERAS=1: tf.keras is tf-keras) or "
-                f"`import tf_keras as keras` in place of `import keras`")
+                f"tf-keras: {use} or `import tf_keras as keras` in place of `import keras`")
 
         return refuse
 

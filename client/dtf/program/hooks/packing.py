@@ -113,13 +113,16 @@ def _patch(_: ModuleType) -> None:
         autotune = self._autotune_steps_per_execution
         self._autotune_steps_per_execution = False
         state.active = True
+        ended = False  # fit returned (not interrupted, not failed)
         try:
-            return fit(self, *args, **kwargs)
+            history = fit(self, *args, **kwargs)
+            ended = True
+            return history
         finally:
             state.active = False
             self._autotune_steps_per_execution = autotune
             _hold(self, state, state.original)
-            if state.packer.measuring and state.packer.samples:  # a fit too short to finish measuring
+            if ended and state.packer.measuring and state.packer.samples:  # a fit too short to finish measuring
                 largest = max(n for n, _ in state.packer.samples)
                 say(f"packing: fit ended while dtf was still measuring (its closures ran at most {largest} step(s)); "
                     f"the next fit of this model goes on measuring")

@@ -29,7 +29,9 @@ evaluate):
   FILE based sharding"; tf_keras/src/engine/training.py, `shard_test_function`).
 - `verbose=1` (a progress bar per batch, refused under this strategy) becomes 2 (a line per epoch).
 
-A program that makes a strategy of its own before its first layer is left alone.
+A program that makes a ParameterServerStrategy of its own before its first layer is left alone;
+any other strategy of its own would train on this machine, and dtf.program.hooks.oncluster refuses it
+when it is made.
 """
 
 from __future__ import annotations
@@ -145,8 +147,7 @@ def _connect_at_start(_: ModuleType) -> None:
     def ensure_initialized(self: Any) -> None:
         nonlocal busy
         # Only TensorFlow's global context, once, and not where the program asked for collective
-        # ops (a MultiWorkerMirroredStrategy of its own: remote execution and collective ops
-        # cannot both be set, and such a program is left alone).
+        # ops (remote execution and collective ops cannot both be set).
         if (self._initialized or busy or self is not context.context()
                 or self._collective_ops_server_def is not None or self._server_def is not None):
             start(self)
@@ -167,34 +168,6 @@ def _connect_at_start(_: ModuleType) -> None:
         start(self)  # already started by the connection; a no-op unless it failed before that
 
     context.Context.ensure_initialized = ensure_initialized
-    _keep_mirrored_local()
-
-
-def _keep_mirrored_local() -> None:
-    """A program with a MirroredStrategy of its own is left alone: it mirrors over this machine's
-    devices, as on one machine. Its default devices are every logical device the context lists,
-    which, connected to the cluster, are the cluster's (it would mirror over the workers and ps):
-    the chief's own, then."""
-    from tensorflow.python.distribute import mirrored_strategy
-    from tensorflow.python.eager import context
-    from tensorflow.python.framework import config
-    from tensorflow.python.framework.device import DeviceSpec
-
-    all_local_devices = mirrored_strategy.all_local_devices
-
-    def own_devices(num_gpus: int | None = None) -> list[Any]:
-        server_def = context.get_server_def()
-        if server_def is None or server_def.job_name != "chief":
-            return list(all_local_devices(num_gpus))
-
-        def own(kind: str) -> list[Any]:
-            return [d for d in config.list_logical_devices(kind)
-                    if DeviceSpec.from_string(d.name).job in (None, "chief")]
-
-        gpus = own("GPU")[:num_gpus] if num_gpus is not None else own("GPU")
-        return gpus or own("CPU")
-
-    mirrored_strategy.all_local_devices = own_devices
 
 
 class _Connection:
