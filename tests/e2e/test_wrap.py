@@ -78,10 +78,13 @@ def test_a_mirrored_strategy_of_its_own_is_refused_when_made(cluster: Path, tmp_
         assert r.returncode == 9, (wrap, r.stdout, r.stderr[-4000:])
         assert "replicas" not in r.stdout and "Traceback" not in r.stderr, r.stderr[-4000:]
         errors = [line for line in r.stderr.splitlines() if line.startswith("dtf: error:")]
+        fix = ("--wrap supplies the cluster's strategy: drop the MirroredStrategy and its scope, or make it with "
+               "`dtf.strategy()` in its place" if wrap else
+               "make the strategy with `dtf.strategy()` in its place, or drop it and run `dtf train --wrap "
+               "PROGRAM` (a single-machine script)")
         assert errors == [
             "dtf: error: the program made a MirroredStrategy, which would train on this machine's devices, not on "
-            "the cluster; make the strategy with `dtf.strategy()` in its place, or drop it and run `dtf train "
-            "--wrap PROGRAM` (a single-machine script) (mirrored.py:6)"], r.stderr[-4000:]
+            f"the cluster; {fix} (mirrored.py:6)"], r.stderr[-4000:]
 
 
 OWN_PSS_LOOP = textwrap.dedent("""

@@ -33,7 +33,7 @@ from types import ModuleType
 from typing import Any
 
 from dtf.errors import ExitCode
-from dtf.program.hooks import on_import
+from dtf.program.hooks import on_import, wrap
 from dtf.program.hooks.guards import program_line
 
 FIX = ("run `dtf train --wrap PROGRAM` (a single-machine script, unchanged), or build and compile the model "
@@ -98,6 +98,10 @@ def local_strategy(name: str) -> str:
         return (f"the program made a {name}: under `dtf train` the program is the coordinator of ps and "
                 f"workers (ParameterServerStrategy); run it with `dtf train --collective PROGRAM` (one copy "
                 f"per worker), or make the strategy with `dtf.strategy()`")
+    if os.environ.get(wrap.ENV) == "1":
+        return (f"the program made a {name}, which would train on this machine's devices, not on the cluster; "
+                f"--wrap supplies the cluster's strategy: drop the {name} and its scope, or make it with "
+                f"`dtf.strategy()` in its place")
     return (f"the program made a {name}, which would train on this machine's devices, not on the cluster; "
             f"make the strategy with `dtf.strategy()` in its place, or drop it and run `dtf train --wrap "
             f"PROGRAM` (a single-machine script)")
