@@ -9,9 +9,16 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # tests/lab.py and tests/helpers.py
+
+
+def ps_and_two_workers(lab: Any) -> list[dict[str, Any]]:
+    """The inventory's hosts of a lab of 3: h0 the ps, h1 and h2 a worker each, on ports of their own."""
+    ps, w0, w1 = lab.ports(3)
+    return [{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}, {"host": "h2", "workers": [w1]}]
 
 
 def fmt(xs: list[float]) -> str:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO
+from common import REPO, ps_and_two_workers
 from helpers import Train, dtf
 from lab import Lab
 
@@ -58,8 +58,7 @@ def main() -> None:
         homes: dict[str, Path] = {}
         times: dict[str, tuple[float, float]] = {}
         for i, (label, network, config) in enumerate(modes):
-            ps, w0, w1 = lab.ports(3)
-            hosts = [{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}, {"host": "h2", "workers": [w1]}]
+            hosts = ps_and_two_workers(lab)
             home = homes[label] = tmp / f"home-{i}"
             inv = lab.inventory(tmp / f"inv-{i}.yaml", hosts, cluster=f"bench{i}")
             inv.write_text(inv.read_text().replace(str(lab.ssh_config), str(config)))

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO
+from common import REPO, ps_and_two_workers
 from helpers import dtf
 from lab import Lab
 
@@ -76,8 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as d, Lab(3, root=Path(d) / "lab", mode="netns") as lab:
         tmp = Path(d)
-        ps, w0, w1 = lab.ports(3)
-        hosts = [{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}, {"host": "h2", "workers": [w1]}]
+        hosts = ps_and_two_workers(lab)
         program = tmp / "train.py"
         program.write_text(TRAIN.format(steps=args.steps))
         rows = []

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO  # noqa: F401  (puts tests/ on the path)
+from common import ps_and_two_workers  # (puts tests/ on the path)
 from helpers import Train, dtf
 from lab import Lab
 
@@ -76,8 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as d, Lab(3, root=Path(d) / "lab", mode="netns") as lab:
         tmp = Path(d)
-        ps, w0, w1 = lab.ports(3)
-        hosts = [{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}, {"host": "h2", "workers": [w1]}]
+        hosts = ps_and_two_workers(lab)
         wan = lab.root / "ssh_config_wan"
         wan.write_text(lab.ssh_config.read_text().replace(
             "  User root\n", f"  User root\n  ProxyCommand {sys.executable} {RELAY} %h %p {args.delay_ms:g}\n"))

@@ -23,7 +23,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from common import REPO
+from common import REPO, ps_and_two_workers
 from helpers import Train, dtf
 from lab import Lab
 
@@ -112,8 +112,7 @@ def main() -> None:
         sys.exit("bench/top.py needs tmux (apt-get install tmux)")
     with tempfile.TemporaryDirectory() as d, Lab(3, root=Path(d) / "lab", mode="netns") as lab:
         tmp, home = Path(d), Path(d) / "home"
-        ps, w0, w1 = lab.ports(3)
-        hosts = [{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}, {"host": "h2", "workers": [w1]}]
+        hosts = ps_and_two_workers(lab)
         inv = lab.inventory(tmp / "inv.yaml", hosts)
         dtf("up", str(inv), home=home, timeout=300, check=True)
         results: dict[str, list[float]] = {name: [] for name, _, _ in CONFIGS}
