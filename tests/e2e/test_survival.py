@@ -287,32 +287,37 @@ def test_an_abandoned_cluster_stops_itself_when_its_lease_lapses(lab, write_inve
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
     ttl = 20
     assert dtf("up", "--ttl", f"{ttl}s", str(inv), home=home, timeout=120).returncode == 0
-    lease = Path(lab.host("h0").workdir, "lab", "lease.json")  # {ttl, renewed}: this machine's clock
+    hosts = ("h0", "h1")
 
-    def renewed() -> float:
-        return float(json.loads(lease.read_text())["renewed"])
+    def renewed(host: str) -> float:  # {ttl, renewed} of that host's lease: this machine's clock
+        return float(json.loads(Path(lab.host(host).workdir, "lab", "lease.json").read_text())["renewed"])
 
     # A laptop that comes back in time finds its cluster intact: any dtf command renews. The test
-    # reads when each renewal happened from the lease itself, so a `dtf status` slow to start on a
-    # busy machine moves the test's points with it instead of racing them: the renewal only has to
+    # reads when each renewal happened from the leases themselves, so a `dtf status` slow to start on
+    # a busy machine moves the test's points with it instead of racing them: the renewal only has to
     # come within the lease (it starts 4 s after `up`'s, 16 s before that one lapses).
-    by_up = renewed()
-    time.sleep(max(0.0, by_up + 4 - time.time()))
+    by_up = {h: renewed(h) for h in hosts}
+    time.sleep(max(0.0, max(by_up.values()) + 4 - time.time()))
     assert [r["state"] for r in status_json(home)["tasks"]] == ["alive", "alive"]
-    by_status = renewed()
-    assert by_status >= by_up + 4, (by_up, by_status)
-    # Then nothing renews it: each task stops itself (each supervisor reads the lease every second)
-    # once the renewed lease lapsed, not the one `up` gave: the tasks are first seen gone after the
-    # renewed lease's end (a busy machine only sees it later), and the last one removes dtf's files.
-    deadline = by_status + ttl + 20
-    while lab.processes("h0") and lab.processes("h1"):
+    by_status = {h: renewed(h) for h in hosts}
+    assert all(by_status[h] >= by_up[h] + 4 for h in hosts), (by_up, by_status)
+    # Then nothing renews it: each task stops itself (each supervisor reads its host's lease every
+    # second) once the renewed lease lapsed, not the one `up` gave: each host's tasks are first seen
+    # gone after its own renewed lease's end (each host's lease is renewed at its own moment; a busy
+    # machine only sees the end later), and the last one removes dtf's files.
+    deadline = max(by_status.values()) + ttl + 20
+    gone: dict[str, float] = {}
+    while len(gone) < len(hosts):
+        for h in hosts:
+            if h not in gone and not lab.processes(h):
+                gone[h] = time.time()
         assert time.time() < deadline, "the tasks outlived the renewed lease"
         time.sleep(0.25)
-    assert time.time() >= by_status + ttl, (by_up, by_status, time.time())
+    assert all(gone[h] >= by_status[h] + ttl for h in hosts), (by_up, by_status, gone)
     while leftovers(lab) or any(Path(h.workdir, "lab").exists() for h in lab.hosts[:2]):
         assert time.time() < deadline, (leftovers(lab), [list(Path(h.workdir).rglob("*")) for h in lab.hosts])
         time.sleep(0.25)
-    print(f"hosts cleared {time.time() - (by_status + ttl):.1f}s after the lease lapsed")
+    print(f"hosts cleared {time.time() - (max(by_status.values()) + ttl):.1f}s after the lease lapsed")
     r = dtf("status", home=home, timeout=60)
     assert r.returncode == 7 and "dtf's files are gone" in r.stderr and "lease lapsed" in r.stderr
     # `dtf up` brings it back from the same record; `dtf down` then stops it as usual.
