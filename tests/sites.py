@@ -83,8 +83,12 @@ class Site:
     def inventory(self, hosts: dict[str, dict[str, int]], **defaults: Any) -> Path:
         """An inventory of hosts "a"/"b" with counts of tasks, e.g. {"a": {"ps": 1, "workers": 1}}."""
         entries = []
+        # One draw for all hosts: on a local site they share one machine, and two separate draws
+        # can give two hosts the same port.
+        pool = self._new_ports(sum(sum(roles.values()) for roles in hosts.values()))
         for name, roles in hosts.items():
-            ports = self._new_ports(sum(roles.values()))
+            count = sum(roles.values())
+            ports, pool = pool[:count], pool[count:]
             self._ports[name] = ports
             entry = self._entry(name)
             at = 0
