@@ -63,8 +63,10 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     # Relative output paths, given to the programs themselves, from the laptop's working
     # directory: a file written by a server instead of the coordinator would land in that
     # server's own working directory (its task directory), not here.
-    # 2 epochs (100 steps) of each: enough to learn, few enough for a CPU-only lab.
-    r = dtf("train", str(EXAMPLES / "mnist_fit.py"), "--output", "fit", "--epochs", "2", home=home, timeout=600,
+    # 3 epochs (150 steps) of each: enough to learn, few enough for a CPU-only lab. After 2, the
+    # second epoch's mean loss may stay above half the first's (3 workers updating the ps at once,
+    # the data's order each worker's own).
+    r = dtf("train", str(EXAMPLES / "mnist_fit.py"), "--output", "fit", "--epochs", "3", home=home, timeout=600,
             cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out1 = tmp_path / "fit"
@@ -75,8 +77,6 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert list((out1 / "checkpoints").glob("ckpt-*.index"))
     assert list((out1 / "logs").rglob("events.out.tfevents.*"))
 
-    # 3 epochs: a second epoch's mean loss may stay above half the first's (3 workers updating
-    # the ps at once, the data's order each worker's own).
     r = dtf("train", "--output", str(tmp_path / "loop"), str(EXAMPLES / "custom_loop.py"),
             "--epochs", "3", home=home, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
