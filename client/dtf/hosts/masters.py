@@ -250,9 +250,15 @@ class Master:
         proc = start_master(argv, self.path)
         try:
             code: int | None = proc.wait(timeout=self.connect_timeout + 20)
-        except subprocess.TimeoutExpired:
+        except BaseException as e:
+            # Past the deadline, or interrupted (Ctrl-C) while ssh connects: its own session keeps
+            # it from the signal, so end it here, and the master it may have forked meanwhile
+            # (ssh listens on the socket before `-f` forks), or one would stay for ControlPersist.
             proc.kill()
             proc.wait()
+            stop_master(self.ssh, self.path)
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
             code = None
         self.argv = None if hops else argv
         if code != 0:
