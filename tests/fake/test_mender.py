@@ -12,7 +12,7 @@ from pathlib import Path
 
 from test_lifecycle import up_with_program
 
-from helpers import status_json, wait_gone, wait_until
+from helpers import status_json, stop_train, wait_gone, wait_until
 from sites import Site
 
 
@@ -42,6 +42,5 @@ def test_a_killed_supervisor_is_started_again_from_the_hosts_feed(site: Site, tm
         assert row["recovered"].startswith("restarted by dtf at ") and "(supervisor is gone)" in row["recovered"], row
         assert train.poll() is None, log.read_text()  # the program went on: a worker came back at its address
     finally:
-        train.kill()
-        train.wait()
+        stop_train(train)
     assert "Traceback" not in log.read_text(), log.read_text()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, wait_until
+from helpers import REPO, stop_train, wait_until
 from lab import Lab
 from sites import LabSite, Site
 
@@ -216,9 +216,8 @@ def test_the_view_follows_tasks_moved_to_a_spare(lab: Lab, tmux: Tmux, tmp_path:
         wait_until(lambda: tmux.exit_code() is not None, timeout=20)
         assert tmux.exit_code() == 0
     finally:
-        if run is not None and run.proc.poll() is None:
-            run.proc.kill()
-            run.proc.wait()
+        if run is not None:
+            stop_train(run.proc)
         lab.link_up("h1")
         shutil.rmtree(Path(lab.host("h1").workdir, "lab"), ignore_errors=True)
         down_recorded(tmp_path)
