@@ -204,9 +204,7 @@ class Train:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"dtf train still running after {timeout}s:\n{self.text()[-6000:]}") from None
         finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+            stop_train(self.proc)
             self.file.close()
         return code, self.text()
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from dtf.files.shipping import launcher_bytes, launcher_name
-from helpers import Interruptible, assert_one_line_error, fake_server, status_json, wait_until
+from helpers import Interruptible, assert_one_line_error, fake_server, status_json, stop_train, wait_until
 from sites import Site
 
 
@@ -285,9 +285,7 @@ def test_down_while_train_runs_stops_the_program(local_site: Site, tmp_path: Pat
         code = train.wait(timeout=30)
         print(f"the program stopped {time.monotonic() - t0:.1f}s after dtf down began")
     finally:
-        if train.poll() is None:
-            train.kill()
-            train.wait()
+        stop_train(train)
         out.close()
     text = (tmp_path / "train.out").read_text()
     assert code != 0 and "is being taken down (`dtf down`): stopping the program" in text, text

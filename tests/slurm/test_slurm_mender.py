@@ -12,7 +12,7 @@ from pathlib import Path
 
 from test_up_down import FAKE, inventory, left_behind
 
-from helpers import dtf, status_json, wait_gone, wait_until
+from helpers import dtf, status_json, stop_train, wait_gone, wait_until
 from slurmlab import SlurmLab
 
 
@@ -40,12 +40,7 @@ def test_a_killed_supervisor_on_a_node_is_started_again(slurm_lab: SlurmLab, tmp
         assert row["recovered"].startswith("restarted by dtf at "), row
         assert train.poll() is None, log.read_text()  # the program went on
     finally:
-        train.send_signal(signal.SIGINT)
-        try:
-            train.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            train.kill()
-            train.wait()
+        stop_train(train)
         dtf("down", home=home, env=FAKE, timeout=120)
     assert "Traceback" not in log.read_text(), log.read_text()
     assert left_behind(slurm_lab, timeout=30) == []
