@@ -147,16 +147,14 @@ def up(
         raise UsageError(f"--network: expected one of {', '.join(NETWORKS)}, got {network!r}")
     ttl_seconds = None if ttl is None else parse_duration(ttl, "--ttl")
     inv = load_inventory(inventory)
-    if inv.slurm is not None and dry_run:
-        ui.show_slurm_plan(inv)
-        return
     from dtf.hostops import lifecycle
 
+    if dry_run and ui.show_request(inv):  # hosts a scheduler lends: what `up` asks for, no plan yet
+        return
     server = os.environ.get(lifecycle.SERVER_ENV) or "tensorflow"
-    with lifecycle.allocated(inv, inventory, wait=slurm_wait, say=ui.say, connect_timeout=connect_timeout,
+    with lifecycle.allocated(inv, wait=slurm_wait, say=ui.say, connect_timeout=connect_timeout,
                              replace=replace, view=ui.host_progress, ttl=ttl_seconds) as allocation:
-        plan = lifecycle.load_plan(inventory, ttl_seconds, server, network=network, slurm=allocation, inv=inv,
-                                   config_checked=inv.slurm is not None)
+        plan = lifecycle.load_plan(inv, ttl_seconds, server, network=network, allocation=allocation)
         if dry_run:
             ui.show_plan(plan)
             return
@@ -164,8 +162,8 @@ def up(
 
         with sync.packed([(item.name, item.path) for item in plan.sync]) as packs:
             ui.show_packs(packs)
-            result = lifecycle.up(plan, inventory, ttl=ttl_seconds, replace=replace,
-                                  connect_timeout=connect_timeout, view=ui.host_progress, packs=packs)
+            result = lifecycle.up(plan, ttl=ttl_seconds, replace=replace, connect_timeout=connect_timeout,
+                                  view=ui.host_progress, packs=packs)
     ui.show_up_result(result)
 
 

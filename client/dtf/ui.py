@@ -23,7 +23,6 @@ if TYPE_CHECKING:  # annotations only: every dtf command imports this module, fe
 
     from dtf.cluster.inventory import Inventory
     from dtf.cluster.plan import Plan
-    from dtf.cluster.slurm import JobState
     from dtf.cluster.state import Record
     from dtf.files.sync import Pack
     from dtf.hostops.lifecycle import UpResult
@@ -31,6 +30,7 @@ if TYPE_CHECKING:  # annotations only: every dtf command imports this module, fe
     from dtf.hostops.start import HostStarted
     from dtf.hostops.status import TaskState
     from dtf.hostops.stop import HostStopped
+    from dtf.providers.slurm.commands import JobState
 
 # The version of `dtf status --json`'s document (docs/watching.md): fields may be added; a change that would
 # break a reader bumps it.
@@ -133,7 +133,7 @@ def show_plan(plan: Plan) -> None:
     say(f"cluster {plan.cluster} (from {plan.inventory}): {len(plan.hosts)} host(s), "
         f"{len(plan.tasks())} task(s)")
     for hp in plan.hosts:
-        target = "local processes" if hp.spec.connection == "local" else "ssh " + " ".join(
+        target = "local processes" if hp.spec.local else "ssh " + " ".join(
             filter(None, [f"-l {hp.spec.user}" if hp.spec.user else "",
                           f"-p {hp.spec.port}" if hp.spec.port else "",
                           f"-i {hp.spec.identity_file}" if hp.spec.identity_file else "", hp.spec.host]))
@@ -160,26 +160,15 @@ def show_plan(plan: Plan) -> None:
     say(firewall_plan(plan))
 
 
-def show_slurm_plan(inv: Inventory) -> None:
-    """--dry-run of a Slurm inventory: what `up` submits through the login host, and the layout."""
-    from dtf.cluster import slurm
+def show_request(inv: Inventory) -> bool:
+    """--dry-run of an inventory whose hosts a scheduler lends: what `up` asks for, and the task
+    layout (there is no plan before the allocation). False for an inventory's own hosts."""
+    from dtf.providers.choose import request_lines
 
-    spec = inv.slurm
-    assert spec is not None
-    login = spec.login
-    target = "ssh " + " ".join(filter(None, [f"-l {login.user}" if login.user else "",
-                                             f"-p {login.port}" if login.port else "",
-                                             f"-i {login.identity_file}" if login.identity_file else "", login.host]))
-    say(f"cluster {inv.cluster} (from {inv.path}): a Slurm allocation, through the login host ({target})")
-    if spec.submits:
-        say(f"  submit   {render(slurm.salloc_argv(inv))}")
-        say("           (cancelled by `dtf down`, and by Ctrl-C or --slurm-wait while it pends; a job step "
-            "on its first node cancels it when the cluster's lease lapses there)")
-    else:
-        say(f"  use      job {spec.job}, an allocation you made: never cancelled by dtf")
-    say("  each node's tasks: a job step, " + render(slurm.step_argv(spec.job or "ID", "NODE", ["..."])))
-    for line in slurm.layout_lines(inv):
+    lines = request_lines(inv)
+    for line in lines or ():
         say(line)
+    return lines is not None
 
 
 def network_plan(plan: Plan) -> str:
@@ -218,7 +207,7 @@ def open_hosts(outcomes: dict[str, Outcome[HostStarted]]) -> dict[str, str]:
 def open_warning(plan: Plan, unclosed: dict[str, str]) -> str:
     """`firewall: auto` where hosts did not let dtf close their TF ports: one line for the cluster."""
     first = next(iter(unclosed))
-    local = {hp.name for hp in plan.hosts if hp.spec.connection == "local"}
+    local = {hp.name for hp in plan.hosts if hp.spec.local}
     where = ("on this machine" if set(unclosed) <= local
              else "on " + ", ".join(unclosed))
     return (f"firewall: auto could not close the TF ports {where} ({first}: {unclosed[first]}): anyone who "
@@ -350,7 +339,7 @@ def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: 
         return
     if slurm is not None and job is not None:
         whose = "submitted by dtf" if slurm["submitted_by_dtf"] else "yours"
-        if record.replaced:  # `dtf train` replaced an ended job (dtf.hostops.realloc)
+        if record.replaced:  # `dtf train` replaced an ended job (dtf.providers.slurm.reallocate)
             whose += f"; allocation {record.allocation}, after job {record.replaced[-1].split(':', 1)[0]} ended"
         say(f"slurm job {slurm['job']} ({whose}): " + (
             f"{job.state}, time used {job.used}, left {job.left}" if not job.gone else

@@ -83,7 +83,7 @@ def channels(home: Path) -> list[str]:
 def test_auto_picks_ssh_when_only_port_22_passes_and_the_proxy_carries_only_tasks(
         site: LabSite, tmp_path: Path, carrier: str, drop: bool):
     """`drop`: the laptop's packets to the TF ports go unanswered, not reset (the direct probes are
-    not waited out, dtf.hostops.start.DIRECT_FIRST)."""
+    not waited out, dtf.providers.route.DIRECT_FIRST)."""
     lab = site.lab
     inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
     env = {"DTF_SSH": "none"} if carrier == "python" else {}

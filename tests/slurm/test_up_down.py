@@ -156,7 +156,7 @@ def test_up_status_down(slurm_lab: SlurmLab, tmp_path: Path) -> None:
 def test_a_site_that_drops_the_laptops_packets_to_the_nodes(slurm_lab: SlurmLab, tmp_path: Path) -> None:
     """The compute nodes' network gives the laptop no answer at all (a drop, not the lab's usual
     reset): `up` reaches the tasks through the login host (network auto: ssh) without waiting the
-    direct probes out (dtf.hostops.start.SLURM_GRACE), and `down` leaves nothing."""
+    direct probes out (dtf.providers.route.SLURM_GRACE), and `down` leaves nothing."""
     inv = inventory(slurm_lab, tmp_path / "inv.yaml", cluster="dropped")
     home = tmp_path / "home"
     slurm_lab.close_to_laptop(drop=True)

@@ -20,7 +20,7 @@ from dtf.cluster.inventory import load
 from dtf.cluster.plan import Plan
 from dtf.errors import InventoryError
 from dtf.files.shipping import launcher_name
-from dtf.hosts.transport import check_ssh_config
+from dtf.hosts.connections import check_ssh_config
 
 runner = CliRunner()
 
@@ -227,7 +227,7 @@ def test_a_slurm_inventorys_ssh_config_is_checked_by_openssh_alone(tmp_path: Pat
     inv.write_text("cluster: demo\nssh_config: cfg\nslurm: {login: login, nodes: 2, workers: 1}\n")
     config = tmp_path / "cfg"
     config.write_text("Host login\n  HostName 10.0.0.1\n")
-    code = (f"import sys; from pathlib import Path; from dtf.hosts.transport import check_ssh_config\n"
+    code = (f"import sys; from pathlib import Path; from dtf.hosts.connections import check_ssh_config\n"
             f"from dtf.cluster.inventory import load\n"
             f"check_ssh_config(load(Path({str(inv)!r})).position('ssh_config'), {str(config)!r})\n"
             f"assert 'paramiko' not in sys.modules, 'paramiko imported'\n")
@@ -254,9 +254,10 @@ def test_an_ssh_inventorys_addresses_are_openssh_s_and_up_does_not_import_parami
     code = textwrap.dedent(f"""
         import subprocess, sys
         from pathlib import Path
+        from dtf.cluster.inventory import load
         from dtf.hostops.lifecycle import load_plan
         from dtf.hosts.masters import Master, ssh_binary
-        plan = load_plan(Path({str(inv)!r}))
+        plan = load_plan(load(Path({str(inv)!r})))
         print(" ".join(t.address for t in plan.tasks()))
         assert "paramiko" not in sys.modules, "paramiko imported"
         runs = []
@@ -294,8 +295,9 @@ def test_up_reads_its_hosts_ssh_settings_once(tmp_path: Path):
                 runs.append(argv[-1])
             popen(self, argv, *a, **k)
         subprocess.Popen.__init__ = counted
+        from dtf.cluster.inventory import load
         from dtf.hostops.lifecycle import load_plan
-        plan = load_plan(Path({str(inv)!r}))
+        plan = load_plan(load(Path({str(inv)!r})))
         print(" ".join(t.address for t in plan.tasks()))
         print(sorted(runs))
     """)

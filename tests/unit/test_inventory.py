@@ -807,7 +807,7 @@ def test_an_inventory_knows_where_each_value_is_written() -> None:
 
 
 def test_a_missing_ssh_config_is_reported_where_the_inventory_names_it(tmp_path: Path) -> None:
-    from dtf.hosts.transport import check_ssh_config
+    from dtf.hosts.connections import check_ssh_config
 
     inv = loads(f"{{cluster: demo, ssh_config: {tmp_path}/nope, hosts: [{{host: a, workers: 1}}]}}\n", "inv.yaml")
     assert inv.ssh_config is not None

@@ -21,6 +21,7 @@ LAYERS = [
     ("dtf.files", {"dtf.files"}),
     ("dtf.cluster", {"dtf.cluster"}),
     ("dtf.hosts", {"dtf.hosts"}),
+    ("dtf.providers", {"dtf.providers"}),
     ("dtf.hostops", {"dtf.hostops"}),
     ("dtf.program", {"dtf.program", "dtf", "dtf.notebook"}),
     ("dtf.collective", {"dtf.collective"}),

@@ -100,7 +100,7 @@ def test_a_host_silent_past_the_timeout_is_lost_and_one_that_answered_is_not():
 
 
 def test_a_slurm_node_silent_past_the_timeout_is_never_moved():
-    """No spares on Slurm: a job that ends is replaced as a whole (dtf.hostops.realloc)."""
+    """No spares on Slurm: a job that ends is replaced as a whole (dtf.providers.slurm.reallocate)."""
     from unit.test_realloc import record_of
 
     m = Recorded(record_of())

@@ -1,5 +1,5 @@
-"""`up`'s check that this machine reaches each started task (Starter._reachable): directly, or
-through SSH to its host (a Slurm node: to its login host), with stand-ins for both probes."""
+"""`up`'s check that this machine reaches each started task (dtf.providers.route.check_reach):
+directly, or through SSH to its host (a Slurm node: to its login host), with stand-ins for both probes."""
 
 from __future__ import annotations
 
@@ -13,25 +13,38 @@ from typing import Any, cast
 
 import pytest
 
+from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory import loads
-from dtf.cluster.plan import make_plan
-from dtf.cluster.slurm import Allocation
-from dtf.hostops import start
-from dtf.hostops.parallel import HostOps
-from dtf.hostops.start import Starter
+from dtf.cluster.plan import Plan, make_plan
 from dtf.hosts.transport import Transport
+from dtf.providers import route
 from helpers import within
 
 
 class Through:
-    """The host's transport: every task is reached through SSH at once (its `reaches`)."""
+    """The host's transport: every task is reached through SSH at once (its `reaches`); a Slurm
+    node's through the login host in front of it (`front`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, front: bool = False) -> None:
         self.asked: list[str] = []
+        self.front = front
 
     def reaches(self, target: str, timeout: float) -> bool:
         self.asked.append(target)
         return True
+
+    def through_front(self) -> bool:
+        return self.front
+
+
+class Starter:
+    """What `up`'s start asks of the route, for one host of `plan`."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+
+    def _reachable(self, t: Any, hp: Any, tasks: Any) -> bool:
+        return route.check_reach(self.plan, cast(Transport, t), hp, tasks)
 
 
 def starter(network: str, slurm: bool) -> tuple[Starter, Any]:
@@ -43,7 +56,7 @@ def starter(network: str, slurm: bool) -> tuple[Starter, Any]:
     else:
         plan = make_plan(loads(f"cluster: c\nnetwork: {network}\nhosts: [{{host: a, address: 10.0.0.1, ps: 1, "
                                f"workers: 1}}]\n"))
-    return Starter(HostOps(plan)), plan.hosts[0]
+    return Starter(plan), plan.hosts[0]
 
 
 @pytest.mark.parametrize("slurm", [False, True])
@@ -55,9 +68,9 @@ def starter(network: str, slurm: bool) -> tuple[Starter, Any]:
 ])
 def test_direct_or_through_ssh(slurm: bool, network: str, direct: bool, expected: bool, through: bool | None,
                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(start, "port_open", lambda host, port, timeout: direct)
+    monkeypatch.setattr(route, "port_open", lambda host, port, timeout: direct)
     s, hp = starter(network, slurm)
-    t = Through()
+    t = Through(front=slurm)
     assert s._reachable(cast(Transport, t), hp, hp.tasks) is expected
     if through is not None:
         assert bool(t.asked) is through
@@ -83,10 +96,10 @@ def test_dropped_direct_probes_hold_up_neither_the_start_nor_the_exit(slurm: boo
         dropped.wait(timeout)
         return False
 
-    monkeypatch.setattr(start, "port_open", port_open)
-    monkeypatch.setattr(start, "DIRECT_PROBE", 3600.0)
+    monkeypatch.setattr(route, "port_open", port_open)
+    monkeypatch.setattr(route, "DIRECT_PROBE", 3600.0)
     s, hp = starter(network, slurm=slurm)
-    t = Through()
+    t = Through(front=slurm)
     assert within(60, lambda: s._reachable(cast(Transport, t), hp, hp.tasks)) is False
     assert sorted(t.asked) == ["10.0.0.1:2222", "10.0.0.1:2223"]
     assert sorted(tried) == [2222, 2223]
@@ -102,11 +115,11 @@ def test_a_process_ends_with_its_last_word_whatever_the_dropped_probes(tmp_path:
         import sys, threading, time
         sys.path[:0] = [sys.argv[1], sys.argv[1] + "/.."]  # (test_reachable imports tests/helpers)
         import test_reachable as tr
-        from dtf.hostops import start
-        start.DIRECT_PROBE = 3600.0
-        start.port_open = lambda host, port, timeout: threading.Event().wait(timeout) and False
+        from dtf.providers import route
+        route.DIRECT_PROBE = 3600.0
+        route.port_open = lambda host, port, timeout: threading.Event().wait(timeout) and False
         s, hp = tr.starter("auto", slurm=True)
-        print(s._reachable(tr.Through(), hp, hp.tasks), flush=True)
+        print(s._reachable(tr.Through(front=True), hp, hp.tasks), flush=True)
     """))
     r = subprocess.run([sys.executable, str(program), str(Path(__file__).parent)], capture_output=True, text=True,
                        timeout=120)  # (not the hour of DIRECT_PROBE)
@@ -116,7 +129,7 @@ def test_a_process_ends_with_its_last_word_whatever_the_dropped_probes(tmp_path:
 def test_an_ssh_hosts_slow_direct_answer_still_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A host far away whose ports answer directly, later than DIRECT_FIRST: the probes through SSH
     (which cross the same network, and more) take longer still, and the direct answer counts."""
-    monkeypatch.setattr(start, "DIRECT_FIRST", 0.0)
+    monkeypatch.setattr(route, "DIRECT_FIRST", 0.0)
     answered = threading.Event()
 
     def port_open(host: str, port: int, timeout: float) -> bool:
@@ -130,14 +143,14 @@ def test_an_ssh_hosts_slow_direct_answer_still_counts(monkeypatch: pytest.Monkey
             time.sleep(0.3)
             return super().reaches(target, timeout)
 
-    monkeypatch.setattr(start, "port_open", port_open)
+    monkeypatch.setattr(route, "port_open", port_open)
     s, hp = starter("auto", slurm=False)
     assert s._reachable(cast(Transport, Far()), hp, hp.tasks) is True
 
 
 def test_probe_all_answers_in_order_and_raises_a_probes_error() -> None:
-    """dtf.hostops.reach.probe_all, on its daemon threads, as a thread pool's map would."""
-    from dtf.hostops.reach import probe_all
+    """dtf.hosts.netutil.probe_all, on its daemon threads, as a thread pool's map would."""
+    from dtf.hosts.netutil import probe_all
 
     tasks = list(range(40))  # (more than PROBES_AT_ONCE)
     assert probe_all(lambda i: i % 3 == 0, cast(Any, tasks)) == [i % 3 == 0 for i in tasks]

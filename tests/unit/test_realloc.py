@@ -1,4 +1,4 @@
-"""dtf.hostops.realloc without a lab: which ended job dtf replaces, the record's allocation fields,
+"""dtf.providers.slurm.reallocate without a lab: which ended job dtf replaces, the record's allocation fields,
 the job watch's pace, and `dtf top`'s line for it (tests/slurm/test_comeback.py: on the Slurm lab)."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 
 from dtf import top
-from dtf.cluster import slurm, state
+from dtf.cluster import state
+from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory import loads
 from dtf.cluster.plan import make_plan
 from dtf.cluster.state import Record
 from dtf.hostops import realloc
+from dtf.providers.slurm import commands as slurm
 
 INVENTORY = """\
 cluster: hpc
@@ -32,7 +34,7 @@ ENDED = "slurm job 77 lost a node (NODE_FAIL; node n2 DOWN+NOT_RESPONDING: Not r
 def record_of(submitted: bool = True) -> Record:
     inv = loads(textwrap.dedent(INVENTORY), "inventory.yaml")
     assert inv.slurm is not None
-    alloc = slurm.Allocation(job="77", submitted=submitted, login=inv.slurm.login, nodes=("n1", "n2"),
+    alloc = Allocation(job="77", submitted=submitted, login=inv.slurm.login, nodes=("n1", "n2"),
                              addresses=("10.0.0.1", "10.0.0.2"), request=slurm.request(inv))
     return Record(plan=make_plan(inv.with_nodes(alloc.nodes), slurm=alloc), inventory="/x/inventory.yaml",
                   created=1.0, chief_host="10.0.0.9")

@@ -1,4 +1,4 @@
-"""dtf.hostops.slurm against a scripted login host: what `up` submits, how it waits, and that
+"""dtf.providers.slurm.allocation against a scripted login host: what `up` submits, how it waits, and that
 every way out of the wait (deadline, Ctrl-C, a job that fails) cancels what it submitted."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from dtf.cluster.inventory import loads
 from dtf.errors import ExitCode, HostFailure
-from dtf.hostops import slurm as slurm_ops
 from dtf.hosts.transport import COMMAND_TIMEOUT, Result, Transport
+from dtf.providers.slurm import allocation as slurm_ops
 
 INV = "cluster: c\nslurm: {login: login1, nodes: 2, partition: p, workers: 1}\n"
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dtf.cluster.inventory import loads
-from dtf.cluster.slurm import ended_line, fields, salloc_argv
+from dtf.providers.slurm.commands import ended_line, fields, salloc_argv
 
 NODES = ("NodeName=h1 Arch=x86_64 State=IDLE ThreadsPerCore=1 Partitions=main\n"
          "NodeName=h2 Arch=x86_64 State=DOWN+NOT_RESPONDING ThreadsPerCore=1 Partitions=main "

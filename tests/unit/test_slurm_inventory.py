@@ -1,4 +1,4 @@
-"""`slurm:` in the inventory (dtf.cluster.inventory) and the commands it becomes (dtf.cluster.slurm)."""
+"""`slurm:` in the inventory (dtf.cluster.inventory) and the commands it becomes (dtf.providers.slurm.commands)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from dtf.cli import app
-from dtf.cluster import slurm
+from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory import Inventory, loads
 from dtf.errors import InventoryError
+from dtf.providers.slurm import commands as slurm
 
 FULL = """\
 cluster: hpc
@@ -213,7 +214,7 @@ def test_a_plan_on_an_allocation_round_trips() -> None:
 
     inv = parse(FULL)
     assert inv.slurm is not None
-    alloc = slurm.Allocation(job="77", submitted=True, login=inv.slurm.login, nodes=("n1", "n2", "n3"),
+    alloc = Allocation(job="77", submitted=True, login=inv.slurm.login, nodes=("n1", "n2", "n3"),
                              addresses=("10.0.0.1", "10.0.0.2", "10.0.0.3"))
     plan = make_plan(inv.with_nodes(alloc.nodes), slurm=alloc)
     assert plan.cluster_spec()["worker"][2:4] == ["10.0.0.2:3001", "10.0.0.2:3002"]
@@ -256,7 +257,7 @@ def slurm_plan(text: str, nodes: tuple[str, ...] = ("n1", "n2")):  # type: ignor
 
     inv = parse(text)
     assert inv.slurm is not None
-    alloc = slurm.Allocation(job="77", submitted=True, login=inv.slurm.login, nodes=nodes,
+    alloc = Allocation(job="77", submitted=True, login=inv.slurm.login, nodes=nodes,
                              addresses=tuple(f"10.0.0.{i + 1}" for i in range(len(nodes))), request=slurm.request(inv))
     return make_plan(inv.with_nodes(alloc.nodes), slurm=alloc)
 

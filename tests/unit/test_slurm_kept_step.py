@@ -1,4 +1,4 @@
-"""SlurmStepTransport.start_kept, the login host's side of a node's start on Slurm, on this machine:
+"""SlurmStepTransport.start_servers, the login host's side of a node's start on Slurm, on this machine:
 the login host is a local shell, and `srun` a stand-in that runs the step's command here (its
 options dropped), in the foreground as srun does. What is checked is the login host's script: it
 returns once the step has said its lines, while the step goes on; a step that ends says its exit
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory import HostSpec
-from dtf.cluster.slurm import Allocation
-from dtf.hosts.slurmstep import KeptStart, SlurmStepTransport, kept_result
+from dtf.hosts.base import ServerStart
 from dtf.hosts.transport import HostError, LocalTransport, Result
+from dtf.providers.slurm.steps import SlurmStepTransport, kept_result
 from helpers import within
 
 SPEC = HostSpec(host="n1", line=1, connection="slurm", user=None, port=None, identity_file=None,
@@ -61,7 +62,7 @@ def test_it_returns_with_the_lines_while_the_step_stays(node: SlurmStepTransport
     pid = tmp_path / "pid"
     script = f'echo $$ > {pid}; echo check; echo started; echo oops >&2; exec sleep 3600'
     # (waiting for the step's end, or for more lines until the deadline, would hang)
-    r = within(60, lambda: node.start_kept(KeptStart(["sh", "-c", script], "dtf-c-ps:0", lines=2, timeout=3600)))
+    r = within(60, lambda: node.start_servers(ServerStart(["sh", "-c", script], "dtf-c-ps:0", lines=2, timeout=3600)))
     try:
         assert (r.exit_code, r.stdout) == (0, "check\nstarted\n"), r
         assert "oops" in r.stderr
@@ -71,9 +72,9 @@ def test_it_returns_with_the_lines_while_the_step_stays(node: SlurmStepTransport
 
 
 def test_a_step_that_ends_says_its_exit_status(node: SlurmStepTransport) -> None:
-    r = node.start_kept(KeptStart(["sh", "-c", "echo check; echo why >&2; exit 3"], "dtf-c-ps:0", lines=2, timeout=30))
+    r = node.start_servers(ServerStart(["sh", "-c", "echo check; echo why >&2; exit 3"], "dtf-c-ps:0", lines=2, timeout=30))
     assert (r.exit_code, r.stdout) == (3, "check\n") and "why" in r.stderr, r
-    r = node.start_kept(KeptStart(["/nonexistent/python3", "launcher"], "dtf-c-ps:0", lines=2, timeout=30))
+    r = node.start_servers(ServerStart(["/nonexistent/python3", "launcher"], "dtf-c-ps:0", lines=2, timeout=30))
     assert (r.exit_code, r.stdout) == (127, ""), r  # as over SSH: `python missing`
 
 
@@ -81,7 +82,7 @@ def test_the_upload_is_written_before_the_command_runs(node: SlurmStepTransport,
     pid = tmp_path / "pid"
     target = tmp_path / "root"
     script = f'echo $$ > {pid}; cat {target}/launcher.pyz; echo; exec sleep 60'
-    r = node.start_kept(KeptStart(["sh", "-c", script], "dtf-c-ps:0", lines=1, timeout=30,
+    r = node.start_servers(ServerStart(["sh", "-c", script], "dtf-c-ps:0", lines=1, timeout=30,
                                   upload=(b"the launcher", str(target), "launcher.pyz")))
     try:
         assert (r.exit_code, r.stdout) == (0, "the launcher\n"), r
@@ -94,7 +95,7 @@ def test_a_silent_step_is_given_up_at_the_deadline(node: SlurmStepTransport, tmp
     pid = tmp_path / "pid"
     try:
         with pytest.raises(HostError, match=r"^job step dtf-c-ps:0 said 1 of its 2 line\(s\) within 1s$"):
-            within(60, lambda: node.start_kept(KeptStart(["sh", "-c", f"echo $$ > {pid}; echo check; exec sleep 3600"],
+            within(60, lambda: node.start_servers(ServerStart(["sh", "-c", f"echo $$ > {pid}; echo check; exec sleep 3600"],
                                                          "dtf-c-ps:0", lines=2, timeout=1)))
     finally:
         stop(pid)

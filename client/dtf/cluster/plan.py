@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtf.cluster import gpus
+from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory.model import DEFAULT_HOST_TIMEOUT, DEFAULT_PYTHON, HostSpec, Inventory, Position
-from dtf.cluster.slurm import Allocation
 from dtf.files import environment, shipping
 from dtf_server import layout
 from dtf_server.protocol import Defaults, TaskSpec
@@ -180,7 +180,7 @@ class HostPlan:
         """Start the tasks (or those in `only`). `reach`: then check that the host connects to
         these ADDR:PORTs (the other hosts' tasks, which may still be starting: each gets
         `reach_timeout` seconds). `keep`: a Slurm node's job step, which stays as long as the
-        supervisors it starts (dtf.hosts.slurmstep.start_kept)."""
+        supervisors it starts (dtf.providers.slurm.steps.start_kept)."""
         return self.bare_launcher_argv("start", *self._start_args(only, reach, reach_timeout, keep))
 
     def _start_args(self, only: Collection[str] | None, reach: Collection[str] = (), reach_timeout: float = 0,
@@ -298,13 +298,13 @@ class Plan:
     @property
     def remote_hosts(self) -> tuple[HostPlan, ...]:
         """The hosts reached over SSH (local hosts are this machine: always reached directly)."""
-        return tuple(hp for hp in self.hosts if hp.spec.connection != "local")
+        return tuple(hp for hp in self.hosts if not hp.spec.local)
 
     def network_for(self, hp: HostPlan) -> str:
         """How `up` checks that this machine reaches the host's tasks: direct, ssh, or auto
         (direct if it can). Local hosts are this machine: direct. With `firewall: members` the
         laptop is no member, so auto means ssh (only `network: direct` lets the laptop in)."""
-        if hp.spec.connection == "local":
+        if hp.spec.local:
             return "direct"
         if self.network == "auto" and self.firewall == "members":
             return "ssh"
@@ -323,9 +323,9 @@ class Plan:
         ports = [a for t in hp.tasks for a in ("--fence-port", str(t.port))]
         members = dict.fromkeys([*self.members(), *(default_address(sp.spec) for sp in self.spares)])
         allow = [a for m in members for a in ("--allow", m)]
-        client = hp.spec.connection != "local" and self.network_for(hp) != "ssh"
+        client = not hp.spec.local and self.network_for(hp) != "ssh"
         return ("--fence", self.firewall, *ports, *allow, *(["--allow-client"] if client else []),
-                *(["--allow-launch-node"] if hp.spec.connection == "slurm" else []))
+                *(["--allow-launch-node"] if hp.spec.allocated else []))
 
     def fenced(self) -> Plan:
         """This plan with each host's `fence` arguments."""
@@ -433,7 +433,7 @@ def default_address(spec: HostSpec) -> str:
     """The address of a host's TF servers when no resolver knows better."""
     if spec.address:
         return spec.address
-    return "127.0.0.1" if spec.connection == "local" else spec.host
+    return "127.0.0.1" if spec.local else spec.host
 
 
 def make_plan(
@@ -461,7 +461,7 @@ def make_plan(
     counters = {job: 0 for job in JOBS}
     hosts = []
     for spec in inventory.hosts:
-        local = spec.connection == "local"
+        local = spec.local
         python = local_python if local and spec.python == DEFAULT_PYTHON else spec.python
         env_dir: str | None = None
         reqs: tuple[str, ...] = ()

@@ -45,7 +45,7 @@ class Record:
     tf_ports_open: bool = True  # the TF ports accepted connections from this machine directly
     synced: dict[str, Synced] = field(default_factory=dict)  # name -> what every host holds (dtf sync)
     # Slurm: which allocation of the cluster its job is (1: `up`'s; more: `dtf train` replaced an
-    # ended job, dtf.hostops.realloc), and the jobs it replaced, each "JOB: why it ended".
+    # ended job, dtf.providers.slurm.reallocate), and the jobs it replaced, each "JOB: why it ended".
     allocation: int = 1
     replaced: list[str] = field(default_factory=list)
     # task name -> what dtf did to bring it back (restarted, moved to a spare): `status`, `top`

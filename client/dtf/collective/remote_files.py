@@ -17,7 +17,7 @@ import tarfile
 from pathlib import Path
 
 from dtf.cluster.plan import HostPlan
-from dtf.cluster.programs import script
+from dtf.hosts.programs import script
 from dtf.hosts.transport import HostError, Transport
 
 EXTRACT_TIMEOUT = 120.0

@@ -239,8 +239,8 @@ class CollectiveRun:
         the login host), as the user's own srun would; the token the copies' pid.json carry."""
         import uuid
 
-        from dtf.cluster import slurm
-        from dtf.hostops.slurm import detach_steps
+        from dtf.providers.slurm import commands as slurm
+        from dtf.providers.slurm.allocation import detach_steps
 
         allocation = self.plan.slurm
         assert allocation is not None
@@ -354,7 +354,7 @@ def run_collective(record: Record, program: str, args: list[str], output: str | 
     for note in check_plan(record.plan):
         say(note)
     if record.plan.ssh_config:  # the copies' followers and output copies read it (OpenSSH; paramiko without ssh)
-        from dtf.hosts.transport import check_ssh_config
+        from dtf.hosts.connections import check_ssh_config
 
         check_ssh_config(record.plan.ssh_config_position(record.inventory), record.plan.ssh_config)
     with contextlib.ExitStack() as stack:

@@ -26,9 +26,9 @@ from types import FrameType
 from typing import Any
 
 from dtf.cluster import state
+from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory import Inventory
 from dtf.cluster.plan import DEFAULT_TTL, Plan, differences, make_plan
-from dtf.cluster.slurm import Allocation
 from dtf.cluster.state import Record
 from dtf.errors import ClusterChanged, HostFailure, InventoryError, NoCluster, Problem, UsageError
 from dtf.files import sync
@@ -37,32 +37,26 @@ from dtf.hostops.parallel import HostOps, Outcome, ProgressView, failures, no_vi
 from dtf.hostops.repair import check_spares, restarted_note
 from dtf.hostops.start import HostStarted, Starter
 from dtf.hostops.stop import STOP_GRACE, HostStopped
+from dtf.hosts.connections import check_ssh_config, resolver
+from dtf.providers import choose as providers
+from dtf.providers import route
 
 SERVER_ENV = "DTF_SERVER"  # what serves each task: `tensorflow` (default), or `fake[:options]` for tests
 
 
-def load_plan(inventory_path: Path, ttl: float | None = None, server: str = "tensorflow",
-              network: str | None = None, slurm: Allocation | None = None, inv: Inventory | None = None,
-              config_checked: bool = False) -> Plan:
-    """The plan of an inventory file (bad input: InventoryError with file:line:col); a Slurm
-    inventory's with the nodes of its allocation `slurm`. `inv`: the file, loaded already;
-    `config_checked`: its ssh_config too (check_ssh_config)."""
-    from dtf.cluster import inventory
-    from dtf.hosts.transport import check_ssh_config, resolver
-
-    if inv is None:
-        inv = inventory.load(inventory_path)
-    if slurm is not None:
-        inv = inv.with_nodes(slurm.nodes)
-    if inv.ssh_config and not config_checked:
-        check_ssh_config(inv.position("ssh_config"), inv.ssh_config)
+def load_plan(inv: Inventory, ttl: float | None = None, server: str = "tensorflow",
+              network: str | None = None, allocation: Allocation | None = None) -> Plan:
+    """The plan of an inventory (bad input: InventoryError with file:line:col); one whose hosts
+    come with an allocation (`allocated`) with its hosts."""
+    if allocation is not None:
+        inv = inv.with_nodes(allocation.nodes)
     try:
         plan = make_plan(inv, resolve=resolver(inv.ssh_config, inv.hosts), local_python=sys.executable,
-                         ttl=DEFAULT_TTL if ttl is None else ttl, server=server, network=network, slurm=slurm)
+                         ttl=DEFAULT_TTL if ttl is None else ttl, server=server, network=network,
+                         slurm=allocation)
     except ValueError as e:  # only `server` can be wrong: the inventory was checked
         raise UsageError(f"{SERVER_ENV}: {e}")
-    missing = [Problem(str(inventory_path), item.line, item.column, f"sync[{i}]",
-                       f"{item.path}: no such file or directory")
+    missing = [Problem(inv.path, item.line, item.column, f"sync[{i}]", f"{item.path}: no such file or directory")
                for i, item in enumerate(plan.sync) if not Path(item.path).exists()]
     if missing:
         raise InventoryError(missing)
@@ -84,7 +78,7 @@ class UpResult:
     synced: list[sync.Report] = field(default_factory=list)  # the inventory's `sync:`, sent or found
 
 
-def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: bool = False,
+def up(plan: Plan, *, ttl: float | None = None, replace: bool = False,
        connect_timeout: float, view: ProgressView = no_view, packs: Sequence[sync.Pack] = ()) -> UpResult:
     """`dtf up`: start the plan's cluster and send it `packs` (the inventory's `sync:`, packed).
 
@@ -101,86 +95,38 @@ def up(plan: Plan, inventory_path: Path, *, ttl: float | None = None, replace: b
             plan = plan.with_moves(running.plan.moved)
         changes = differences(running.plan, plan) if running is not None else []
         if running is not None and not changes:
-            return repair(running, plan, inventory_path, ttl, packs, connect_timeout, view)
+            return repair(running, plan, ttl, packs, connect_timeout, view)
         if running is not None:
             if not replace:
-                raise ClusterChanged(plan.cluster, running.inventory, str(inventory_path), changes)
+                raise ClusterChanged(plan.cluster, running.inventory, plan.inventory, changes)
             teardown(running, keep_logs=False, grace=STOP_GRACE, connect_timeout=connect_timeout, view=view)
         t0 = time.monotonic()
         check_spares(plan, connect_timeout, view)
         ops = HostOps(plan, connect_timeout=connect_timeout, view=view)
         outcomes, sent = start(ops, None, packs)
         reports = syncing.reports(packs, sent)
-        record = record_synced(new_record(plan, inventory_path, outcomes), reports)
+        record = record_synced(new_record(plan, outcomes), reports)
         state.save(record)
     return UpResult(record, started=True, outcomes=outcomes, seconds=time.monotonic() - t0, synced=reports)
 
 
 @contextlib.contextmanager
-def allocated(inv: Inventory, inventory_path: Path, *, wait: float, say: Callable[[str], None],
-              connect_timeout: float, replace: bool = False, view: ProgressView = no_view,
-              ttl: float | None = None) -> Iterator[Allocation | None]:
-    """`up`'s Slurm allocation (`slurm_allocation`), for the block that starts the cluster on it;
-    None for an inventory of hosts. The inventory's ssh_config is checked first (its mistakes at
-    their line, not as ssh's failure). An allocation made for this `up` is released (cancelled,
-    its masters closed) when the block raises, Ctrl-C included: one is kept only for a cluster
-    that started."""
-    if inv.slurm is None:
-        yield None
-        return
+def allocated(inv: Inventory, *, wait: float, say: Callable[[str], None], connect_timeout: float,
+              replace: bool = False, view: ProgressView = no_view, ttl: float | None = None
+              ) -> Iterator[Allocation | None]:
+    """`up`'s hosts, for the block that starts the cluster on them: the allocation its provider
+    made or kept (dtf.providers.choose.allocated; None: the inventory's own hosts). The
+    inventory's ssh_config is checked first (its mistakes at their line, not as ssh's failure)."""
     if inv.ssh_config:
-        from dtf.hosts.transport import check_ssh_config
-
         check_ssh_config(inv.position("ssh_config"), inv.ssh_config)
-    allocation, fresh = slurm_allocation(inv, inventory_path, wait=wait, say=say, connect_timeout=connect_timeout,
-                                         replace=replace, view=view, ttl=ttl)
-    try:
+
+    def take_down(record: Record) -> None:  # `--replace` of a cluster whose allocation is taken back
+        with state.locked():
+            teardown(record, keep_logs=False, grace=STOP_GRACE, connect_timeout=connect_timeout, view=view, say=say)
+
+    with providers.allocated(inv, wait=wait, say=say, connect_timeout=connect_timeout, replace=replace, ttl=ttl,
+                             take_down=take_down) as allocation:
         yield allocation
-    except BaseException:
-        if fresh:
-            from dtf.hostops.slurm import release
-
-            release(allocation, inv.ssh_config, say, connect_timeout, cluster=inv.cluster)
-        raise
-
-
-def slurm_allocation(inv: Inventory, inventory_path: Path, *, wait: float, say: Callable[[str], None],
-                     connect_timeout: float, replace: bool = False, view: ProgressView = no_view,
-                     ttl: float | None = None) -> tuple[Allocation, bool]:
-    """The allocation `up` runs a Slurm inventory's cluster on: the recorded cluster's, while its
-    job runs and the inventory asks for the same one (an `up` again repairs it), else a new one
-    (True: made now, so an `up` that fails cancels it). An inventory that asks for another
-    allocation than the running one is refused (ClusterChanged); `replace` takes the recorded
-    cluster down (its job with it) and starts anew."""
-    from dtf.cluster import slurm
-    from dtf.hostops import slurm as slurm_ops
-    from dtf.hosts.transport import HostError
-
-    if inv.cluster in state.names():
-        record = state.load(inv.cluster)
-        recorded = record.plan.slurm
-        if replace:
-            with state.locked():
-                teardown(record, keep_logs=False, grace=STOP_GRACE, connect_timeout=connect_timeout,
-                         view=view, say=say)
-        elif recorded is not None:
-            try:
-                with slurm_ops.login_transport(inv, connect_timeout, ttl) as t:
-                    job = slurm_ops.job_state(t, recorded.job)
-            except HostError as e:
-                raise HostFailure("dtf up (Slurm)", {recorded.login.host: str(e)})
-            if job.state == "RUNNING" and recorded.request != slurm.request(inv):
-                raise ClusterChanged(inv.cluster, record.inventory, str(inventory_path), [
-                    f"slurm: job {recorded.job} was made by {' '.join(recorded.request)[:300]}",
-                    f"slurm: this inventory asks for {' '.join(slurm.request(inv))[:300]}"])
-            if job.state == "RUNNING":
-                return recorded, False
-            if job.gone:  # its lease lapsed, it ran out of time, or someone cancelled it
-                with state.locked():
-                    state.remove(inv.cluster)
-                say(f"job {recorded.job} of cluster {inv.cluster} is no longer in the queue "
-                    f"(its tasks ended with it): starting the cluster anew")
-    return slurm_ops.allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout, ttl=ttl), True
 
 
 def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.Pack] = ()
@@ -234,24 +180,15 @@ def start(ops: HostOps, only: dict[str, set[str]] | None, packs: Sequence[sync.P
     return outcomes, sent
 
 
-def new_record(plan: Plan, inventory_path: Path, outcomes: dict[str, Outcome[HostStarted]]) -> Record:
+def new_record(plan: Plan, outcomes: dict[str, Outcome[HostStarted]]) -> Record:
     """The record of a cluster every host of `plan` started (`outcomes`)."""
     client = next((o.value.client_address for o in outcomes.values() if o.value.client_address), None)
     remote = [outcomes[hp.name].value for hp in plan.remote_hosts]
-    return Record(plan=plan, inventory=str(inventory_path.resolve()), created=time.time(),
+    return Record(plan=plan, inventory=str(Path(plan.inventory).resolve()), created=time.time(),
                   chief_host=client or "127.0.0.1",  # the laptop as the hosts see it
                   pids={name: pid for o in outcomes.values() for name, pid in o.value.pids.items()},
-                  network=resolve_network(plan, outcomes),
+                  network=route.decided_network(plan, {h: o.value.direct for h, o in outcomes.items()}),
                   tf_ports_open=any(h.direct for h in remote) if remote else True)
-
-
-def resolve_network(plan: Plan, outcomes: dict[str, Outcome[HostStarted]]) -> str:
-    """The mode `dtf train` uses: the plan's, or for auto, direct when this machine reached
-    every remote task directly, else ssh (`up` checked that SSH reaches them)."""
-    if any(plan.network_for(hp) == "ssh" for hp in plan.remote_hosts):
-        return "ssh"
-    # In direct mode every host reported `direct` (or `up` failed); local hosts always do.
-    return "direct" if all(outcomes[hp.name].value.direct for hp in plan.remote_hosts) else "ssh"
 
 
 @contextlib.contextmanager
@@ -297,7 +234,7 @@ def rollback(ops: HostOps, done: Starter, only: dict[str, set[str]] | None) -> d
 
 
 # -- repair -----------------------------------------------------------------------------------
-def repair(record: Record, plan: Plan, inventory_path: Path, ttl: float | None, packs: Sequence[sync.Pack],
+def repair(record: Record, plan: Plan, ttl: float | None, packs: Sequence[sync.Pack],
            connect_timeout: float, view: ProgressView = no_view) -> UpResult:
     """`dtf up` on a cluster that is up from the same inventory (`plan`): restart only the tasks
     that are not serving (their supervisor gave up, or was killed, or the host rebooted), then
@@ -314,7 +251,7 @@ def repair(record: Record, plan: Plan, inventory_path: Path, ttl: float | None, 
                 raise HostFailure("dtf up (renewing the lease)", {o.host: o.reason})
         record = record.replace(plan=running)
         state.save(record)  # the hosts' leases changed: the record says so, whatever follows
-    result = restart_dead(ops, record, inventory_path)
+    result = restart_dead(ops, record, Path(plan.inventory))
     result.new_ttl = new_ttl
     if packs:
         result.synced = send_packs(ops, packs)
@@ -429,20 +366,6 @@ def down(name: str | None, *, keep_logs: bool, grace: float, connect_timeout: fl
     return DownResult(record.cluster, outcomes, time.monotonic() - t0)
 
 
-def _job_runs(plan: Plan, connect_timeout: float) -> bool:
-    """Whether the plan's Slurm job is still in the queue (HostFailure: the login host says nothing)."""
-    from dtf.hostops import slurm as slurm_ops
-    from dtf.hosts.transport import HostError
-
-    assert plan.slurm is not None
-    try:  # over the cluster's master to the login host, which `down` goes on using
-        with slurm_ops.login_master(plan.slurm.login, plan.cluster, plan.ssh_config, connect_timeout,
-                                    plan.ttl) as t:
-            return not slurm_ops.job_state(t, plan.slurm.job).gone
-    except HostError as e:
-        raise HostFailure("dtf down (Slurm)", {plan.slurm.login.host: str(e)})
-
-
 def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: float,
              view: ProgressView = no_view, purge: bool = False,
              say: Callable[[str], None] = lambda line: None) -> dict[str, Outcome[HostStopped]]:
@@ -451,29 +374,23 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
     plan = record.plan
     record = record.replace(taking_down=True)
     state.save(record)  # a `dtf train` on this cluster sees it and stops its program
-    if plan.slurm is not None and not _job_runs(plan, connect_timeout):
-        # Slurm ended every step with the job (cancelled, timed out): nothing of dtf's runs there,
-        # and the nodes are no longer ours to reach.
-        say(f"job {plan.slurm.job} is no longer in the queue: its tasks ended with it")
-        HostOps(plan).close_control()
+    ops = HostOps(plan, connect_timeout=connect_timeout, view=view)
+    provider = ops.provider
+    if provider.gone():
+        # The allocation's end stopped every task (a job cancelled, timed out): nothing of dtf's
+        # runs there, and the hosts are no longer ours to reach.
+        say(provider.gone_line())
+        provider.close()
         state.remove(plan.cluster)
         return {}
-    ops = HostOps(plan, connect_timeout=connect_timeout, view=view)
     with ops.shown(f"dtf down {plan.cluster}"):
         outcomes = stop.down(ops, keep_logs=keep_logs, grace=grace, purge=purge)
-    from dtf.hosts.masters import close_masters
-
-    close_masters(state.home(), plan.cluster, [hp.spec for hp in plan.hosts]  # a killed `dtf train`'s
-                  + ([plan.slurm.login] if plan.slurm is not None else []))
     failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
-    if plan.slurm is not None:
-        from dtf.hostops import slurm as slurm_ops
-
-        # Over the login host's master still (no new handshake); it closes the cluster's masters after.
-        slurm_ops.release(plan.slurm, plan.ssh_config, say, connect_timeout, cluster=plan.cluster)
-    ops.close_control()
-    if plan.slurm is not None and plan.slurm.submitted:
-        # The job dtf submitted is gone, whatever the nodes said: its cancellation ended every step.
+    # Over the provider's connections still (no new handshake); then every one is closed.
+    released = provider.release(say)
+    provider.close()
+    if released:
+        # The allocation dtf made is gone, whatever the hosts said: its end stopped every task.
         for host, reason in failures.items():
             say(f"{host}: {reason} (its steps ended with the job)")
         outcomes = {h: o for h, o in outcomes.items() if o.ok}

@@ -22,7 +22,8 @@ from typing import Generic, TypeVar
 from dtf.cluster.plan import HostPlan, Plan
 from dtf.errors import HostFailure
 from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.transport import HostError, Transport, transport_for
+from dtf.hosts.transport import HostError, Transport
+from dtf.providers.choose import provider_for
 
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
 # (hosts, title) -> a context manager yielding the per-host progress callback (the CLI's live table).
@@ -87,6 +88,7 @@ class HostOps:
         self.connect_timeout = connect_timeout
         self.view = view
         self.cancel = threading.Event()
+        self.provider = provider_for(plan, connect_timeout)
 
     @contextlib.contextmanager
     def shown(self, title: str, hosts: Sequence[HostPlan] | None = None) -> Iterator[None]:
@@ -100,26 +102,8 @@ class HostOps:
                 self.progress = before
 
     def transport(self, hp: HostPlan) -> Transport:
-        if hp.spec.connection == "slurm":  # a node of the plan's allocation: job steps, through its login host
-            from dtf.hostops.slurm import login_master
-            from dtf.hosts.slurmstep import SlurmStepTransport
-
-            allocation = self.plan.slurm
-            assert allocation is not None
-            login = login_master(allocation.login, self.plan.cluster, self.plan.ssh_config, self.connect_timeout,
-                                 hp.ttl)
-            return SlurmStepTransport(hp.spec, allocation, self.plan.ssh_config, self.connect_timeout, login)
-        from dtf.hosts.openssh import ssh_binary
-
-        ssh = ssh_binary()
-        if hp.spec.connection != "ssh" or ssh is None:
-            return transport_for(hp.spec, self.plan.ssh_config, self.connect_timeout)
-        # Every command over the host's one master, kept for the cluster's life (dtf.hosts.control).
-        from dtf.cluster import state
-        from dtf.hosts import control
-
-        return control.ControlTransport(control.cluster_master(
-            ssh, hp.spec, state.home(), self.plan.cluster, self.plan.ssh_config, self.connect_timeout, hp.ttl))
+        """The host's runner, as the plan's provider reaches it (dtf.providers)."""
+        return self.provider.runner(hp)
 
     @staticmethod
     def turns() -> int:
@@ -130,11 +114,8 @@ class HostOps:
         return int(value) if value.isdigit() and int(value) > 0 else TURNS
 
     def close_control(self) -> None:
-        """Close the masters of the plan's cluster (`dtf down`, a failed `up`)."""
-        from dtf.cluster import state
-        from dtf.hosts.control import close_control
-
-        close_control(state.home(), self.plan.cluster)
+        """Close the cluster's connections (`dtf down`, a failed `up`)."""
+        self.provider.close()
 
     def each_host(self, fn: Callable[[HostPlan], T], hosts: Sequence[HostPlan] | None = None,
                   turns: int | None = None) -> dict[str, Outcome[T]]:

@@ -4,55 +4,18 @@ cannot reach (`dtf train`)."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 
 from dtf.cluster.plan import HostPlan, Plan, TaskPlan
 from dtf.hostops.launcher import ask
 from dtf.hostops.parallel import HostOps, Outcome
-from dtf.hosts.netutil import port_open
+from dtf.hosts.netutil import port_open, probe_all
 from dtf.hosts.transport import HostError
+from dtf.providers import route
 from dtf_server.protocol import ReachReply
 
 PROBE_TIMEOUT = 3.0  # seconds a task's port gets to accept a connection from this machine
 MESH_TIMEOUT = 5.0  # seconds each host gives a connection to another host's task
-
-
-PROBES_AT_ONCE = 32
-
-
-def probe_all(probe: Callable[[TaskPlan], bool], tasks: Sequence[TaskPlan]) -> list[bool]:
-    """`probe` each task, all at once (PROBES_AT_ONCE threads at most): a host that drops packets
-    costs one timeout, not one per task. Daemon threads, not a thread pool: a caller may stop
-    waiting for them (Starter._reachable's direct probes), and the interpreter's exit joins a
-    pool's workers (a dropped connection would keep `dtf up` alive DIRECT_PROBE seconds after its
-    last line). A probe's exception is raised here, as a pool's map would."""
-    answers: list[bool] = [False] * len(tasks)
-    errors: list[Exception] = []
-    left = iter(range(len(tasks)))
-    lock = threading.Lock()
-
-    def work() -> None:
-        while True:
-            with lock:
-                i = next(left, None)
-            if i is None:
-                return
-            try:
-                answers[i] = probe(tasks[i])
-            except Exception as e:  # (raised in the caller's thread)
-                errors.append(e)
-                return
-
-    threads = [threading.Thread(target=work, name="dtf-probe", daemon=True)
-               for _ in range(min(PROBES_AT_ONCE, len(tasks)))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return answers
 
 
 def others(plan: Plan, hp: HostPlan) -> dict[str, TaskPlan]:
@@ -107,7 +70,7 @@ def unreachable(ops: HostOps, network: str, timeout: float, names: Collection[st
     hosts' tasks are probed directly."""
     def through(hp: HostPlan) -> list[TaskPlan]:
         tasks = hp.tasks_in(names)
-        if network != "ssh" or hp not in ops.plan.remote_hosts:
+        if not route.through_ssh(ops.plan, network, hp):
             return [task for task, ok in zip(tasks, probe_all(
                 lambda task: port_open(task.addr_host, task.port, timeout), tasks)) if not ok]
         with ops.transport(hp) as t:

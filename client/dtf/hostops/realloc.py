@@ -13,21 +13,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from dtf.cluster import state
+from dtf.cluster.inventory import Inventory
 from dtf.cluster.state import Record
-from dtf.errors import ClusterDown, DtfError
-from dtf.hostops.parallel import HostOps, no_view
+from dtf.hostops.parallel import no_view
+from dtf.providers.choose import provider_for
 
 Say = Callable[[str], None]
-SLURM_WAIT = 600.0  # seconds a new allocation may pend (`dtf train --slurm-wait`), as `dtf up`'s
+ALLOCATION_WAIT = 600.0  # seconds a new allocation may pend (`dtf train --slurm-wait`), as `dtf up`'s
 JOB_POLL = 2.0  # seconds between two looks at the job while `dtf train` waits for its tasks
 
 
 def replaceable(record: Record) -> bool:
-    """Whether dtf may replace the cluster's Slurm job: one it submitted itself."""
-    return record.plan.slurm is not None and record.plan.slurm.submitted
+    """Whether dtf may replace the cluster's allocation when it ends: one it made itself."""
+    return provider_for(record.plan).replaceable()
 
 
 def refusal(record: Record, ended: str, attempt: int, attempts: int) -> str | None:
@@ -41,61 +40,22 @@ def refusal(record: Record, ended: str, attempt: int, attempts: int) -> str | No
 
 
 def comeback(record: Record, ended: str, *, wait: float, connect_timeout: float, say: Say) -> Record:
-    """Replace the ended job of `record`'s cluster (`ended`: why it ended, one line) with a new
-    allocation from the same inventory and start every task on it; the new record. ClusterDown
-    (one line, naming the job) when the inventory asks for another allocation now, when the new
-    one pends past `wait` seconds, or when its tasks do not start (it is cancelled then)."""
-    from dtf.cluster import slurm
-    from dtf.cluster.inventory import load as load_inventory
+    """Replace the ended allocation of `record`'s cluster (`ended`: why it ended, one line) with a
+    new one from the same inventory and start every task on it, as `dtf up --replace` would; the
+    new record (its provider says what it does: dtf.providers.slurm.reallocate). ClusterDown (one
+    line) when no new allocation can be had or its tasks do not start."""
     from dtf.files import sync
     from dtf.hostops import lifecycle
-    from dtf.hostops import slurm as slurm_ops
 
-    plan = record.plan
-    old = plan.slurm
-    assert old is not None and old.submitted
-    cluster = plan.cluster
-    path = Path(record.inventory)
-    try:
-        inv = load_inventory(path)
-    except DtfError as e:
-        raise ClusterDown(f"cluster {cluster!r}: {ended}; its inventory cannot be read again for a new "
-                          f"allocation: {' '.join(x.strip() for x in e.lines())}")
-    if inv.slurm is None or slurm.request(inv) != old.request:
-        raise ClusterDown(f"cluster {cluster!r}: {ended}; its inventory {path} now asks for another "
-                          f"allocation than job {old.job}'s: run `dtf up {path}` for it")
-    t0 = time.monotonic()
-    say(f"{ended}; asking Slurm for a new allocation (up to {wait:g}s)")
-    server = plan.hosts[0].server if plan.hosts else "tensorflow"
-    network = None if plan.network == "auto" else plan.network
-    try:
-        if slurm_ops.cancel_ended(old, cluster, plan.ssh_config, plan.ttl, connect_timeout):
-            say(f"job {old.job} cancelled (what was left of it)")
-        with state.locked():  # the cluster's record and connections go with the job
-            HostOps(plan).close_control()
-            slurm_ops.close_masters(cluster)
-            state.remove(cluster)
-        with lifecycle.allocated(inv, path, wait=wait, say=say, connect_timeout=connect_timeout,
-                                 ttl=plan.ttl) as allocation:
-            new_plan = lifecycle.load_plan(path, plan.ttl, server, network=network, slurm=allocation, inv=inv,
-                                           config_checked=True)
-            with sync.packed([(item.name, item.path) for item in new_plan.sync]) as packs:
-                result = lifecycle.up(new_plan, path, ttl=plan.ttl, replace=True, connect_timeout=connect_timeout,
-                                      view=no_view, packs=packs)
-    except DtfError as e:
-        lines = [x.strip() for line in e.lines() for x in line.splitlines() if x.strip()] or [type(e).__name__]
-        raise ClusterDown(f"cluster {cluster!r}: {ended}; no new allocation: {' '.join(lines)} "
-                          f"(`dtf up` starts the cluster anew)")
-    job = result.record.plan.slurm
-    assert job is not None
-    # `created` stays: the same cluster to the watch for `dtf down` (dtf.program.train.taken_down).
-    new = result.record.replace(allocation=record.allocation + 1, created=record.created,
-                                replaced=[*record.replaced, f"{old.job}: {ended}"])
-    with state.locked():
-        state.save(new)
-    say(f"job {job.job} replaces job {old.job} (allocation {new.allocation} of cluster {cluster}): "
-        f"its tasks serve on {', '.join(job.nodes)} after {time.monotonic() - t0:.1f}s")
-    return new
+    def start_anew(inv: Inventory, ttl: float, server: str, network: str | None) -> Record:
+        with lifecycle.allocated(inv, wait=wait, say=say, connect_timeout=connect_timeout, ttl=ttl) as allocation:
+            plan = lifecycle.load_plan(inv, ttl, server, network=network, allocation=allocation)
+            with sync.packed([(item.name, item.path) for item in plan.sync]) as packs:
+                return lifecycle.up(plan, ttl=ttl, replace=True, connect_timeout=connect_timeout, view=no_view,
+                                    packs=packs).record
+
+    return provider_for(record.plan, connect_timeout).reallocate(record, ended, wait=wait, say=say,
+                                                                 start_anew=start_anew)
 
 
 class JobWatch:
@@ -107,9 +67,10 @@ class JobWatch:
         self.record, self.connect_timeout, self.job_ended = record, connect_timeout, job_ended
         self.ended: str | None = None
         self.last = time.monotonic()
+        self.ends = provider_for(record.plan, connect_timeout).ends
 
     def __call__(self) -> bool:
-        if self.record.plan.slurm is None or time.monotonic() - self.last < JOB_POLL:
+        if not self.ends or time.monotonic() - self.last < JOB_POLL:
             return self.ended is not None
         self.last = time.monotonic()
         self.ended = self.job_ended(self.record, self.connect_timeout)

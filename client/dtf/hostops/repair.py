@@ -35,6 +35,7 @@ from dtf.hostops.parallel import HostOps, ProgressView, failures, no_view
 from dtf.hostops.start import Starter, local_tf_version
 from dtf.hostops.status import FILES_GONE
 from dtf.hostops.watch import HostFeed, Watch
+from dtf.providers.choose import provider_for
 
 WATCH_EVERY = 2.0  # seconds between two samples of a host's task states
 # A task in one of these states has nothing on its host that brings it back: dtf starts it again.
@@ -151,7 +152,7 @@ class Mender:
     def __enter__(self) -> Mender:
         # On a Slurm allocation each node's feed is one long job step; a dead task is started
         # again there as on a host. A node is never moved (no spares): a job that ends is
-        # replaced as a whole (dtf.program.train, dtf.hostops.realloc).
+        # replaced as a whole (dtf.program.train, dtf.providers.slurm.reallocate).
         self.watch.__enter__()
         self.thread.start()
         return self
@@ -231,16 +232,8 @@ class Mender:
 
     def job_ended(self) -> bool:
         """A Slurm cluster's job no longer runs (its tasks died with it): the attempt loop gets a
-        new allocation (dtf.hostops.realloc); nothing is started on the old one."""
-        if self.plan.slurm is None:
-            return False
-        from dtf.hostops.slurm import allocation_state
-
-        plan = self.plan
-        assert plan.slurm is not None
-        _, ended = allocation_state(plan.slurm, plan.cluster, plan.ssh_config, plan.ttl, self.connect_timeout,
-                                    what="dtf train")
-        return ended is not None
+        new allocation (dtf.providers.slurm.reallocate); nothing is started on the old one."""
+        return provider_for(self.plan, self.connect_timeout).ended("dtf train") is not None
 
     def _restart(self, hp: HostPlan, gone: dict[str, str | None]) -> None:
         """Start the host's tasks in `gone` (name -> why) again; the others keep serving."""

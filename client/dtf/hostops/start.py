@@ -10,36 +10,23 @@ import threading
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dtf.cluster.plan import HostPlan, TaskPlan
 from dtf.files import environment, shipping
 from dtf.hostops.environments import Environments, EnvReport
 from dtf.hostops.launcher import decode
 from dtf.hostops.parallel import HostOps, Outcome
-from dtf.hostops.reach import MESH_TIMEOUT, others, probe_all
-from dtf.hosts.netutil import port_open, wait_port
+from dtf.hostops.reach import MESH_TIMEOUT, others
+from dtf.hosts.base import ServerStart
 from dtf.hosts.transport import Conversation, HostError, Result, Transport
+from dtf.providers import route
 from dtf_server.procs import tf_version
 from dtf_server.protocol import CheckReply, FenceReply, StartReply
 
-if TYPE_CHECKING:
-    from dtf.hosts.kept import KeptStart
-
 CHECK_TIMEOUT = 30.0  # seconds for the launcher's upload and its check (a python start and a look around)
-REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to accept a connection
 # How often a host waiting for the others looks at Ctrl-C (an arrival wakes it at once): seldom,
 # as a hundred hosts may wait at the same time on the laptop.
 GATE_POLL = 0.5
-# The direct probes of a host's TF ports (Starter._reachable), in ssh and auto mode. A firewall that
-# drops them never answers: they are not waited for to the end of their DIRECT_PROBE seconds.
-DIRECT_PROBE = 2.0  # seconds one direct connection attempt gets
-DIRECT_FIRST = 0.25  # seconds an SSH host's direct probes get before the probes through SSH go too
-DIRECT_GRACE = 0.25  # seconds the direct probes get at least, from their start, once those through SSH answered
-# A Slurm node's, shorter: a laptop rarely reaches a site's compute nodes, whose network most often
-# drops its packets (bench/slurm_up.py --drop shows the cost). Taking a node that answers directly
-# but late for dropped costs only the way through SSH.
-SLURM_GRACE = 0.1
 
 
 @functools.cache
@@ -103,11 +90,8 @@ class Starter:
 
     def _can_tell(self, hosts: Sequence[HostPlan]) -> bool:
         """Whether every host's start can be told when to check the mesh: one launcher call each
-        (`_in_one_call`), over an OpenSSH master (a command whose stdin stays open)."""
-        from dtf.hosts.openssh import ssh_binary
-
-        return (len(hosts) > 1 and ssh_binary() is not None
-                and all(hp.spec.connection == "ssh" and self._in_one_call(hp) for hp in hosts))
+        (`_in_one_call`), whose stdin stays open (the provider says where: an OpenSSH master)."""
+        return len(hosts) > 1 and self.ops.provider.converses(hosts) and all(self._in_one_call(hp) for hp in hosts)
 
     def start_host(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None = None
                    ) -> HostStarted:
@@ -223,11 +207,8 @@ class Starter:
         tasks = hp.tasks_in(only)
         self._check_start_step(hp, tasks)
         try:
-            if hp.spec.connection == "slurm":
-                r = self._start_kept(t, hp, self._kept_check_start(hp, tf_version, only))
-            else:
-                r = self._ship_and_run(t, hp, hp.check_start_argv(only, tf_version, *self._reach(hp)),
-                                       CHECK_TIMEOUT + hp.start_timeout + 30 + MESH_TIMEOUT)
+            argv = hp.check_start_argv(only, tf_version, *self._reach(hp), keep=t.keeps_step)
+            r = self._launch(t, hp, argv, only, 2, CHECK_TIMEOUT + hp.start_timeout + 30 + MESH_TIMEOUT, upload=True)
         except HostError:
             self.started.add(hp.name)  # its deadline: it may have started them, the rollback stops them
             raise
@@ -275,13 +256,8 @@ class Starter:
         tasks = hp.tasks_in(only)
         self.ops.step(hp, f"starting {len(tasks)} server(s)")
         self.started.add(hp.name)  # from here on, a rollback must stop tasks there
-        timeout = hp.start_timeout + 30 + MESH_TIMEOUT
-        if hp.spec.connection == "slurm":
-            r = self._start_kept(t, hp, self._kept(hp, hp.start_argv_for(only, *self._reach(hp), keep=True), only, 1,
-                                                   timeout))
-        else:
-            r = t.run(hp.start_argv_for(only, *self._reach(hp)), timeout=timeout)
-        return self._started(r)
+        argv = hp.start_argv_for(only, *self._reach(hp), keep=t.keeps_step)
+        return self._started(self._launch(t, hp, argv, only, 1, hp.start_timeout + 30 + MESH_TIMEOUT))
 
     def _reach(self, hp: HostPlan) -> tuple[list[str], float]:
         """What the host's start checks it reaches once its servers serve (`mesh`), and for how long."""
@@ -301,86 +277,22 @@ class Starter:
             raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
         return started
 
-    def _start_kept(self, t: Transport, hp: HostPlan, start: KeptStart) -> Result:
-        """A node of a Slurm allocation: its tasks start in ONE job step that stays (the launcher's
-        `--keep`: it waits there for the supervisors it forked), so Slurm accounts for every
-        supervisor and server and ends them with the job. One step and one python per node, as
-        an SSH host's start has: a step of its own per supervisor cost an `srun` and a python
-        start each before any server started. The launcher travels on its stdin (`start.upload`)."""
-        if start.upload is not None:
+    def _launch(self, t: Transport, hp: HostPlan, argv: list[str], only: Collection[str] | None, lines: int,
+                timeout: float, upload: bool = False) -> Result:
+        """The launcher's start (or check-start) of the host's tasks, `lines` its replies, in one
+        round trip with the launcher's upload (`upload`) where the runner can (Transport.start_servers:
+        on a Slurm node, one job step that stays as long as the supervisors it forks)."""
+        if upload:
             self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
-        return t.start_kept(start)
-
-    def _kept(self, hp: HostPlan, argv: list[str], only: Collection[str] | None, lines: int, timeout: float,
-              upload: bool = False) -> KeptStart:
-        from dtf.hosts.kept import KeptStart
-
         names = "+".join(task.name for task in hp.tasks_in(only))
-        return KeptStart(argv, f"dtf-{self.ops.plan.cluster}-{names}"[:120], lines, timeout,
-                         upload=(shipping.launcher_bytes(), hp.root, shipping.launcher_name()) if upload else None)
-
-    def _kept_check_start(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None) -> KeptStart:
-        """A Slurm node's check and start in one kept step (`_check_and_start`)."""
-        return self._kept(hp, hp.check_start_argv(only, tf_version, *self._reach(hp), keep=True), only, 2,
-                          CHECK_TIMEOUT + hp.start_timeout + 30 + MESH_TIMEOUT, upload=True)
+        return t.start_servers(ServerStart(
+            argv, f"dtf-{self.ops.plan.cluster}-{names}"[:120], lines, timeout,
+            upload=(shipping.launcher_bytes(), hp.root, shipping.launcher_name()) if upload else None))
 
     def _reachable(self, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan]) -> bool:
-        """Check that this machine reaches every task as the plan's network says; whether the
-        TF ports accept connections from here directly (also in ssh mode: `up` reports it)."""
-        network = self.ops.plan.network_for(hp)
-        if network == "direct":
-            deadline = time.monotonic() + REACH_TIMEOUT
-            for task in tasks:
-                if not wait_port(task.addr_host, task.port, deadline):
-                    raise HostError(f"{task.name} serves on its host but {task.address} is not "
-                                    f"reachable from this machine (firewall? wrong address? try network: ssh)")
-            return True
-        began = time.monotonic()
-        found: list[bool] = []  # whether every task answered directly, once known
-
-        def direct() -> bool:
-            return bool(found) and found[0]
-
-        probes = threading.Thread(target=lambda: found.append(all(probe_all(
-            lambda task: port_open(task.addr_host, task.port, DIRECT_PROBE), tasks))), name="dtf-direct", daemon=True)
-        probes.start()  # (probe_all's threads are daemons too: the exit never waits for them)
-        # A compute node rarely takes this machine's connections: the probes through its login
-        # host go out at once, beside the direct ones. An SSH
-        # host's go where the direct ones did not all answer yes within DIRECT_FIRST.
-        if hp.spec.connection != "slurm":
-            probes.join(DIRECT_FIRST)
-            if direct() and network == "auto":
-                return True
-        deadline = time.monotonic() + REACH_TIMEOUT
-        pending = list(tasks)
-        while True:  # every task at once, as the direct probes: a round trip each over the master
-            through = time.monotonic()
-            reached = probe_all(lambda task: t.reaches(task.address, timeout=min(5.0, REACH_TIMEOUT)), pending)
-            pending = [task for task, ok in zip(pending, reached) if not ok]
-            if not pending or (direct() and network == "auto"):
-                # Direct probes that have not answered by now, given as long again as they have
-                # had (that includes the probes through SSH, which cross the same network, and
-                # more) and DIRECT_GRACE at least, are dropped: not slow. Else a site's firewall
-                # that drops them would cost every `up` DIRECT_PROBE seconds. (As long again: a loaded
-                # machine that is slow to run the direct probes' threads is as slow with the
-                # others; a direct path taken for dropped is only slower, through SSH.) A Slurm
-                # node's: as long again as the probes through its login host took, SLURM_GRACE
-                # from their start at least.
-                now = time.monotonic()
-                if hp.spec.connection == "slurm":
-                    probes.join(max(0.0, began + SLURM_GRACE - now, now - through))
-                else:
-                    probes.join(max(0.0, began + DIRECT_GRACE - now, now - began))
-                return direct()
-            if time.monotonic() > deadline:
-                probes.join(DIRECT_PROBE + 5)
-                if direct() and network == "auto":
-                    return True
-                task = pending[0]
-                raise HostError(f"{task.name} serves on its host but {task.address} is not reachable "
-                                f"through SSH from this machine (does its sshd allow TCP forwarding?)"
-                                + ("" if network == "ssh" else ", nor directly"))
-            time.sleep(0.2)
+        """Check that this machine reaches every task as the plan's network says (HostError where
+        it does not); whether the TF ports accept connections from here directly."""
+        return route.check_reach(self.ops.plan, t, hp, tasks)
 
 
 class _Gate:

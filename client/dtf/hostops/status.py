@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from dtf.cluster import state
 from dtf.cluster.plan import HostPlan, Plan, TaskPlan
-from dtf.cluster.slurm import JobState
 from dtf.cluster.state import Record
 from dtf.errors import ClusterDown, HostFailure, UsageError
 from dtf.hostops.launcher import LauncherMissing, ask, root_exists
 from dtf.hostops.parallel import HostOps, Outcome
+from dtf.providers.slurm.commands import JobState
 from dtf_server.protocol import StatusReply, TaskStatus
 
 FILES_GONE = "dtf's files are gone from {root} (lease lapsed?)"
@@ -88,15 +88,11 @@ def cluster_status(name: str | None, *, connect_timeout: float) -> StatusResult:
     every host, asked now."""
     with state.locked():
         record = state.load(state.resolve_name(name))
-    job = None
-    if record.plan.slurm is not None:
-        from dtf.hostops.slurm import allocation_state
-
-        job, ended = allocation_state(record.plan.slurm, record.cluster, record.plan.ssh_config, record.plan.ttl,
-                                      connect_timeout)
-        if ended is not None:
-            return StatusResult(record, [], job, ended)
-    return StatusResult(record, states(HostOps(record.plan, connect_timeout=connect_timeout)), job)
+    ops = HostOps(record.plan, connect_timeout=connect_timeout)
+    job, ended = ops.provider.job("dtf status")
+    if ended is not None:
+        return StatusResult(record, [], job, ended)
+    return StatusResult(record, states(ops), job)
 
 
 def tail_log(name: str | None, task: str, *, lines: int, follow: bool) -> int:

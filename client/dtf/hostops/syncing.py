@@ -99,7 +99,7 @@ def plan_tree(hosts: Sequence[HostPlan], ports: dict[str, int], fanout: int = re
     steps: they reach each other at their NodeAddr as their tasks do), with a free port, at the
     address their tasks have in the plan (the one `up` checked every other host reaches); the
     others are left out (sent directly)."""
-    members = [hp for hp in hosts if hp.spec.connection in ("ssh", "slurm") and hp.tasks and ports.get(hp.name)]
+    members = [hp for hp in hosts if not hp.spec.local and hp.tasks and ports.get(hp.name)]
     if len(members) < 2:
         return Tree({}, {}, "")
     return Tree(relay.tree([hp.name for hp in members], fanout),
@@ -204,7 +204,7 @@ def hosts_of(plan: Plan) -> list[HostPlan]:
     seen: set[tuple[str, str]] = set()
     out = []
     for hp in plan.hosts:
-        key = ("local", hp.spec.workdir) if hp.spec.connection == "local" else (hp.name.lower(), hp.spec.workdir)
+        key = ("local", hp.spec.workdir) if hp.spec.local else (hp.name.lower(), hp.spec.workdir)
         if key not in seen:
             seen.add(key)
             out.append(hp)

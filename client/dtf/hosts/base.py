@@ -3,7 +3,7 @@ chunk streams of a running command, a command fed from a file.
 
 The twins: LocalTransport (dtf.hosts.transport: processes of this machine), ControlTransport
 (dtf.hosts.control: OpenSSH, over the host's master), ParamikoTransport (dtf.hosts.paramikossh:
-where there is no `ssh` binary) and SlurmStepTransport (dtf.hosts.slurmstep: a node's job steps,
+where there is no `ssh` binary) and SlurmStepTransport (dtf.providers.slurm.steps: a node's job steps,
 through the login host's transport). Callers use the interface alone, never a twin's class.
 All take argv lists (quoted in one place, dtf.hosts.shell). Every operation has a timeout;
 failures become `HostError` with a short reason a user can act on ("unreachable: ...",
@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from dtf.cluster.inventory import HostSpec
 
 if TYPE_CHECKING:
-    from dtf.hosts.kept import KeptStart
     from dtf.hosts.mux import MuxProcess
 
 COMMAND_TIMEOUT = 60.0
@@ -179,8 +178,26 @@ class Conversation:
             self._stdout.close()
 
 
+@dataclass(frozen=True)
+class ServerStart:
+    """The launcher's start (or check-start) of a host's tasks (Transport.start_servers): the
+    command, a name for it (a Slurm job step's), the lines it answers, its deadline, and the file
+    written first (data, dir, filename): the launcher, uploaded in the same round trip."""
+
+    argv: list[str]
+    name: str
+    lines: int
+    timeout: float
+    upload: tuple[bytes, str, str] | None = None
+
+
 class Transport:
     """A connection to one host. Use as a context manager."""
+
+    # Whether what a command starts ends with the command unless the command stays (a Slurm job
+    # step): the launcher's start then keeps its step for as long as its supervisors run
+    # (`start --keep`, started by `start_servers`).
+    keeps_step = False
 
     def __init__(self, spec: HostSpec) -> None:
         self.spec = spec
@@ -280,9 +297,18 @@ class Transport:
         """put_bytes and `converse` in one round trip: argv is [python, remote_dir/filename, ARGS]."""
         raise NotImplementedError
 
-    def start_kept(self, start: KeptStart) -> Result:
-        """A Slurm node's job step that stays (dtf.hosts.slurmstep); no other twin has one."""
-        raise HostError(f"{self.name} is not a node of a Slurm allocation: it has no job steps")
+    def start_servers(self, start: ServerStart) -> Result:
+        """Run the launcher's start: `start.upload` written first and the command run, in one round
+        trip (put_then_run), or the command alone. The Slurm twin keeps its job step."""
+        if start.upload is not None:
+            data, remote_dir, filename = start.upload
+            return self.put_then_run(data, remote_dir, filename, start.argv, timeout=start.timeout)
+        return self.run(start.argv, timeout=start.timeout)
+
+    def through_front(self) -> bool:
+        """Whether the host is reached through the machine in front of it (`front`): a Slurm node,
+        whose network rarely takes this machine's connections."""
+        return self.front() is not self
 
     def master_path(self) -> str | None:
         """The control socket of the OpenSSH master this transport's commands share, which

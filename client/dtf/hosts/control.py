@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dtf.cluster.inventory import HostSpec
-from dtf.cluster.programs import script
 from dtf.hosts.base import (
     COMMAND_TIMEOUT,
     Conversation,
@@ -48,6 +47,7 @@ from dtf.hosts.masters import Master, MasterFailed, listening, parallel, stop_ma
 from dtf.hosts.mux import SSH_FAILED, MuxProcess, MuxRefused
 from dtf.hosts.mux import enabled as mux_enabled
 from dtf.hosts.netutil import CONNECT_TIMEOUT
+from dtf.hosts.programs import script
 from dtf.hosts.shell import quote_arg, render
 from dtf.hosts.trees import fetch_by_tar
 

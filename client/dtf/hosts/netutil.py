@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 CONNECT_TIMEOUT = 10.0  # seconds to open TCP, read the SSH banner, and authenticate (a host's SSH)
 
@@ -88,3 +91,41 @@ def wait_port(host: str, port: int, deadline: float, interval: float = 0.1) -> b
         if port_open(host, port, timeout=min(1.0, remaining)):
             return True
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+T = TypeVar("T")
+PROBES_AT_ONCE = 32
+
+
+def probe_all(probe: Callable[[T], bool], tasks: Sequence[T]) -> list[bool]:
+    """`probe` each task, all at once (PROBES_AT_ONCE threads at most): a host that drops packets
+    costs one timeout, not one per task. Daemon threads, not a thread pool: a caller may stop
+    waiting for them (dtf.providers.route.check_reach's direct probes), and the interpreter's exit joins a
+    pool's workers (a dropped connection would keep `dtf up` alive DIRECT_PROBE seconds after its
+    last line). A probe's exception is raised here, as a pool's map would."""
+    answers: list[bool] = [False] * len(tasks)
+    errors: list[Exception] = []
+    left = iter(range(len(tasks)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(left, None)
+            if i is None:
+                return
+            try:
+                answers[i] = probe(tasks[i])
+            except Exception as e:  # (raised in the caller's thread)
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=work, name="dtf-probe", daemon=True)
+               for _ in range(min(PROBES_AT_ONCE, len(tasks)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return answers

@@ -1,6 +1,6 @@
 """The local twin of the Transport interface (dtf.hosts.base): a `connection: local` host's
-commands and files are processes and files of this machine. Also: which twin reaches a host
-(`transport_for`), and where each host's TF address comes from (`resolver`).
+commands and files are processes and files of this machine. Which twin reaches a host:
+dtf.hosts.connections.
 """
 
 from __future__ import annotations
@@ -9,9 +9,7 @@ import os
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-from dtf.cluster.inventory import HostSpec, Position
 from dtf.hosts.base import (
     COMMAND_TIMEOUT,
     FEED_CHUNK,
@@ -29,13 +27,12 @@ from dtf.hosts.base import (
     temporary_name,
     what,
 )
-from dtf.hosts.netutil import CONNECT_TIMEOUT, port_open
+from dtf.hosts.netutil import port_open
 from dtf.hosts.shell import expand_local
 
 # The interface's names, for the modules that import them from here.
 __all__ = ["COMMAND_TIMEOUT", "FEED_CHUNK", "Conversation", "HostError", "LineStream", "LocalTransport", "Output",
-           "Readable", "Result", "Transport", "check_ssh_config", "feed_process", "process_lines", "resolver",
-           "temporary_name", "transport_for", "what"]
+           "Readable", "Result", "Transport", "feed_process", "process_lines", "temporary_name", "what"]
 
 
 class LocalTransport(Transport):
@@ -113,81 +110,3 @@ class LocalTransport(Transport):
         shutil.copytree(source, local, dirs_exist_ok=True)
         return sum(1 for p in source.rglob("*")
                    if p.is_file() and not {"__pycache__", ".git"} & set(p.relative_to(source).parts))
-
-
-def transport_for(spec: HostSpec, ssh_config: str | None = None,
-                  connect_timeout: float = CONNECT_TIMEOUT) -> Transport:
-    if spec.connection == "local":
-        return LocalTransport(spec)
-    from dtf.hosts.paramikossh import ParamikoTransport
-
-    return ParamikoTransport(spec, ssh_config, connect_timeout)
-
-
-def resolver(ssh_config: str | None, specs: Sequence[HostSpec] = ()) -> Callable[[HostSpec], str]:
-    """A function giving each host's TF address: `address` key, else ssh_config's HostName. Read
-    by OpenSSH where there is an `ssh` (the one that connects: `ssh -G`, every host of `specs` at
-    once, and the same settings its master reads for its jump hosts), else by paramiko, whose
-    import would slow every `up`'s start before any host is reached."""
-    from dtf.hosts.openssh import prefetch, settings, ssh_binary
-
-    ssh = ssh_binary()
-    if ssh is not None:
-        prefetch(ssh, [spec for spec in specs if spec.connection == "ssh" and not spec.address], ssh_config)
-    parsed: list[Any] = []  # the inventory's ssh_config, read once for every host
-
-    def resolve(spec: HostSpec) -> str:
-        if spec.address:
-            return spec.address
-        if spec.connection == "local":
-            return "127.0.0.1"
-        if ssh is not None and spec.connection == "ssh":
-            return settings(ssh, spec, ssh_config).get("hostname") or spec.host
-        if ssh_config:  # read once: a Fabric Connection per host would read the config anew for each
-            import paramiko
-
-            if not parsed:
-                parsed.append(paramiko.SSHConfig.from_path(os.path.expanduser(ssh_config)))
-            return str(parsed[0].lookup(spec.host).get("hostname", spec.host))
-        from dtf.hosts.paramikossh import ParamikoTransport
-
-        return ParamikoTransport(spec, ssh_config).address()
-
-    return resolve
-
-
-def check_ssh_config(where: Position, ssh_config: str) -> None:
-    """The inventory's ssh_config must be a file its reader can parse: say so `where` the inventory
-    names it (Inventory.position, Plan.ssh_config_position), not with a traceback later. Its reader
-    is OpenSSH where there is an `ssh` (`ssh -F FILE -G` reads the whole file), paramiko where
-    there is none."""
-    from dtf.errors import InventoryError, Problem
-    from dtf.hosts.openssh import ssh_binary
-
-    path = os.path.expanduser(ssh_config)
-    reason = None
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as e:
-        reason = e.strerror or str(e)
-    ssh = ssh_binary()
-    if reason is None and ssh is not None:
-        r = subprocess.run([ssh, "-F", path, "-G", "dtf-ssh-config-check"], stdin=subprocess.DEVNULL,
-                           capture_output=True, text=True, timeout=30)
-        if r.returncode != 0:
-            said = [s.strip() for s in r.stderr.splitlines() if s.strip() and "terminating" not in s]
-            first = said[0].removeprefix(f"{path}: ") if said else f"ssh -G exit {r.returncode}"
-            reason = f"cannot parse it: {first}"
-    if reason is None and ssh is None:
-        import paramiko
-
-        try:
-            paramiko.SSHConfig.from_path(path)
-        except OSError as e:
-            reason = e.strerror or str(e)
-        except Exception as e:  # paramiko's own parse errors
-            reason = f"cannot parse it: {e}"
-    if reason is not None:
-        problem = Problem(where.file, where.line, where.column, "ssh_config", f"{ssh_config}: {reason}")
-        raise InventoryError([problem])

@@ -22,22 +22,35 @@ connections over a paramiko channel (`direct-tcpip`), copying in Python: slower,
 
 On a Slurm cluster the laptop reaches only the login host: the tunnel has that one route, whose
 `ssh -W` targets are the compute nodes' task addresses (the login host opens those connections),
-and the tasks reach the coordinator back through a relay on the login host (`LoginRelay`,
-dtf.hosts.loginrelay; dtf_server.relay: why there, in its doc).
+and the tasks reach the coordinator back through a relay on the login host (`way_back`:
+dtf.providers.slurm.relay; dtf_server.relay: why there, in its doc).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from typing import Protocol
 
 from dtf.cluster.inventory import HostSpec
-from dtf.hosts.loginrelay import LoginRelay
-from dtf.hosts.masters import Master, control_path, parallel
+from dtf.hosts.masters import Master, parallel
 from dtf.hosts.netutil import CONNECT_TIMEOUT, listen_port
-from dtf.hosts.openssh import ssh_binary
 from dtf.hosts.proxy import Proxy, PythonRoute, Route, SharedMaster
 from dtf.hosts.transport import HostError
+
+
+class WayBack(Protocol):
+    """The tasks' way back to the coordinator where their host's remote forward is not it (a relay
+    on a Slurm login host): opened with the tunnel, closed with it; `address`: where the tasks
+    reach the coordinator."""
+
+    address: str
+
+    def open(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+WayBackFactory = Callable[[Master, int], WayBack]  # (the first route's master, the chief's port)
 
 
 class Tunnel:
@@ -45,36 +58,31 @@ class Tunnel:
     manager: on exit the proxy, its channels and the masters are gone."""
 
     def __init__(self, hosts: Sequence[tuple[HostSpec, Sequence[str]]], ssh_config: str | None,
-                 home: Path, cluster: str, connect_timeout: float = CONNECT_TIMEOUT,
-                 relay_for: Sequence[str] = (), shared: Callable[[HostSpec], Master] | None = None) -> None:
-        """`relay_for`: a Slurm allocation's node addresses; `hosts` is then its login host alone,
-        whose relay carries the tasks' connections back to the coordinator (LoginRelay).
+                 connect_timeout: float = CONNECT_TIMEOUT, way_back: WayBackFactory | None = None,
+                 shared: Callable[[HostSpec], Master] | None = None) -> None:
+        """`way_back`: where the tasks cannot reach this machine through their own host's remote
+        forward (a Slurm allocation's nodes: `hosts` is then its login host alone), what carries
+        their connections back to the coordinator, made from the first route's master and the
+        chief's port (dtf.providers.slurm.relay).
         `shared`: the cluster's master to a host (dtf.hosts.control), carrying the run's connections
-        (SharedMaster); without it, each host gets a master of its own that ends with the run."""
-        ssh = ssh_binary()
+        (SharedMaster); None where there is no `ssh`: paramiko's channels (PythonRoute)."""
         # The chief's port: the tasks reach the coordinator at 127.0.0.1:PORT on their own host, a
         # remote forward of each host's SSH connection back to this machine (a checkpoint written
         # through the coordinator has the ps fetch from it; behind NAT nothing else reaches it).
         self.chief_port = listen_port("127.0.0.1")
         self.routes = []
         for spec, targets in hosts:
-            via: Master | SharedMaster | PythonRoute
-            if ssh and shared is not None:
-                via = SharedMaster(shared(spec), self.chief_port)
-            elif ssh:
-                via = Master(ssh, spec, ssh_config, control_path(home, cluster, spec.host), connect_timeout,
-                             self.chief_port)
-            else:
-                via = PythonRoute(spec, ssh_config, connect_timeout, self.chief_port)
+            via: SharedMaster | PythonRoute = (SharedMaster(shared(spec), self.chief_port) if shared is not None
+                                               else PythonRoute(spec, ssh_config, connect_timeout, self.chief_port))
             self.routes.append(Route(spec.host, via, set(targets)))
         self.proxy = Proxy(self.routes)
-        self.relay: LoginRelay | None = None
-        if relay_for:
+        self.relay: WayBack | None = None
+        if way_back is not None:
             login = self.routes[0].via
-            if not isinstance(login, Master):
+            if not isinstance(login, SharedMaster):
                 raise HostError("a Slurm cluster's tasks reach the coordinator through OpenSSH's remote "
                                 "forward: install the ssh client (`ssh` on the PATH)")
-            self.relay = LoginRelay(login, self.chief_port, relay_for, login.spec.python)
+            self.relay = way_back(login.master, self.chief_port)
 
     @property
     def chief_address(self) -> str:

@@ -27,6 +27,7 @@ from dtf.hostops.parallel import HostOps
 from dtf.hostops.status import TaskState, states
 from dtf.hosts.netutil import CONNECT_TIMEOUT, listen_port
 from dtf.program import figures, noise
+from dtf.providers.choose import provider_for
 from dtf_server.procs import EXIT_STATUS_ENV, ended_before_crash, exit_reason
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def say(message: str) -> None:
 def run_program(record: Record, program: str, args: list[str], output: str | None,
                 attempts: int = 3, ps_wait: float = 120.0,
                 connect_timeout: float = CONNECT_TIMEOUT, verbose: bool = False,
-                hook_env: dict[str, str] | None = None, slurm_wait: float = realloc.SLURM_WAIT) -> int:
+                hook_env: dict[str, str] | None = None, slurm_wait: float = realloc.ALLOCATION_WAIT) -> int:
     """Run `python PROGRAM ARGS` as the cluster's chief; return its exit code.
 
     While it runs, the cluster's lease is renewed. If the program fails because a ps was lost
@@ -116,7 +117,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     tasks of a host unanswered past `host_timeout` to a spare: the program is then stopped and
     runs again on the new placement (ClusterDown, in one line, where no spare is left).
     A Slurm job that ended meanwhile (a lost node, a preemption, the time limit) is replaced by a
-    new allocation from the same inventory, pending up to `slurm_wait` seconds (dtf.hostops.realloc),
+    new allocation from the same inventory, pending up to `slurm_wait` seconds (dtf.providers.slurm.reallocate),
     and the program runs again there; a job of the user's own (`job:`) ends the run in one line.
     Unless `verbose`, TensorFlow's own chatter is filtered out of the program's stderr (dtf.program.noise).
     """
@@ -232,7 +233,8 @@ def keep_lease(stack: contextlib.ExitStack, record: Record, connect_timeout: flo
 
 def tunnel_to(stack: contextlib.ExitStack, record: Record, connect_timeout: float) -> Tunnel | None:
     """In ssh mode, the tunnel to the tasks, open for as long as `stack` is (None in direct mode)."""
-    return stack.enter_context(open_tunnel(record, connect_timeout)) if record.network == "ssh" else None
+    tunnel = provider_for(record.plan, connect_timeout).route(record.network)
+    return stack.enter_context(tunnel) if tunnel is not None else None
 
 
 def program_argv(program: str, args: list[str]) -> list[str]:
@@ -284,12 +286,7 @@ class RunFigures:
 def job_ended(record: Record, connect_timeout: float, raise_it: bool = False) -> str | None:
     """On a Slurm cluster whose job no longer runs (its time limit, a preemption, a lost node):
     one line on why, with Slurm's reason (ClusterDown with it, `raise_it`); else None."""
-    if record.plan.slurm is None:
-        return None
-    from dtf.hostops.slurm import allocation_state
-
-    _, ended = allocation_state(record.plan.slurm, record.cluster, record.plan.ssh_config, record.plan.ttl,
-                                connect_timeout, what="dtf train")
+    ended = provider_for(record.plan, connect_timeout).ended("dtf train")
     if ended is not None and raise_it:
         raise ClusterDown(f"cluster {record.plan.cluster!r}: {ended}")
     return ended
@@ -302,32 +299,6 @@ def ps_states(ops: HostOps) -> list[TaskState]:
 
 def ps_incarnations(ops: HostOps) -> dict[str, tuple[int, int | None]]:
     return {s.task.name: s.status.incarnation for s in ps_states(ops) if s.status is not None}
-
-
-def open_tunnel(record: Record, connect_timeout: float) -> Tunnel:
-    """ssh mode: the program's gRPC channels to the tasks go through SSH (dtf.hosts.tunnel)."""
-    from dtf.cluster.inventory import HostSpec
-    from dtf.hosts.control import cluster_master
-    from dtf.hosts.masters import Master
-    from dtf.hosts.openssh import ssh_binary
-    from dtf.hosts.tunnel import Tunnel
-
-    plan = record.plan
-    if plan.slurm is not None:  # only the login host is reached by SSH: every task through it
-        return Tunnel([(plan.slurm.login, [t.address for t in plan.tasks()])], plan.ssh_config, state.home(),
-                      plan.cluster, connect_timeout, relay_for=plan.slurm.addresses)
-    hosts = [(hp.spec, [t.address for t in hp.tasks]) for hp in plan.remote_hosts]
-    ssh = ssh_binary()
-    if ssh is None:  # paramiko carries the connections (dtf.hosts.proxy.PythonRoute)
-        return Tunnel(hosts, plan.ssh_config, state.home(), plan.cluster, connect_timeout)
-    ttl = {hp.name: hp.ttl for hp in plan.remote_hosts}
-
-    def shared(spec: HostSpec) -> Master:
-        """The cluster's master to the host, kept since `up`: the run makes no new SSH handshake."""
-        return cluster_master(ssh, spec, state.home(), plan.cluster, plan.ssh_config, connect_timeout,
-                              ttl[spec.host], session=True)
-
-    return Tunnel(hosts, plan.ssh_config, state.home(), plan.cluster, connect_timeout, shared=shared)
 
 
 def lost_ps(ops: HostOps, before: dict[str, tuple[int, int | None]], network: str = "direct") -> list[str]:

@@ -29,7 +29,7 @@ DEFAULT_HOST_TIMEOUT = 60.0
 class HostSpec:
     host: str  # as written: a name, an address, or a ~/.ssh/config alias
     line: int  # where this host's entry starts in the file (1-based), for later error messages
-    connection: str  # "ssh" or "local"
+    connection: str  # "ssh", "local", or "slurm" (a node of a Slurm allocation: made by `with_nodes`)
     user: str | None  # None: ~/.ssh/config or the local user decides
     port: int | None  # SSH port; None: ~/.ssh/config or 22
     identity_file: str | None
@@ -52,6 +52,16 @@ class HostSpec:
     def managed(self) -> bool:
         return self.python == MANAGED
 
+    @property
+    def local(self) -> bool:
+        """This machine: its tasks are local processes, reached directly (`connection: local`)."""
+        return self.connection == "local"
+
+    @property
+    def allocated(self) -> bool:
+        """A node of a scheduler's allocation (Slurm), reached through the host in front of it."""
+        return self.connection == "slurm"
+
 
 @dataclass(frozen=True)
 class SyncSpec:
@@ -66,7 +76,7 @@ class SyncSpec:
 @dataclass(frozen=True)
 class SlurmSpec:
     """`slurm:` in place of `hosts:`: the cluster's nodes come from a Slurm allocation, made through
-    the login host (dtf.cluster.slurm builds the commands). Either `nodes` (dtf submits an
+    the login host (dtf.providers.slurm.commands builds the commands). Either `nodes` (dtf submits an
     allocation, and cancels it at `down`) or `job` (an allocation the user made: used, never
     cancelled)."""
 

@@ -13,8 +13,8 @@ import io
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory import HostSpec
-from dtf.cluster.slurm import Allocation, step_argv
 from dtf.hosts.base import (
     COMMAND_TIMEOUT,
     HostError,
@@ -22,17 +22,16 @@ from dtf.hosts.base import (
     Output,
     Readable,
     Result,
+    ServerStart,
     Transport,
     temporary_name,
 )
-from dtf.hosts.kept import KeptStart
-from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.transport import transport_for
 from dtf.hosts.trees import fetch_by_tar
+from dtf.providers.slurm.commands import step_argv
 
 # Write stdin to "$1/$2" atomically (as put_bytes promises): a temporary name, then a rename.
 _WRITE = 'mkdir -p "$1" && cat > "$1/$3" && mv -f "$1/$3" "$1/$2"'
-# The last line of a kept step's output when it ended (start_kept): its exit status.
+# The last line of a staying step's output when it ended (start_servers): its exit status.
 _EXIT = "dtf-step-exit"
 # sh that passes on the first $1 lines of its stdin, each as it comes (head holds them until the end).
 _LINES = 'n=0; while [ "$n" -lt "$1" ] && IFS= read -r l; do printf "%s\\n" "$l"; n=$((n + 1)); done'
@@ -46,7 +45,7 @@ def _written_then(argv: Sequence[str], remote_dir: str, filename: str) -> list[s
 
 
 def kept_result(r: Result) -> Result:
-    """start_kept's Result: the step's lines, and its exit status where it said it (it ended)."""
+    """start_servers' Result: the step's lines, and its exit status where it said it (it ended)."""
     lines = r.stdout.splitlines()
     if lines and lines[-1].startswith(_EXIT + " "):
         code = lines.pop().split()[-1]
@@ -55,7 +54,7 @@ def kept_result(r: Result) -> Result:
 
 
 def _kept_outcome(r: Result, name: str, lines: int, timeout: float) -> Result:
-    """The Result of a kept step's command on the login host (_detached's), or HostError where its
+    """The Result of a staying step's command on the login host (_detached's), or HostError where its
     lines did not all come within `timeout` (`timeout` exits 124)."""
     if r.exit_code == 124:
         said = len(r.stdout.splitlines())
@@ -84,12 +83,10 @@ def _detached(srun: str, lines: int, timeout: float, err: str) -> str:
 
 
 class SlurmStepTransport(Transport):
-    def __init__(self, spec: HostSpec, allocation: Allocation, ssh_config: str | None = None,
-                 connect_timeout: float = CONNECT_TIMEOUT, login: Transport | None = None) -> None:
+    def __init__(self, spec: HostSpec, allocation: Allocation, login: Transport) -> None:
         super().__init__(spec)
         self.allocation = allocation
-        # `login`: the login host's transport (the cluster's master to it: dtf.hostops.slurm.login_master)
-        self.login = login or transport_for(allocation.login, ssh_config, connect_timeout)
+        self.login = login  # the login host's runner (the cluster's connection to it)
 
     def step(self, argv: Sequence[str], name: str = "dtf") -> list[str]:
         return node_step(self.allocation.job, self.spec.host, argv, name=name)
@@ -126,7 +123,9 @@ class SlurmStepTransport(Transport):
         step = _written_then(argv, remote_dir, filename)
         return self.login.run_with_input(self.step(step), data, timeout=COMMAND_TIMEOUT + timeout)
 
-    def start_kept(self, start: KeptStart) -> Result:
+    keeps_step = True
+
+    def start_servers(self, start: ServerStart) -> Result:
         """`start.argv` as a job step that stays (the launcher's `start --keep`: it lasts as long as
         the supervisors it forks, so Slurm accounts for them and ends them with the job), named
         `start.name`; `start.upload` (data, dir, filename): a file written on its stdin first, as

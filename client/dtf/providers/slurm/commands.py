@@ -1,6 +1,6 @@
 """The Slurm commands dtf runs on a cluster's login host, as argv lists, and how it reads their
-answers. Pure: no I/O (dtf.hostops.slurm runs them) but reading the programs some of them run
-(dtf.cluster.programs).
+answers. Pure: no I/O (dtf.providers.slurm.allocation runs them) but reading the programs some of them run
+(dtf.hosts.programs).
 
 What dtf asks for is an allocation that holds its nodes and runs nothing of its own (`salloc
 --no-shell`: Slurm grants it at once where the nodes are free, where a batch job waits for the
@@ -15,10 +15,9 @@ import posixpath
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
 
-from dtf.cluster.inventory import HostSpec, Inventory
-from dtf.cluster.programs import script
+from dtf.cluster.inventory import Inventory
+from dtf.hosts.programs import script
 
 # The lease watch of the allocation dtf submits: a job step on its first node that cancels the job
 # once the cluster's lease there lapsed: no dtf command used the cluster for its ttl (`dtf up
@@ -28,6 +27,11 @@ from dtf.cluster.programs import script
 # once every node is clean (ending it sooner would cut the other nodes' clean). The program:
 # scripts/lease_watch.py.
 HOLD_POLL = 2.0  # seconds
+
+
+def _script(name: str) -> str:
+    """A program of this package's scripts/ folder, as the text a command carries."""
+    return script(name, "dtf.providers.slurm")
 
 
 def quote_arg(arg: str) -> str:
@@ -46,7 +50,7 @@ def watch_script(inv: Inventory, poll: float = HOLD_POLL) -> str:
     # job's end reaches it, not a shell, whose wait would hold the job's end.
     py = quote_arg(python)
     return (f"command -v {py} >/dev/null 2>&1 || exec sleep infinity; "
-            f"exec {py} -c {shlex.quote(script('lease_watch.py'))} {quote_arg(lease)} {poll:g}")
+            f"exec {py} -c {shlex.quote(_script('lease_watch.py'))} {quote_arg(lease)} {poll:g}")
 
 
 def watch_argv(inv: Inventory, job: str, node: str) -> list[str]:
@@ -204,7 +208,7 @@ def wait_argv(job: str | None = None, submit: list[str] | None = None, seconds: 
     `then`: sh to start, detached, once the job runs (watch_command)."""
     settings = {"MS": str(round(max(0.0, seconds) * 1000)), "PAUSE": f"{pause:g}", "ID_MS": str(ID_SECONDS * 1000),
                 "WATCH_DELAY": f"{WATCH_DELAY:g}", "THEN": then or ""}
-    program = "; ".join(f"{name}={shlex.quote(value)}" for name, value in settings.items()) + "\n" + script("wait.sh")
+    program = "; ".join(f"{name}={shlex.quote(value)}" for name, value in settings.items()) + "\n" + _script("wait.sh")
     if submit is not None:
         return ["sh", "-c", program, "sh", "--submit", "-", "-", "--", *submit]
     assert job is not None
@@ -240,7 +244,7 @@ CANCEL_PAUSE = 0.05
 
 def cancel_argv(job: str, seconds: float, pause: float = CANCEL_PAUSE) -> list[str]:
     """Cancel `job` and wait until the queue no longer lists it, for at most `seconds` (scripts/cancel.sh)."""
-    return ["sh", "-c", script("cancel.sh"), "sh", job, str(max(1, round(seconds / pause))), f"{pause:g}"]
+    return ["sh", "-c", _script("cancel.sh"), "sh", job, str(max(1, round(seconds / pause))), f"{pause:g}"]
 
 
 def step_argv(job: str, node: str, argv: list[str] | tuple[str, ...], name: str = "dtf") -> list[str]:
@@ -277,30 +281,6 @@ def _node_line(label: str, ps: tuple[int, ...], workers: tuple[int, ...], i: int
     tasks = [f"ps:{index(k, n_ps)} :{p}" for k, p in enumerate(ps)]
     tasks += [f"worker:{index(k, n_workers)} :{p}" for k, p in enumerate(workers)]
     return [f"  {label}: " + ", ".join(tasks)]
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """A running Slurm job that holds a cluster's nodes, reached through its login host."""
-
-    job: str
-    submitted: bool  # dtf submitted it (and cancels it at `down`); False: the inventory's `job:`
-    login: HostSpec
-    nodes: tuple[str, ...] = ()  # in Slurm's order
-    addresses: tuple[str, ...] = ()  # each node's NodeAddr: where the other tasks reach its servers
-    request: tuple[str, ...] = ()  # what it was made from (`request(inv)`): an `up` asking otherwise differs
-
-    def address_of(self, node: str) -> str:
-        return self.addresses[self.nodes.index(node)]
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Allocation:
-        login = dict(data["login"])
-        for key in ("ps_ports", "worker_ports", "packages"):
-            login[key] = tuple(login.get(key, ()))
-        return cls(job=data["job"], submitted=data["submitted"], login=HostSpec(**login),
-                   nodes=tuple(data["nodes"]), addresses=tuple(data["addresses"]),
-                   request=tuple(data.get("request", ())))
 
 
 def request(inv: Inventory) -> tuple[str, ...]:
@@ -344,3 +324,24 @@ def program_step_argv(job: str, nodes: list[str] | tuple[str, ...], per_node: in
     return ["srun", "--quiet", f"--jobid={job}", "--overlap", "--overcommit", f"--nodes={len(nodes)}",
             f"--ntasks={len(nodes) * per_node}", f"--ntasks-per-node={per_node}", f"--nodelist={','.join(nodes)}",
             "--distribution=block", *gpus, f"--job-name=dtf-{cluster}-program", "--kill-on-bad-exit=0", *argv]
+
+
+def request_lines(inv: Inventory) -> list[str]:
+    """--dry-run of a Slurm inventory: what `up` submits through the login host, and the layout."""
+    from dtf.hosts.shell import render
+
+    spec = inv.slurm
+    assert spec is not None
+    login = spec.login
+    target = "ssh " + " ".join(filter(None, [f"-l {login.user}" if login.user else "",
+                                             f"-p {login.port}" if login.port else "",
+                                             f"-i {login.identity_file}" if login.identity_file else "", login.host]))
+    lines = [f"cluster {inv.cluster} (from {inv.path}): a Slurm allocation, through the login host ({target})"]
+    if spec.submits:
+        lines += [f"  submit   {render(salloc_argv(inv))}",
+                  "           (cancelled by `dtf down`, and by Ctrl-C or --slurm-wait while it pends; a job step "
+                  "on its first node cancels it when the cluster's lease lapses there)"]
+    else:
+        lines.append(f"  use      job {spec.job}, an allocation you made: never cancelled by dtf")
+    lines.append("  each node's tasks: a job step, " + render(step_argv(spec.job or "ID", "NODE", ["..."])))
+    return lines + layout_lines(inv)

@@ -1,6 +1,6 @@
 # shellcheck shell=sh
 # Cancel a Slurm job and wait until the queue no longer lists it: on the login host, one command,
-# not a round trip a look. dtf.cluster.slurm.cancel_argv runs it as `sh -c THIS sh JOB TRIES
+# not a round trip a look. dtf.providers.slurm.commands.cancel_argv runs it as `sh -c THIS sh JOB TRIES
 # PAUSE`: scancel, then squeue every PAUSE seconds until it prints nothing for the job (or no
 # longer knows it). Exits 3 with squeue's last answer if the job is still listed after TRIES
 # looks; scancel's own failure exits 1 with its message.

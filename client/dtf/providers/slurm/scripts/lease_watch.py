@@ -1,5 +1,5 @@
 """The lease watch of an allocation dtf submitted, run on the job's first node as
-`python -c THIS LEASE_FILE POLL` (dtf.cluster.slurm.watch_script): it cancels the job (scancel)
+`python -c THIS LEASE_FILE POLL` (dtf.providers.slurm.commands.watch_script): it cancels the job (scancel)
 once the cluster's lease there lapsed, looking every POLL seconds. A lease file written before the
 watch began is an earlier job's (a job ended by its lapse may end before its supervisors removed
 the files): ignored, or the new job would end at once. Standard library only: the node's python."""

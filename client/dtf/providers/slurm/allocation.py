@@ -9,16 +9,20 @@ Nothing here prints: what the wait looks like goes through `say`.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
-from dtf.cluster import slurm
+from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory import HostSpec, Inventory
 from dtf.cluster.plan import DEFAULT_TTL
-from dtf.cluster.slurm import Allocation, JobState
-from dtf.errors import HostFailure
+from dtf.errors import ClusterChanged, HostFailure
+from dtf.hosts.connections import Connections
 from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.transport import HostError, Transport, transport_for
+from dtf.hosts.transport import HostError, Transport
+from dtf.providers.slurm import commands as slurm
+from dtf.providers.slurm.commands import JobState
 
 # While a job pends: squeue often at first, on the login host (a free partition starts a job in a
 # second or two: slurm.wait_argv's looks), then a look a second or so (a long wait must not load
@@ -27,24 +31,21 @@ POLL_MAX = 1.0
 CANCEL_TIMEOUT = 60.0  # seconds a cancelled job gets to leave the queue
 QUERY_TIMEOUT = 30.0  # seconds for one Slurm command on the login host
 
+if TYPE_CHECKING:
+    from dtf.cluster.state import Record
+
 Say = Callable[[str], None]
 
 
 def login_master(login: HostSpec, cluster: str, ssh_config: str | None, connect_timeout: float = CONNECT_TIMEOUT,
                  ttl: float = DEFAULT_TTL) -> Transport:
-    """The login host over the cluster's OpenSSH master for it (dtf.hosts.control), where there is
-    an `ssh`: `up`'s allocation and every job step of its nodes share one connection, a round trip
-    each, not a handshake (and no Fabric import); kept `ttl` seconds after its last use, closed
-    by `down` (close_control) or by `release`. Without ssh, paramiko (a handshake per transport)."""
+    """The login host's runner, over the cluster's connection to it (dtf.hosts.connections: an
+    OpenSSH master where there is an `ssh`): `up`'s allocation and every job step of its nodes
+    share one connection, a round trip each, not a handshake; kept `ttl` seconds after its last
+    use, closed by `down` (close_masters) or by `release`."""
     from dtf.cluster import state
-    from dtf.hosts import control
-    from dtf.hosts.openssh import ssh_binary
 
-    ssh = ssh_binary()
-    if ssh is None:
-        return transport_for(login, ssh_config, connect_timeout)
-    return control.ControlTransport(control.cluster_master(ssh, login, state.home(), cluster, ssh_config,
-                                                           connect_timeout, ttl))
+    return Connections(state.home(), cluster, ssh_config, connect_timeout).runner(login, ttl)
 
 
 def login_args(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT,
@@ -63,9 +64,8 @@ def login_transport(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, tt
 def close_masters(cluster: str) -> None:
     """Close the cluster's masters (the login host's among them)."""
     from dtf.cluster import state
-    from dtf.hosts.control import close_control
 
-    close_control(state.home(), cluster)
+    Connections(state.home(), cluster).close()
 
 
 def _run(t: Transport, argv: list[str], what: str) -> str:
@@ -184,22 +184,20 @@ def _cancel(t: Transport, job: str, say: Say) -> float:
 
 
 def release(allocation: Allocation, ssh_config: str | None, say: Say,
-            connect_timeout: float = CONNECT_TIMEOUT, cluster: str | None = None) -> float | None:
+            connect_timeout: float = CONNECT_TIMEOUT, *, cluster: str) -> float | None:
     """`down`: cancel the job dtf submitted and wait until it has left the queue (seconds it
-    took); a job the user made is left running (None). `cluster`: its masters are closed too (an
-    `up` that failed after its allocation)."""
+    took); a job the user made is left running (None). The cluster's masters are closed after
+    (an `up` that failed after its allocation, `down`)."""
     try:
         if not allocation.submitted:
             say(f"job {allocation.job} is yours (the inventory's job:): left running")
             return None
-        with (login_master(allocation.login, cluster, ssh_config, connect_timeout) if cluster is not None
-              else transport_for(allocation.login, ssh_config, connect_timeout)) as t:
+        with login_master(allocation.login, cluster, ssh_config, connect_timeout) as t:
             return _cancel(t, allocation.job, say)
     except HostError as e:
         raise HostFailure("dtf down (Slurm)", {allocation.login.host: str(e)})
     finally:
-        if cluster is not None:
-            close_masters(cluster)
+        close_masters(cluster)
 
 
 def cancel_ended(allocation: Allocation, cluster: str, ssh_config: str | None, ttl: float,
@@ -246,7 +244,7 @@ def bad_nodes(t: Transport, allocation: Allocation) -> bool:
 
 
 def ended(t: Transport, allocation: Allocation) -> str:
-    """One line on why the allocation's job no longer runs (dtf.cluster.slurm.ended_line)."""
+    """One line on why the allocation's job no longer runs (dtf.providers.slurm.commands.ended_line)."""
     job = t.run(slurm.show_job_argv(allocation.job), timeout=QUERY_TIMEOUT)
     nodes = t.run(slurm.show_nodes_argv(allocation.nodes), timeout=QUERY_TIMEOUT)
     return slurm.ended_line(allocation.job, job.stdout if job.ok else "", nodes.stdout if nodes.ok else "")
@@ -266,3 +264,53 @@ def detach_steps(t: Transport, argvs: list[list[str]]) -> None:
     r = t.run(["sh", "-c", detach_script(argvs)], timeout=QUERY_TIMEOUT)
     if not r.ok:
         raise HostError(f"starting a job step failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+@contextlib.contextmanager
+def allocated(inv: Inventory, *, wait: float, say: Say, connect_timeout: float, replace: bool,
+              ttl: float | None, take_down: Callable[[Record], None]) -> Iterator[Allocation]:
+    """`up`'s allocation (`up_allocation`), for the block that starts the cluster on it. One made
+    for this `up` is released (cancelled, its masters closed) when the block raises, Ctrl-C
+    included: one is kept only for a cluster that started."""
+    allocation, fresh = up_allocation(inv, wait=wait, say=say, connect_timeout=connect_timeout, replace=replace,
+                                      ttl=ttl, take_down=take_down)
+    try:
+        yield allocation
+    except BaseException:
+        if fresh:
+            release(allocation, inv.ssh_config, say, connect_timeout, cluster=inv.cluster)
+        raise
+
+
+def up_allocation(inv: Inventory, *, wait: float, say: Say, connect_timeout: float, replace: bool,
+                  ttl: float | None, take_down: Callable[[Record], None]) -> tuple[Allocation, bool]:
+    """The allocation `up` runs a Slurm inventory's cluster on: the recorded cluster's, while its
+    job runs and the inventory asks for the same one (an `up` again repairs it), else a new one
+    (True: made now, so an `up` that fails cancels it). An inventory that asks for another
+    allocation than the running one is refused (ClusterChanged); `replace` takes the recorded
+    cluster down (`take_down`, its job with it) and starts anew."""
+    from dtf.cluster import state
+
+    if inv.cluster in state.names():
+        record = state.load(inv.cluster)
+        recorded = record.plan.slurm
+        if replace:
+            take_down(record)
+        elif recorded is not None:
+            try:
+                with login_transport(inv, connect_timeout, ttl) as t:
+                    job = job_state(t, recorded.job)
+            except HostError as e:
+                raise HostFailure("dtf up (Slurm)", {recorded.login.host: str(e)})
+            if job.state == "RUNNING" and recorded.request != slurm.request(inv):
+                raise ClusterChanged(inv.cluster, record.inventory, inv.path, [
+                    f"slurm: job {recorded.job} was made by {' '.join(recorded.request)[:300]}",
+                    f"slurm: this inventory asks for {' '.join(slurm.request(inv))[:300]}"])
+            if job.state == "RUNNING":
+                return recorded, False
+            if job.gone:  # its lease lapsed, it ran out of time, or someone cancelled it
+                with state.locked():
+                    state.remove(inv.cluster)
+                say(f"job {recorded.job} of cluster {inv.cluster} is no longer in the queue "
+                    f"(its tasks ended with it): starting the cluster anew")
+    return allocate(inv, wait=wait, say=say, connect_timeout=connect_timeout, ttl=ttl), True

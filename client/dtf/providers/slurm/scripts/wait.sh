@@ -1,6 +1,6 @@
 # shellcheck shell=sh
 # Submit a Slurm job and wait for it, or look at one: one command on the login host per look (a
-# round trip each: what the laptop pays per command, not Slurm). dtf.cluster.slurm.wait_argv runs
+# round trip each: what the laptop pays per command, not Slurm). dtf.providers.slurm.commands.wait_argv runs
 # it as `sh -c "SETTINGS; THIS" sh ARGS`, SETTINGS the shell-quoted assignments of:
 #   MS           how long to look, by the login host's clock (a loaded slurmctld makes each
 #                squeue slower, not the look longer than that and one squeue)
