@@ -131,7 +131,7 @@ def up(
              "laptops behind NAT and hosts that open only port 22), or auto (test, then pick). "
              "Default: the inventory's network, else auto."),
     connect_timeout: float = ConnectTimeoutOpt,
-    slurm_wait: float = typer.Option(600.0, "--slurm-wait",
+    allocation_wait: float = typer.Option(600.0, "--slurm-wait",
                                      help="Slurm: seconds the allocation may pend before dtf cancels it."),
 ) -> None:
     """Start the cluster INVENTORY describes.
@@ -152,7 +152,7 @@ def up(
     if dry_run and ui.show_request(inv):  # hosts a scheduler lends: what `up` asks for, no plan yet
         return
     server = os.environ.get(lifecycle.SERVER_ENV) or "tensorflow"
-    with lifecycle.allocated(inv, wait=slurm_wait, say=ui.say, connect_timeout=connect_timeout,
+    with lifecycle.allocated(inv, wait=allocation_wait, say=ui.say, connect_timeout=connect_timeout,
                              replace=replace, view=ui.host_progress, ttl=ttl_seconds) as allocation:
         plan = lifecycle.load_plan(inv, ttl_seconds, server, network=network, allocation=allocation)
         if dry_run:
@@ -181,7 +181,7 @@ def train(
                                       "new allocation) and runs the program again (it resumes from "
                                       "its last checkpoint)."),
     ps_wait: float = typer.Option(120.0, "--ps-wait", help="Seconds to wait for a lost ps to serve again."),
-    slurm_wait: float = typer.Option(600.0, "--slurm-wait",
+    allocation_wait: float = typer.Option(600.0, "--slurm-wait",
                                      help="Slurm: seconds the new allocation that replaces an ended job "
                                           "may pend before dtf cancels it and ends the run."),
     collective: bool = typer.Option(False, "--collective",
@@ -234,7 +234,7 @@ def train(
     code = run_program(lifecycle.recorded(cluster), str(program), list(args or []),
                        str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
                        connect_timeout=connect_timeout, verbose=verbose, hook_env=hook_env,
-                       slurm_wait=slurm_wait)
+                       allocation_wait=allocation_wait)
     raise typer.Exit(code)
 
 
@@ -287,7 +287,7 @@ def status(
 
     found = cluster_status(cluster, connect_timeout=connect_timeout)
     rows = ui.status_rows(found.states, found.record.recovered)
-    ui.show_status(found.record, rows, json_out, found.job, found.ended)
+    ui.show_status(found.record, rows, json_out, found.report)
     if found.ended is not None:
         raise found.ended_error()
     if any(r["state"] != "alive" for r in rows):

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # annotations only: every dtf command imports this module, fe
     from dtf.hostops.start import HostStarted
     from dtf.hostops.status import TaskState
     from dtf.hostops.stop import HostStopped
-    from dtf.providers.slurm.commands import JobState
+    from dtf.providers.provider import AllocationReport
 
 # The version of `dtf status --json`'s document (docs/watching.md): fields may be added; a change that would
 # break a reader bumps it.
@@ -156,7 +156,9 @@ def show_plan(plan: Plan) -> None:
             f"skipped where a host has it)")
     say("\nTF_CONFIG cluster (the chief is added by `dtf train`): "
         + json.dumps(plan.cluster_spec()))
-    say(network_plan(plan))
+    from dtf.providers import route
+
+    say(route.network_line(plan))
     say(firewall_plan(plan))
 
 
@@ -171,26 +173,13 @@ def show_request(inv: Inventory) -> bool:
     return lines is not None
 
 
-def network_plan(plan: Plan) -> str:
-    """What `up` will do about how this machine reaches the tasks (for --dry-run)."""
-    if not plan.remote_hosts:
-        return "network: direct (every host is this machine)"
-    ports = ", ".join(t.address for hp in plan.remote_hosts for t in hp.tasks)
-    if all(plan.network_for(hp) == "ssh" for hp in plan.remote_hosts):
-        why = " (firewall: members)" if plan.network == "auto" else ""
-        return (f"network: ssh{why}: `dtf train` reaches {ports} through SSH to their hosts; "
-                f"`up` checks each through SSH, and whether this machine can also reach them directly")
-    if plan.network == "direct":
-        return f"network: direct: `up` checks that this machine connects to {ports}"
-    return (f"network: auto: `up` tests whether this machine connects directly to {ports}; "
-            f"if every one does, direct, else ssh (through SSH to their hosts, checked too)")
-
-
 def firewall_plan(plan: Plan) -> str:
     """Who may connect to the TF ports, as `up` will set it (for --dry-run)."""
     if plan.firewall == "off":
         return "firewall: off: the TF ports accept connections from anyone who reaches them"
-    laptop = any(plan.network_for(hp) != "ssh" for hp in plan.remote_hosts)
+    from dtf.providers import route
+
+    laptop = route.laptop_let_in(plan)
     refused = "`up` refuses the host" if plan.firewall == "members" else "`up` goes on and says so"
     return (f"firewall: {plan.firewall}: on each host, before its servers start, the TF ports accept "
             f"connections only from {', '.join(plan.members())}, loopback"
@@ -320,30 +309,21 @@ def status_rows(states: list[TaskState], recovered: dict[str, str] | None = None
     return rows
 
 
-def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool, job: JobState | None = None,
-                ended: str | None = None) -> None:
-    """The status table (or JSON); `ended`: a Slurm job that no longer runs, why (in one line): the
-    JSON says it, the table is not shown (the caller says the line as its error)."""
+def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool,
+                report: AllocationReport | None = None) -> None:
+    """The status table (or JSON); `report`: the hosts' allocation where a scheduler lends them
+    (dtf.providers): its line above the table; while it no longer runs the JSON says why, and the
+    table is not shown (the caller says the line as its error)."""
     plan = record.plan
-    slurm = None
-    if plan.slurm is not None and job is not None:
-        slurm = {"job": plan.slurm.job, "submitted_by_dtf": plan.slurm.submitted, "state": job.state or "gone",
-                 "reason": job.reason, "time_used": job.used, "time_left": job.left, "nodes": list(plan.slurm.nodes),
-                 "ended": ended, "allocation": record.allocation, "replaced": list(record.replaced)}
     if as_json:
         console().print_json(json.dumps({"schema": STATUS_SCHEMA, "cluster": plan.cluster,
                                          "network": record.network, "firewall": plan.firewall, "tasks": rows,
-                                         **({"slurm": slurm} if slurm else {})}))
+                                         **({report.key: report.doc} if report is not None else {})}))
         return
-    if ended is not None:
+    if report is not None and report.ended is not None:
         return
-    if slurm is not None and job is not None:
-        whose = "submitted by dtf" if slurm["submitted_by_dtf"] else "yours"
-        if record.replaced:  # `dtf train` replaced an ended job (dtf.providers.slurm.reallocate)
-            whose += f"; allocation {record.allocation}, after job {record.replaced[-1].split(':', 1)[0]} ended"
-        say(f"slurm job {slurm['job']} ({whose}): " + (
-            f"{job.state}, time used {job.used}, left {job.left}" if not job.gone else
-            "no longer in the queue: its tasks ended with it (`dtf down` forgets it)"))
+    if report is not None:
+        say(report.line)
     from rich.table import Table
 
     # Columns without borders, and only the last exit wraps: the table reads whole at 80 columns.

@@ -166,7 +166,7 @@ def test_record_of_another_dtf_is_one_line(dtf_home: Path):
         assert r.exit_code == 5, r.output
         assert r.output.splitlines() == [
             f"dtf: error: the record of cluster 'old' ({dtf_home}/state/old.json) was written by another "
-            "version of dtf (record format 1, this dtf reads 2): take the cluster down with the dtf that "
+            "version of dtf (record format 1, this dtf reads 3): take the cluster down with the dtf that "
             "started it, or stop its tasks by hand and remove the record"], r.output
 
 

@@ -21,6 +21,7 @@ import inspect
 import json
 import os
 import re
+import textwrap
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -373,7 +374,7 @@ def json_examples(page: str) -> list[dict[str, Any]]:
 
 def keys_of_dict_assigned(module: Any, function: str, name: str) -> set[str]:
     """The keys of the dict literal `function` (in `module`) assigns to `name`."""
-    tree = ast.parse(inspect.getsource(getattr(module, function)))
+    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(module, function))))
     for node in ast.walk(tree):
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
                 and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)):
@@ -397,7 +398,9 @@ def test_the_json_documents_shown_have_every_field_the_code_writes(tmp_path: Pat
     assert set(status) == {"schema", "cluster", "network", "firewall", "tasks"}
     assert set(status["tasks"][0]) == set(rows[0])
     assert set(slurm_status) == set(status) | {"slurm"}
-    assert set(slurm_status["slurm"]) == keys_of_dict_assigned(ui, "show_status", "slurm")
+    from dtf.providers.slurm.provider import SlurmProvider
+
+    assert set(slurm_status["slurm"]) == keys_of_dict_assigned(SlurmProvider, "report", "doc")
 
     live = tmp_path / "live"
     live.mkdir()

@@ -52,7 +52,7 @@ def starter(network: str, slurm: bool) -> tuple[Starter, Any]:
         inv = loads(f"cluster: c\nnetwork: {network}\nslurm: {{login: l, nodes: 1, ps: 1, workers: 1}}\n")
         assert inv.slurm is not None
         allocation = Allocation(job="7", submitted=True, login=inv.slurm.login, nodes=("n1",), addresses=("10.0.0.1",))
-        plan = make_plan(inv.with_nodes(allocation.nodes), slurm=allocation)
+        plan = make_plan(inv.with_nodes(allocation.nodes), allocation=allocation)
     else:
         plan = make_plan(loads(f"cluster: c\nnetwork: {network}\nhosts: [{{host: a, address: 10.0.0.1, ps: 1, "
                                f"workers: 1}}]\n"))

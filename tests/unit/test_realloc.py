@@ -36,7 +36,7 @@ def record_of(submitted: bool = True) -> Record:
     assert inv.slurm is not None
     alloc = Allocation(job="77", submitted=submitted, login=inv.slurm.login, nodes=("n1", "n2"),
                              addresses=("10.0.0.1", "10.0.0.2"), request=slurm.request(inv))
-    return Record(plan=make_plan(inv.with_nodes(alloc.nodes), slurm=alloc), inventory="/x/inventory.yaml",
+    return Record(plan=make_plan(inv.with_nodes(alloc.nodes), allocation=alloc), inventory="/x/inventory.yaml",
                   created=1.0, chief_host="10.0.0.9")
 
 
@@ -83,7 +83,7 @@ def test_the_job_watch_asks_slurm_at_its_pace(monkeypatch: pytest.MonkeyPatch) -
     assert watch() and watch.ended == ENDED
     # A cluster of hosts has no job to end: never asked.
     hosts = record_of()
-    hosts = hosts.replace(plan=dataclasses.replace(hosts.plan, slurm=None))
+    hosts = hosts.replace(plan=dataclasses.replace(hosts.plan, allocation=None))
     never = realloc.JobWatch(hosts, 5.0, job_ended)
     now[0] += 10 * realloc.JOB_POLL
     assert not never() and len(asked) == 2

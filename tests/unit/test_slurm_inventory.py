@@ -216,7 +216,7 @@ def test_a_plan_on_an_allocation_round_trips() -> None:
     assert inv.slurm is not None
     alloc = Allocation(job="77", submitted=True, login=inv.slurm.login, nodes=("n1", "n2", "n3"),
                              addresses=("10.0.0.1", "10.0.0.2", "10.0.0.3"))
-    plan = make_plan(inv.with_nodes(alloc.nodes), slurm=alloc)
+    plan = make_plan(inv.with_nodes(alloc.nodes), allocation=alloc)
     assert plan.cluster_spec()["worker"][2:4] == ["10.0.0.2:3001", "10.0.0.2:3002"]
     assert Plan.from_dict(plan.to_dict()) == plan
     start = plan.hosts[1].check_start_argv(None, "2.21.0", keep=True)
@@ -259,7 +259,7 @@ def slurm_plan(text: str, nodes: tuple[str, ...] = ("n1", "n2")):  # type: ignor
     assert inv.slurm is not None
     alloc = Allocation(job="77", submitted=True, login=inv.slurm.login, nodes=nodes,
                              addresses=tuple(f"10.0.0.{i + 1}" for i in range(len(nodes))), request=slurm.request(inv))
-    return make_plan(inv.with_nodes(alloc.nodes), slurm=alloc)
+    return make_plan(inv.with_nodes(alloc.nodes), allocation=alloc)
 
 
 @pytest.mark.parametrize("gpus,workers,note", [

@@ -1,6 +1,6 @@
 """The allocation a cluster's hosts belong to, where a scheduler lends them (a Slurm job): its id,
 whether dtf made it, the host in front of it (the login host dtf reaches), its nodes and their
-addresses, and what it was made from. Plain data in the plan (`Plan.slurm`); the provider that
+addresses, and what it was made from. Plain data in the plan (`Plan.allocation`); the provider that
 made it (dtf.providers) is the only reader of its meaning."""
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ class Allocation:
 
     def address_of(self, node: str) -> str:
         return self.addresses[self.nodes.index(node)]
+
+    def address_of_spec(self, spec: HostSpec) -> str:
+        """A node's address, as the plan resolves a host's (`make_plan`'s resolve)."""
+        return self.address_of(spec.host)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Allocation:

@@ -15,7 +15,7 @@ usual setup of GPU sites). A program that builds SlurmClusterResolver (its defau
 sets its own CUDA_VISIBLE_DEVICES: block k of N // W ids for its k-th task on the node (W tasks a
 node). That is dtf's share whenever W divides N, once the resolver counts the node's N GPUs and
 not the copy's share (NODE_GPUS_ENV, read by dtf.program.hooks.collective); otherwise the two
-differ, and `slurm_note` says so.
+differ, and the Slurm provider says so (dtf.providers.slurm.commands.gpu_note).
 """
 
 from __future__ import annotations
@@ -50,23 +50,6 @@ def task_env(gpus: Sequence[int] | None, job: str, position: int, workers: int) 
 
 
 NODE_GPUS_ENV = "DTF_NODE_GPUS"  # a copy's node's GPU count (Slurm), for SlurmClusterResolver
-
-
-def slurm_note(gpus: Sequence[int] | None, workers: int) -> str | None:
-    """Why SlurmClusterResolver's own split of a node's GPUs among its `workers` tasks (block k of
-    N // W ids) would not be dtf's shares; None when they agree (or there are no GPUs)."""
-    if not gpus or workers <= 0:
-        return None
-    n = len(gpus)
-    if n < workers:
-        return (f"{n} GPU(s) per node for {workers} workers per node: dtf shares them round-robin, but "
-                f"SlurmClusterResolver gives each task {n} // {workers} = 0 and fails; a program reading "
-                f"TF_CONFIG is fine")
-    if n % workers:
-        return (f"{n} GPUs per node do not split evenly among {workers} workers per node: dtf gives the "
-                f"first workers one more, SlurmClusterResolver gives each {n // workers} and leaves "
-                f"{n % workers} unused (its auto_set_gpu overrides dtf's CUDA_VISIBLE_DEVICES)")
-    return None
 
 
 def env_prefix(variables: dict[str, str]) -> list[str]:

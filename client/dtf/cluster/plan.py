@@ -180,7 +180,7 @@ class HostPlan:
         """Start the tasks (or those in `only`). `reach`: then check that the host connects to
         these ADDR:PORTs (the other hosts' tasks, which may still be starting: each gets
         `reach_timeout` seconds). `keep`: a Slurm node's job step, which stays as long as the
-        supervisors it starts (dtf.providers.slurm.steps.start_kept)."""
+        supervisors it starts (dtf.providers.slurm.steps: start_servers)."""
         return self.bare_launcher_argv("start", *self._start_args(only, reach, reach_timeout, keep))
 
     def _start_args(self, only: Collection[str] | None, reach: Collection[str] = (), reach_timeout: float = 0,
@@ -275,7 +275,9 @@ class Plan:
     network: str = "auto"  # how the laptop reaches the tasks: inventory.NETWORKS (`up` decides auto)
     firewall: str = "auto"  # inventory.FIREWALLS: who may connect to the TF ports (`fence_args`)
     sync: tuple[SyncItem, ...] = ()  # sent to every host at `up`: not a change of the cluster
-    slurm: Allocation | None = None  # the hosts are this Slurm job's nodes, reached through its login host
+    # The scheduler's job (Slurm) whose nodes the hosts are, reached through its login host; None:
+    # the inventory's own hosts.
+    allocation: Allocation | None = None
     # Where the inventory names ssh_config (for its errors after `up`: check_ssh_config); 0: unknown.
     ssh_config_line: int = 0
     ssh_config_column: int = 0
@@ -364,7 +366,7 @@ class Plan:
                    ssh_config=data["ssh_config"], hosts=tuple(_host_from_dict(h) for h in data["hosts"]),
                    network=data.get("network", "direct"), firewall="off" if firewall == "none" else firewall,
                    sync=tuple(SyncItem(**item) for item in data.get("sync", ())),
-                   slurm=Allocation.from_dict(data["slurm"]) if data.get("slurm") else None,
+                   allocation=Allocation.from_dict(data["allocation"]) if data.get("allocation") else None,
                    ssh_config_line=data.get("ssh_config_line", 0), ssh_config_column=data.get("ssh_config_column", 0),
                    spares=tuple(_host_from_dict(h) for h in data.get("spares", ())),
                    host_timeout=float(data.get("host_timeout", DEFAULT_HOST_TIMEOUT)),
@@ -445,7 +447,7 @@ def make_plan(
     ttl: float = DEFAULT_TTL,
     server: str = "tensorflow",
     network: str | None = None,
-    slurm: Allocation | None = None,
+    allocation: Allocation | None = None,
 ) -> Plan:
     """Assign task indexes (in inventory order), addresses, directories and commands.
 
@@ -453,11 +455,11 @@ def make_plan(
     HostName from ssh_config); `local_python` is the python of local hosts that name none;
     `ttl` is the lease (`dtf up --ttl`, 0: never lapses); `server` what serves each task
     (ValueError if it is not one of SERVERS); `network` overrides the inventory's (`--network`).
-    `slurm`: the allocation whose nodes are the inventory's hosts (`Inventory.with_nodes`); each
-    node's servers are reached at its NodeAddr.
+    `allocation`: the one whose nodes are the inventory's hosts (`Inventory.with_nodes`); each
+    node's servers are reached at its address there.
     """
-    if slurm is not None:
-        resolve = lambda spec: slurm.address_of(spec.host)  # noqa: E731
+    if allocation is not None:
+        resolve = allocation.address_of_spec
     counters = {job: 0 for job in JOBS}
     hosts = []
     for spec in inventory.hosts:
@@ -508,7 +510,7 @@ def make_plan(
                                requirements=reqs, base_python=spec.base_python if spec.managed else python))
     return Plan(cluster=inventory.cluster, inventory=inventory.path,
                 ssh_config=inventory.ssh_config, hosts=tuple(hosts),
-                network=network or inventory.network, firewall=inventory.firewall, sync=sync, slurm=slurm,
+                network=network or inventory.network, firewall=inventory.firewall, sync=sync, allocation=allocation,
                 ssh_config_line=at.line if at else 0, ssh_config_column=at.column if at else 0,
                 spares=tuple(spares), host_timeout=inventory.host_timeout).fenced()
 

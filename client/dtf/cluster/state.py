@@ -27,8 +27,10 @@ if TYPE_CHECKING:  # the plan and the synced trees: `dtf --help` needs neither
 
 LOCK_WAIT = 5.0
 # The format of a record. Records before this field existed are version 1; a record of another
-# version is refused with one line (what to do about it), never half-read.
-RECORD_VERSION = 2
+# version is refused with one line (what to do about it), never half-read. Version 2 (its plan's
+# allocation under the key "slurm") is read as this one.
+RECORD_VERSION = 3
+READS = (2, RECORD_VERSION)
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,9 @@ def load(name: str) -> Record:
     if not isinstance(data, dict):
         raise damaged(f"expected a JSON object, got {type(data).__name__}")
     version = data.get("version", 1)
-    if version != RECORD_VERSION:
+    if version == 2 and isinstance(data.get("plan"), dict) and "slurm" in data["plan"]:
+        data["plan"]["allocation"] = data["plan"].pop("slurm")
+    if version not in READS:
         raise NoCluster(f"the record of cluster {name!r} ({path}) was written by another version of "
                         f"dtf (record format {version}, this dtf reads {RECORD_VERSION}): take the "
                         f"cluster down with the dtf that started it, or stop its tasks by hand and "

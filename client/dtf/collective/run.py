@@ -62,6 +62,7 @@ from dtf.hostops.start import Starter
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError
 from dtf.program.train import NoFigures, RunFigures
+from dtf.providers.choose import provider_for
 from dtf_server import layout
 from dtf_server import program as host_program
 from dtf_server.protocol import ReachReply, StartReply, TaskSpec
@@ -97,9 +98,10 @@ def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt
            "DTF_SYNCED": json.dumps({name: posixpath.join("..", path) for name, path in (synced or {}).items()})}
     position = hp.spec.worker_ports.index(task.port)
     env.update(gpus.task_env(hp.spec.gpus, task.job, position, len(hp.spec.worker_ports)))
-    if plan.slurm is not None and hp.spec.gpus is not None:
+    if hp.spec.allocated and hp.spec.gpus is not None:
         # SlurmClusterResolver counts a node's GPUs in CUDA_VISIBLE_DEVICES, which holds only this
-        # copy's share: dtf.program.hooks.collective makes it count the node's (see gpus.slurm_note).
+        # copy's share: dtf.program.hooks.collective makes it count the node's
+        # (dtf.providers.slurm.commands.gpu_note).
         env[gpus.NODE_GPUS_ENV] = str(len(hp.spec.gpus))
     return [*gpus.env_prefix(env), hp.python, "-m", "dtf.program.runner", program, *args]
 
@@ -139,19 +141,15 @@ def host_program_wait() -> float:
 
 
 def check_plan(plan: Plan) -> list[str]:
-    """The notes to print: ps tasks are not used (an inventory always has a worker); on Slurm, GPUs
-    that SlurmClusterResolver would split otherwise than dtf."""
+    """The notes to print: ps tasks are not used (an inventory always has a worker); what the
+    provider notes of the copies (on Slurm: GPUs that SlurmClusterResolver would split otherwise
+    than dtf)."""
     notes = []
     ps = [f"{t.name} ({t.host})" for t in plan.tasks() if t.job == "ps"]
     if ps:
         notes.append(f"--collective: {', '.join(ps)} not used (MultiWorkerMirroredStrategy has no parameter "
                      f"servers; they keep running)")
-    if plan.slurm is not None and plan.hosts:
-        spec = plan.hosts[0].spec  # every node has the same layout
-        note = gpus.slurm_note(spec.gpus, len(spec.worker_ports))
-        if note:
-            notes.append(f"--collective: {note}")
-    return notes
+    return notes + [f"--collective: {note}" for note in provider_for(plan).copies_notes()]
 
 
 def never_joined(plan: Plan, pending: list[TaskPlan], serving: dict[str, bool],
@@ -235,32 +233,21 @@ class CollectiveRun:
                 for t in hp.tasks if t.job == "worker"]
 
     def start_step(self, attempt: int) -> str:
-        """Slurm: start every copy as ONE job step of the allocation (`srun --ntasks=N`, detached on
-        the login host), as the user's own srun would; the token the copies' pid.json carry."""
+        """Where the provider starts every copy as ONE step of the hosts' allocation (a Slurm job
+        step, `srun --ntasks=N`, as the user's own srun would: Provider.start_copies), the token
+        the copies' pid.json carry; "" where each host's launcher starts its own."""
         import uuid
 
-        from dtf.providers.slurm import commands as slurm
-        from dtf.providers.slurm.allocation import detach_steps
-
-        allocation = self.plan.slurm
-        assert allocation is not None
         token = uuid.uuid4().hex[:16]
         specs = {s.name: (hp.name, s) for hp in self.hosts for s in self.specs(hp, attempt)}
         ordered = [specs[t.name] for t in sorted(self.workers, key=lambda t: t.index)]
         first = self.hosts[0]
-        argv = slurm.program_step_argv(allocation.job, [hp.name for hp in self.hosts],
-                                       len(first.spec.worker_ports), self.plan.cluster,
-                                       run_step_argv(first, ordered, attempt == 1, token),
-                                       gpus=slurm.gpu_options(allocation.request))
-        try:
-            with self.ops.transport(first) as t:
-                detach_steps(t.front(), [argv])
-        except HostError as e:
-            raise HostFailure("starting the program (a Slurm job step)", {allocation.login.host: str(e)})
-        return token
+        started = self.ops.provider.start_copies(self.hosts, len(first.spec.worker_ports),
+                                                 run_step_argv(first, ordered, attempt == 1, token))
+        return token if started else ""
 
     def start_copies(self, attempt: int) -> None:
-        token = self.start_step(attempt) if self.plan.slurm is not None else ""
+        token = self.start_step(attempt)
 
         def one(hp: HostPlan) -> StartReply:
             with self.ops.transport(hp) as t:

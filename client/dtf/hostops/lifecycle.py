@@ -53,7 +53,7 @@ def load_plan(inv: Inventory, ttl: float | None = None, server: str = "tensorflo
     try:
         plan = make_plan(inv, resolve=resolver(inv.ssh_config, inv.hosts), local_python=sys.executable,
                          ttl=DEFAULT_TTL if ttl is None else ttl, server=server, network=network,
-                         slurm=allocation)
+                         allocation=allocation)
     except ValueError as e:  # only `server` can be wrong: the inventory was checked
         raise UsageError(f"{SERVER_ENV}: {e}")
     missing = [Problem(inv.path, item.line, item.column, f"sync[{i}]", f"{item.path}: no such file or directory")

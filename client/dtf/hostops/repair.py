@@ -205,8 +205,8 @@ class Mender:
                     self.repairing.add(hp.name)
                     threading.Thread(target=self._guarded, args=(lambda hp=hp, gone=gone: self._repair(hp, gone),),
                                      name=f"dtf-mender-{hp.name}", daemon=True).start()
-            if self.lost is not None or plan.slurm is not None:
-                return
+            if self.lost is not None or self.watch.ops.provider.ends:
+                return  # hosts whose allocation can end are lost with it: replaced as a whole
             now = time.monotonic()
             for hp in plan.hosts:
                 waited = now - self.answered.get(hp.name, now)

@@ -15,7 +15,7 @@ from dtf.cluster.state import Record
 from dtf.errors import ClusterDown, HostFailure, UsageError
 from dtf.hostops.launcher import LauncherMissing, ask, root_exists
 from dtf.hostops.parallel import HostOps, Outcome
-from dtf.providers.slurm.commands import JobState
+from dtf.providers.provider import AllocationReport
 from dtf_server.protocol import StatusReply, TaskStatus
 
 FILES_GONE = "dtf's files are gone from {root} (lease lapsed?)"
@@ -69,30 +69,32 @@ def states(ops: HostOps) -> list[TaskState]:
 
 @dataclass
 class StatusResult:
-    """What `dtf status` found: every task's state, and a Slurm cluster's job (`ended`: why the
-    job no longer runs; the nodes were not asked then)."""
+    """What `dtf status` found: every task's state, and the hosts' allocation where a scheduler
+    lends them (`report`; while it no longer runs, the hosts were not asked)."""
 
     record: Record
     states: list[TaskState]
-    job: JobState | None = None
-    ended: str | None = None
+    report: AllocationReport | None = None
+
+    @property
+    def ended(self) -> str | None:
+        return self.report.ended if self.report is not None else None
 
     def ended_error(self) -> ClusterDown:
-        assert self.ended is not None and self.job is not None
-        forget = " (`dtf down` forgets it)" if self.job.state != "RUNNING" else ""
-        return ClusterDown(f"cluster {self.record.cluster!r}: {self.ended}{forget}")
+        assert self.report is not None and self.report.ended is not None
+        return ClusterDown(f"cluster {self.record.cluster!r}: {self.report.ended}{self.report.forget}")
 
 
 def cluster_status(name: str | None, *, connect_timeout: float) -> StatusResult:
-    """`dtf status`: a Slurm cluster's job first (its nodes are asked only while it runs), then
-    every host, asked now."""
+    """`dtf status`: the hosts' allocation first, where a scheduler lends them (its hosts are
+    asked only while it runs), then every host, asked now."""
     with state.locked():
         record = state.load(state.resolve_name(name))
     ops = HostOps(record.plan, connect_timeout=connect_timeout)
-    job, ended = ops.provider.job("dtf status")
-    if ended is not None:
-        return StatusResult(record, [], job, ended)
-    return StatusResult(record, states(ops), job)
+    report = ops.provider.report(record, "dtf status")
+    if report is not None and report.ended is not None:
+        return StatusResult(record, [], report)
+    return StatusResult(record, states(ops), report)
 
 
 def tail_log(name: str | None, task: str, *, lines: int, follow: bool) -> int:

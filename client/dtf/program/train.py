@@ -105,7 +105,7 @@ def say(message: str) -> None:
 def run_program(record: Record, program: str, args: list[str], output: str | None,
                 attempts: int = 3, ps_wait: float = 120.0,
                 connect_timeout: float = CONNECT_TIMEOUT, verbose: bool = False,
-                hook_env: dict[str, str] | None = None, slurm_wait: float = realloc.ALLOCATION_WAIT) -> int:
+                hook_env: dict[str, str] | None = None, allocation_wait: float = realloc.ALLOCATION_WAIT) -> int:
     """Run `python PROGRAM ARGS` as the cluster's chief; return its exit code.
 
     While it runs, the cluster's lease is renewed. If the program fails because a ps was lost
@@ -117,7 +117,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     tasks of a host unanswered past `host_timeout` to a spare: the program is then stopped and
     runs again on the new placement (ClusterDown, in one line, where no spare is left).
     A Slurm job that ended meanwhile (a lost node, a preemption, the time limit) is replaced by a
-    new allocation from the same inventory, pending up to `slurm_wait` seconds (dtf.providers.slurm.reallocate),
+    new allocation from the same inventory, pending up to `allocation_wait` seconds (dtf.hostops.realloc),
     and the program runs again there; a job of the user's own (`job:`) ends the run in one line.
     Unless `verbose`, TensorFlow's own chatter is filtered out of the program's stderr (dtf.program.noise).
     """
@@ -130,7 +130,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
         tunnel, mender = hold(held, tunnels, record, connect_timeout)
         attempt = 1
         while True:
-            run.update(attempt=attempt, job=record.plan.slurm.job if record.plan.slurm else None)
+            run.update(attempt=attempt, job=record.plan.allocation.job if record.plan.allocation else None)
             before = ps_incarnations(ops)
             changes = mender.changes
             code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose, hook_env,
@@ -172,7 +172,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                 run.update(last_retry=f"{ended} (attempt {attempt})", reallocating=True)
                 tunnels.close()
                 held.close()
-                record = realloc.comeback(record, ended, wait=slurm_wait, connect_timeout=connect_timeout, say=say)
+                record = realloc.comeback(record, ended, wait=allocation_wait, connect_timeout=connect_timeout, say=say)
                 plan, ops = record.plan, HostOps(record.plan, connect_timeout=connect_timeout)
                 tunnel, mender = hold(held, tunnels, record, connect_timeout)
                 attempt += 1

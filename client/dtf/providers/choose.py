@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def provider_for(plan: Plan, connect_timeout: float = CONNECT_TIMEOUT) -> Provider:
     """The provider of the plan's hosts (built, not connected)."""
-    if plan.slurm is not None:
+    if plan.allocation is not None:
         from dtf.providers.slurm.provider import SlurmProvider
 
         return SlurmProvider(plan, connect_timeout)

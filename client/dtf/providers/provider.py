@@ -6,7 +6,8 @@ end (a provider that allocates them says otherwise).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from dtf.cluster import state
 from dtf.cluster.plan import HostPlan, Plan
@@ -18,11 +19,23 @@ if TYPE_CHECKING:
     from dtf.cluster.inventory import Inventory
     from dtf.cluster.state import Record
     from dtf.hosts.tunnel import Tunnel
-    from dtf.providers.slurm.commands import JobState
 
 Say = Callable[[str], None]
 # Starts the cluster anew from an inventory on a new allocation (dtf.hostops.realloc): its record.
 StartAnew = Callable[["Inventory", float, str, "str | None"], "Record"]
+
+
+@dataclass(frozen=True)
+class AllocationReport:
+    """What `dtf status` says of the hosts' allocation (a Slurm job): its JSON document under `key`,
+    its line above the table, and while it no longer runs, why (`ended`, one line) and what `dtf
+    down` then does (`forget`)."""
+
+    key: str
+    doc: dict[str, Any] = field(default_factory=dict)
+    line: str = ""
+    ended: str | None = None
+    forget: str = ""
 
 
 class Provider:
@@ -47,6 +60,17 @@ class Provider:
         stays open while its output is read (Transport.converse)."""
         return False
 
+    # -- collective mode's program copies -------------------------------------------------------
+    def start_copies(self, hosts: Sequence[HostPlan], per_host: int, argv: list[str]) -> bool:
+        """Start a program's copies on `hosts` (`per_host` each) as ONE step of the hosts'
+        allocation, each running `argv` (the launcher's `run-step`): True; False where each host's
+        launcher starts its own copies (`run`). HostFailure where the step cannot start."""
+        return False
+
+    def copies_notes(self) -> list[str]:
+        """What to say about the copies a collective run starts on these hosts (none)."""
+        return []
+
     # -- the training's route -------------------------------------------------------------------
     def route(self, network: str) -> Tunnel | None:
         """What carries the program's connections to the tasks in the cluster's `network` (the
@@ -58,10 +82,10 @@ class Provider:
         raise NotImplementedError
 
     # -- the hosts' allocation ------------------------------------------------------------------
-    def job(self, what: str = "dtf status") -> tuple[JobState | None, str | None]:
-        """The allocation's job as its scheduler shows it (None: hosts of the inventory), and
-        unless it runs, one line on why. HostFailure named after `what` where it cannot be asked."""
-        return None, None
+    def report(self, record: Record, what: str = "dtf status") -> AllocationReport | None:
+        """The hosts' allocation as its scheduler shows it (None: the inventory's own hosts).
+        HostFailure named after `what` where it cannot be asked."""
+        return None
 
     def ended(self, what: str = "dtf train") -> str | None:
         """Why the hosts' allocation no longer runs, in one line (None: it runs). HostFailure

@@ -42,6 +42,26 @@ def decided_network(plan: Plan, direct: Mapping[str, bool]) -> str:
     return "direct" if all(direct[hp.name] for hp in plan.remote_hosts) else "ssh"
 
 
+def network_line(plan: Plan) -> str:
+    """What `up` will do about how this machine reaches the tasks (for --dry-run)."""
+    if not plan.remote_hosts:
+        return "network: direct (every host is this machine)"
+    ports = ", ".join(t.address for hp in plan.remote_hosts for t in hp.tasks)
+    if all(plan.network_for(hp) == "ssh" for hp in plan.remote_hosts):
+        why = " (firewall: members)" if plan.network == "auto" else ""
+        return (f"network: ssh{why}: `dtf train` reaches {ports} through SSH to their hosts; "
+                f"`up` checks each through SSH, and whether this machine can also reach them directly")
+    if plan.network == "direct":
+        return f"network: direct: `up` checks that this machine connects to {ports}"
+    return (f"network: auto: `up` tests whether this machine connects directly to {ports}; "
+            f"if every one does, direct, else ssh (through SSH to their hosts, checked too)")
+
+
+def laptop_let_in(plan: Plan) -> bool:
+    """Whether a host's firewall rules let this machine in (some remote host reached directly)."""
+    return any(plan.network_for(hp) != "ssh" for hp in plan.remote_hosts)
+
+
 def check_reach(plan: Plan, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan]) -> bool:
     """Check that this machine reaches every task as the plan's network says (HostError where it
     does not); whether the TF ports accept connections from here directly (also in ssh mode: `up`

@@ -293,7 +293,7 @@ def up_allocation(inv: Inventory, *, wait: float, say: Say, connect_timeout: flo
 
     if inv.cluster in state.names():
         record = state.load(inv.cluster)
-        recorded = record.plan.slurm
+        recorded = record.plan.allocation
         if replace:
             take_down(record)
         elif recorded is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dtf.cluster.inventory import Inventory
@@ -345,3 +346,20 @@ def request_lines(inv: Inventory) -> list[str]:
         lines.append(f"  use      job {spec.job}, an allocation you made: never cancelled by dtf")
     lines.append("  each node's tasks: a job step, " + render(step_argv(spec.job or "ID", "NODE", ["..."])))
     return lines + layout_lines(inv)
+
+
+def gpu_note(gpus: Sequence[int] | None, workers: int) -> str | None:
+    """Why SlurmClusterResolver's own split of a node's GPUs among its `workers` tasks (block k of
+    N // W ids) would not be dtf's shares; None when they agree (or there are no GPUs)."""
+    if not gpus or workers <= 0:
+        return None
+    n = len(gpus)
+    if n < workers:
+        return (f"{n} GPU(s) per node for {workers} workers per node: dtf shares them round-robin, but "
+                f"SlurmClusterResolver gives each task {n} // {workers} = 0 and fails; a program reading "
+                f"TF_CONFIG is fine")
+    if n % workers:
+        return (f"{n} GPUs per node do not split evenly among {workers} workers per node: dtf gives the "
+                f"first workers one more, SlurmClusterResolver gives each {n // workers} and leaves "
+                f"{n % workers} unused (its auto_set_gpu overrides dtf's CUDA_VISIBLE_DEVICES)")
+    return None

@@ -5,6 +5,7 @@ cancels the one dtf submitted."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dtf.cluster.allocation import Allocation
@@ -12,9 +13,10 @@ from dtf.cluster.plan import HostPlan, Plan
 from dtf.errors import HostFailure
 from dtf.hosts.base import HostError, Transport
 from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.providers.provider import Provider, Say, StartAnew
+from dtf.providers.provider import AllocationReport, Provider, Say, StartAnew
 from dtf.providers.slurm import allocation as slurm_ops
-from dtf.providers.slurm.commands import JobState
+from dtf.providers.slurm import commands as slurm
+from dtf.providers.slurm.commands import JobState, gpu_note
 from dtf.providers.slurm.steps import SlurmStepTransport
 
 if TYPE_CHECKING:
@@ -27,8 +29,8 @@ class SlurmProvider(Provider):
 
     def __init__(self, plan: Plan, connect_timeout: float = CONNECT_TIMEOUT) -> None:
         super().__init__(plan, connect_timeout)
-        assert plan.slurm is not None
-        self.allocation: Allocation = plan.slurm
+        assert plan.allocation is not None
+        self.allocation: Allocation = plan.allocation
 
     def login(self) -> Transport:
         """The login host's runner: the cluster's connection to it, kept for the lease."""
@@ -36,6 +38,26 @@ class SlurmProvider(Provider):
 
     def runner(self, hp: HostPlan) -> Transport:
         return SlurmStepTransport(hp.spec, self.allocation, self.login())
+
+    def start_copies(self, hosts: Sequence[HostPlan], per_host: int, argv: list[str]) -> bool:
+        """Every copy as ONE job step of the allocation (`srun --ntasks=N`, detached on the login
+        host), as the user's own srun would: each copy sees the step's own Slurm environment."""
+        a = self.allocation
+        step = slurm.program_step_argv(a.job, [hp.name for hp in hosts], per_host, self.plan.cluster, argv,
+                                       gpus=slurm.gpu_options(a.request))
+        try:
+            with self.login() as t:
+                slurm_ops.detach_steps(t, [step])
+        except HostError as e:
+            raise HostFailure("starting the program (a Slurm job step)", {a.login.host: str(e)})
+        return True
+
+    def copies_notes(self) -> list[str]:
+        if not self.plan.hosts:
+            return []
+        spec = self.plan.hosts[0].spec  # every node has the same layout
+        note = gpu_note(spec.gpus, len(spec.worker_ports))
+        return [note] if note else []
 
     def tunnel(self) -> Tunnel:
         # Only the login host is reached by SSH: every task through it, and the tasks reach the
@@ -54,6 +76,21 @@ class SlurmProvider(Provider):
 
     def ended(self, what: str = "dtf train") -> str | None:
         return self.job(what)[1]
+
+    def report(self, record: Record, what: str = "dtf status") -> AllocationReport:
+        job, ended = self.job(what)
+        a = self.allocation
+        doc = {"job": a.job, "submitted_by_dtf": a.submitted, "state": job.state or "gone", "reason": job.reason,
+               "time_used": job.used, "time_left": job.left, "nodes": list(a.nodes), "ended": ended,
+               "allocation": record.allocation, "replaced": list(record.replaced)}
+        whose = "submitted by dtf" if a.submitted else "yours"
+        if record.replaced:  # `dtf train` replaced an ended job (dtf.providers.slurm.reallocate)
+            whose += f"; allocation {record.allocation}, after job {record.replaced[-1].split(':', 1)[0]} ended"
+        line = f"slurm job {a.job} ({whose}): " + (
+            f"{job.state}, time used {job.used}, left {job.left}" if not job.gone else
+            "no longer in the queue: its tasks ended with it (`dtf down` forgets it)")
+        return AllocationReport("slurm", doc, line, ended,
+                                forget=" (`dtf down` forgets it)" if job.state != "RUNNING" else "")
 
     def gone(self) -> bool:
         try:  # over the cluster's master to the login host, which `down` goes on using

@@ -36,7 +36,7 @@ def comeback(record: Record, ended: str, *, wait: float, connect_timeout: float,
     from dtf.cluster.inventory import load as load_inventory
 
     plan = record.plan
-    old = plan.slurm
+    old = plan.allocation
     assert old is not None and old.submitted
     cluster = plan.cluster
     path = Path(record.inventory)
@@ -63,7 +63,7 @@ def comeback(record: Record, ended: str, *, wait: float, connect_timeout: float,
         lines = [x.strip() for line in e.lines() for x in line.splitlines() if x.strip()] or [type(e).__name__]
         raise ClusterDown(f"cluster {cluster!r}: {ended}; no new allocation: {' '.join(lines)} "
                           f"(`dtf up` starts the cluster anew)")
-    job = new.plan.slurm
+    job = new.plan.allocation
     assert job is not None
     # `created` stays: the same cluster to the watch for `dtf down` (dtf.program.train.taken_down).
     new = new.replace(allocation=record.allocation + 1, created=record.created,
