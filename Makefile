@@ -65,7 +65,7 @@ unit: bytecode
 lint: venv
 	$(BIN)/ruff check client server tests bench examples
 	$(BIN)/mypy -p dtf -p dtf_server
-	$(BIN)/shellcheck client/dtf/providers/slurm/scripts/*.sh
+	$(BIN)/shellcheck client/dtf/hosts/scripts/*.sh client/dtf/providers/slurm/scripts/*.sh
 
 # The documentation site from docs/ (mkdocs.yml), into build/site; --strict makes every warning
 # (a broken link or anchor, a page left out of the nav) an error. Not --quiet: it hides the

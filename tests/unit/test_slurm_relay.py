@@ -1,4 +1,4 @@
-"""The relay dtf runs on a Slurm login host (dtf_server.relay), run here as dtf runs it there
+"""The relay dtf runs on a Slurm login host (dtf.providers.slurm: scripts/relay.py), run here as dtf runs it there
 (`python3 -c SOURCE`): it says where it listens, carries the nodes' connections to the target,
 closes anyone else's, and exits when its stdin closes."""
 
@@ -8,10 +8,9 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 from dtf.hosts.netutil import free_ports
-from dtf_server import relay
+from dtf.providers.slurm.commands import script_text
 
 
 def echo_server() -> socket.socket:
@@ -36,7 +35,7 @@ def echo_server() -> socket.socket:
 def test_relay_carries_the_nodes_connections_and_exits_with_its_stdin() -> None:
     target = echo_server()
     port = free_ports(1)[0]
-    proc = subprocess.Popen([sys.executable, "-c", Path(relay.__file__).read_text(), str(port),
+    proc = subprocess.Popen([sys.executable, "-c", script_text("relay.py"), str(port),
                              str(target.getsockname()[1]), "127.0.0.1"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -63,7 +62,7 @@ def test_relay_says_why_it_cannot_listen() -> None:
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
     port = busy.getsockname()[1]
-    r = subprocess.run([sys.executable, "-c", Path(relay.__file__).read_text(), str(port), "1", "127.0.0.1"],
+    r = subprocess.run([sys.executable, "-c", script_text("relay.py"), str(port), "1", "127.0.0.1"],
                        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     busy.close()
     assert r.returncode == 1

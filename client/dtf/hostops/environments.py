@@ -16,6 +16,7 @@ from dtf.files import environment, relay
 from dtf.hostops.launcher import decode
 from dtf.hostops.parallel import Cancelled, HostOps
 from dtf.hosts.mux import SSH_FAILED
+from dtf.hosts.programs import script
 from dtf.hosts.transport import HostError, Transport
 from dtf_server import layout
 from dtf_server.protocol import CheckReply, EnvReply, FetchReply
@@ -200,8 +201,7 @@ class Environments:
             t.put_file(local, posixpath.dirname(remote), posixpath.basename(remote))
         except HostError as e:
             # SFTP says only "Failure" when the disk is full: ask the host what is left.
-            free = t.run([hp.base_python, "-c", "import os,sys;s=os.statvfs(sys.argv[1]);"
-                          "print(s.f_bavail*s.f_frsize)", posixpath.dirname(remote)], timeout=30)
+            free = t.run([hp.base_python, "-c", script("free_bytes.py"), posixpath.dirname(remote)], timeout=30)
             if free.ok and free.stdout.strip().isdigit() and int(free.stdout) < local.stat().st_size:
                 raise HostError(f"disk full while sending the wheels to {posixpath.dirname(remote)} "
                                 f"({mb(int(free.stdout))} free)")

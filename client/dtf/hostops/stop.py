@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from dtf.cluster.plan import HostPlan
 from dtf.hostops.launcher import ask
 from dtf.hostops.parallel import HostOps, Outcome
-from dtf.hosts.shell import quote_arg
+from dtf.hosts.programs import script
 from dtf.hosts.transport import HostError
 from dtf_server.protocol import CleanReply, Defaults, PurgeReply, StopReply, TaskStopped
 
@@ -64,8 +64,7 @@ def remove_launcher(ops: HostOps, hosts: Sequence[HostPlan]) -> dict[str, Outcom
             if t.run([python, "-c", ""], timeout=30).exit_code in (126, 127):
                 # The host's python cannot run (the check failed for that): nothing of dtf's runs
                 # there, and the launcher, which needs it, is all the upload left.
-                t.run(["sh", "-c", f"rm -f {quote_arg(hp.launcher)}; rmdir {quote_arg(hp.root)} 2>/dev/null; exit 0"],
-                      timeout=30)
+                t.run(["sh", "-c", script("remove_launcher.sh"), "sh", hp.launcher, hp.root], timeout=30)
                 return CleanReply(removed=[hp.launcher])
             return ask(t, hp, CleanReply, hp.clean_argv(False, if_unused=True), "cleaning up", 30)
 

@@ -48,11 +48,12 @@ from dtf.hosts.mux import SSH_FAILED, MuxProcess, MuxRefused
 from dtf.hosts.mux import enabled as mux_enabled
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.programs import script
-from dtf.hosts.shell import quote_arg, render
+from dtf.hosts.shell import render
 from dtf.hosts.trees import fetch_by_tar
 
 # put_and_converse's python on the host: it writes the upload, then runs it as a zipapp.
 _BOOT = script("boot.py")
+_PUT = script("put.sh")  # sh: stdin written to a file atomically, then (put_then_run) a command
 NEVER_PERSIST = 3600  # ControlPersist for a cluster whose lease never lapses: opened again when needed
 ALIVE = 5  # ServerAliveInterval of a control master: a host cut off ends it (and its commands)
 # after openssh.ALIVE_COUNT intervals unanswered
@@ -248,13 +249,12 @@ class ControlTransport(Transport):
                       b"".join(err).decode(errors="replace") + (f"{proc.message}\n" if proc.message else ""))
 
     @staticmethod
-    def _put_script(remote_dir: str, filename: str) -> str:
-        d = quote_arg(remote_dir)
-        tmp, final = quote_arg(f"{remote_dir}/{temporary_name(filename)}"), quote_arg(f"{remote_dir}/{filename}")
-        return f"mkdir -p {d} && cat > {tmp} && mv -f {tmp} {final} || {{ rm -f {tmp}; exit 1; }}"
+    def _put(remote_dir: str, filename: str, *then: str) -> list[str]:
+        """put.sh's command line: stdin to remote_dir/filename, atomically, then `then`."""
+        return ["sh", "-c", _PUT, "sh", remote_dir, filename, temporary_name(filename), *then]
 
     def put_bytes(self, data: bytes, remote_dir: str, filename: str) -> None:
-        r = self.run(["sh", "-c", self._put_script(remote_dir, filename)], stdin=data)
+        r = self.run(self._put(remote_dir, filename), stdin=data)
         if not r.ok:
             raise HostError(f"upload to {remote_dir} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
 
@@ -265,8 +265,7 @@ class ControlTransport(Transport):
     def put_then_run(self, data: bytes, remote_dir: str, filename: str, argv: Sequence[str],
                      timeout: float = COMMAND_TIMEOUT) -> Result:
         """Upload a file and run a command, in one round trip (the launcher, then its `check`)."""
-        script = f"{self._put_script(remote_dir, filename)} && exec {render(argv)}"
-        return self.run(["sh", "-c", script], timeout=timeout, stdin=data, named=argv)
+        return self.run(self._put(remote_dir, filename, *argv), timeout=timeout, stdin=data, named=argv)
 
     def put_and_converse(self, data: bytes, remote_dir: str, filename: str, argv: Sequence[str]) -> Conversation:
         """put_then_run's upload and command in one round trip, the command's stdin kept open
@@ -293,7 +292,7 @@ class ControlTransport(Transport):
 
     def put_file(self, local: Path, remote_dir: str, filename: str) -> None:
         with open(local, "rb") as f:
-            r = self.feed(["sh", "-c", self._put_script(remote_dir, filename)], f)
+            r = self.feed(self._put(remote_dir, filename), f)
         if not r.ok:
             raise HostError(f"upload of {local.name} to {remote_dir} failed: "
                             f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 CONNECT_TIMEOUT = 10.0  # seconds to open TCP, read the SSH banner, and authenticate (a host's SSH)
 
@@ -129,3 +130,26 @@ def probe_all(probe: Callable[[T], bool], tasks: Sequence[T]) -> list[bool]:
     if errors:
         raise errors[0]
     return answers
+
+
+PUMP_IDLE = 60.0  # seconds between two looks at a quiet connection (it stays open)
+
+
+def pump(a: socket.socket, b: Any) -> None:
+    """Copy both ways until either side closes: `b` a socket, or anything with recv, sendall,
+    close and a fileno (a paramiko channel). (The Slurm login host's relay has its own copy: it
+    travels as one file's text, dtf.providers.slurm.scripts.relay.)"""
+    try:
+        while True:
+            ready, _, _ = select.select([a, b], [], [], PUMP_IDLE)
+            for source, sink in ((a, b), (b, a)):
+                if source in ready:
+                    data = source.recv(65536)
+                    if not data:
+                        return
+                    sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        a.close()
+        b.close()

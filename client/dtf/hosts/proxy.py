@@ -25,9 +25,9 @@ from typing import Any
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.masters import Master, socket_id
+from dtf.hosts.netutil import pump
 from dtf.hosts.paramikossh import ParamikoTransport
 from dtf.hosts.transport import HostError
-from dtf_server.relay import pump
 
 REQUEST_LIMIT = 8192  # bytes of a CONNECT request, headers included
 REQUEST_TIMEOUT = 10.0

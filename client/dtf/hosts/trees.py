@@ -13,10 +13,9 @@ import tarfile
 from pathlib import Path
 
 from dtf.hosts.base import HostError, Transport
+from dtf.hosts.programs import script
 
-# sh that writes the tar of "$1" on stdout (exit 3: no such directory).
-TAR_OUT = ('cd "$1" 2>/dev/null || exit 3; '
-           'if tar --version 2>/dev/null | grep -q GNU; then exec tar -cf - --totals .; fi; exec tar -cf - .')
+TAR_OUT = script("tar_out.sh")  # sh: the tar of "$1" on stdout (exit 3: no such directory)
 _TOTALS = re.compile(r"^Total bytes written: (\d+)", re.MULTILINE)
 FETCH_TIMEOUT = 600.0  # seconds a fetch may take in all
 # Tries of a fetch whose stream came back short: on a loaded machine, or a Slurm node whose steps

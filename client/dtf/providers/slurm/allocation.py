@@ -250,18 +250,10 @@ def ended(t: Transport, allocation: Allocation) -> str:
     return slurm.ended_line(allocation.job, job.stdout if job.ok else "", nodes.stdout if nodes.ok else "")
 
 
-def detach_script(argvs: list[list[str]]) -> str:
-    """sh that starts each argv (an `srun` of a job step) on the login host, detached from the SSH
-    session: the step lives as long as its srun does, and ends with the job."""
-    from dtf.hosts.shell import render
-
-    return "\n".join(f"setsid -f {render(argv)} >/dev/null 2>&1 </dev/null" for argv in argvs)
-
-
-def detach_steps(t: Transport, argvs: list[list[str]]) -> None:
-    """Start each argv (an `srun` of a job step) on the login host, detached (detach_script)."""
-    # One SSH command for all of them: each srun, detached, in a session of its own.
-    r = t.run(["sh", "-c", detach_script(argvs)], timeout=QUERY_TIMEOUT)
+def detach_step(t: Transport, argv: list[str]) -> None:
+    """Start `argv` (an `srun` of a job step) on the login host, detached from the SSH session
+    (scripts/detach.sh): the step lives as long as its srun does, and ends with the job."""
+    r = t.run(["sh", "-c", slurm.script_text("detach.sh"), "sh", *argv], timeout=QUERY_TIMEOUT)
     if not r.ok:
         raise HostError(f"starting a job step failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
 

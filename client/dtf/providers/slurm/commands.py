@@ -30,7 +30,7 @@ from dtf.hosts.programs import script
 HOLD_POLL = 2.0  # seconds
 
 
-def _script(name: str) -> str:
+def script_text(name: str) -> str:
     """A program of this package's scripts/ folder, as the text a command carries."""
     return script(name, "dtf.providers.slurm")
 
@@ -51,7 +51,7 @@ def watch_script(inv: Inventory, poll: float = HOLD_POLL) -> str:
     # job's end reaches it, not a shell, whose wait would hold the job's end.
     py = quote_arg(python)
     return (f"command -v {py} >/dev/null 2>&1 || exec sleep infinity; "
-            f"exec {py} -c {shlex.quote(_script('lease_watch.py'))} {quote_arg(lease)} {poll:g}")
+            f"exec {py} -c {shlex.quote(script_text('lease_watch.py'))} {quote_arg(lease)} {poll:g}")
 
 
 def watch_argv(inv: Inventory, job: str, node: str) -> list[str]:
@@ -209,7 +209,8 @@ def wait_argv(job: str | None = None, submit: list[str] | None = None, seconds: 
     `then`: sh to start, detached, once the job runs (watch_command)."""
     settings = {"MS": str(round(max(0.0, seconds) * 1000)), "PAUSE": f"{pause:g}", "ID_MS": str(ID_SECONDS * 1000),
                 "WATCH_DELAY": f"{WATCH_DELAY:g}", "THEN": then or ""}
-    program = "; ".join(f"{name}={shlex.quote(value)}" for name, value in settings.items()) + "\n" + _script("wait.sh")
+    program = ("; ".join(f"{name}={shlex.quote(value)}" for name, value in settings.items()) + "\n"
+               + script_text("wait.sh"))
     if submit is not None:
         return ["sh", "-c", program, "sh", "--submit", "-", "-", "--", *submit]
     assert job is not None
@@ -245,7 +246,7 @@ CANCEL_PAUSE = 0.05
 
 def cancel_argv(job: str, seconds: float, pause: float = CANCEL_PAUSE) -> list[str]:
     """Cancel `job` and wait until the queue no longer lists it, for at most `seconds` (scripts/cancel.sh)."""
-    return ["sh", "-c", _script("cancel.sh"), "sh", job, str(max(1, round(seconds / pause))), f"{pause:g}"]
+    return ["sh", "-c", script_text("cancel.sh"), "sh", job, str(max(1, round(seconds / pause))), f"{pause:g}"]
 
 
 def step_argv(job: str, node: str, argv: list[str] | tuple[str, ...], name: str = "dtf") -> list[str]:

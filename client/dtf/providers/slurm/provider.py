@@ -47,7 +47,7 @@ class SlurmProvider(Provider):
                                        gpus=slurm.gpu_options(a.request))
         try:
             with self.login() as t:
-                slurm_ops.detach_steps(t, [step])
+                slurm_ops.detach_step(t, step)
         except HostError as e:
             raise HostFailure("starting the program (a Slurm job step)", {a.login.host: str(e)})
         return True

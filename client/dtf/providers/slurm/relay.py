@@ -1,5 +1,5 @@
 """Slurm in ssh network mode: the tasks reach the coordinator back through a relay on the login
-host (dtf_server.relay: why there, in its doc), in a session over the login host's master."""
+host (scripts/relay.py: why there, in its doc), in a session over the login host's master."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from dtf.hosts.masters import Master
 from dtf.hosts.transport import HostError
+from dtf.providers.slurm.commands import script_text
 
 RELAY_READY = 20.0  # seconds the login host's relay gets to say where it listens
 RELAY_RETRY = 1.0  # seconds between two looks at the relay (started again if its session ended)
@@ -34,9 +34,7 @@ class LoginRelay:
         self.watcher = threading.Thread(target=self._watch, daemon=True, name="dtf-relay-watch")
 
     def argv(self) -> list[str]:
-        from dtf_server import relay
-
-        source = Path(relay.__file__).read_text()
+        source = script_text("relay.py")
         remote = shlex.join([self.python, "-c", source, str(self.port), str(self.port), *self.nodes])
         return [self.master.ssh, "-S", self.master.path, "-o", "ControlMaster=no", self.master.spec.host, remote]
 

@@ -26,22 +26,21 @@ from dtf.hosts.base import (
     Transport,
     temporary_name,
 )
+from dtf.hosts.programs import script
 from dtf.hosts.trees import fetch_by_tar
-from dtf.providers.slurm.commands import step_argv
+from dtf.providers.slurm.commands import script_text, step_argv
 
-# Write stdin to "$1/$2" atomically (as put_bytes promises): a temporary name, then a rename.
-_WRITE = 'mkdir -p "$1" && cat > "$1/$3" && mv -f "$1/$3" "$1/$2"'
-# The last line of a staying step's output when it ended (start_servers): its exit status.
+_PUT = script("put.sh")  # sh: stdin written to a file atomically (as put_bytes promises), then a command
+_START_STEP = script_text("start_step.sh")  # sh: a step that stays, started detached, its first lines read
+_CANCEL_STEP = script_text("cancel_step.sh")  # sh: the job's steps of a name cancelled
+# The last line of a staying step's output when it ended (scripts/start_step.sh): its exit status.
 _EXIT = "dtf-step-exit"
-# sh that passes on the first $1 lines of its stdin, each as it comes (head holds them until the end).
-_LINES = 'n=0; while [ "$n" -lt "$1" ] && IFS= read -r l; do printf "%s\\n" "$l"; n=$((n + 1)); done'
 
 
 def _written_then(argv: Sequence[str], remote_dir: str, filename: str) -> list[str]:
-    """sh that writes its stdin to remote_dir/filename (_WRITE), then execs `argv`: one job step for
+    """sh that writes its stdin to remote_dir/filename (put.sh), then execs `argv`: one job step for
     both. A failed write exits 1 with the shell's message, before `argv` runs."""
-    return ["sh", "-c", _WRITE + ' && shift 3 && exec "$@"', "sh", remote_dir, filename,
-            temporary_name(filename), *argv]
+    return ["sh", "-c", _PUT, "sh", remote_dir, filename, temporary_name(filename), *argv]
 
 
 def kept_result(r: Result) -> Result:
@@ -54,7 +53,7 @@ def kept_result(r: Result) -> Result:
 
 
 def _kept_outcome(r: Result, name: str, lines: int, timeout: float) -> Result:
-    """The Result of a staying step's command on the login host (_detached's), or HostError where its
+    """The Result of a staying step's command on the login host (start_step.sh's), or HostError where its
     lines did not all come within `timeout` (`timeout` exits 124)."""
     if r.exit_code == 124:
         said = len(r.stdout.splitlines())
@@ -67,19 +66,6 @@ def node_step(job: str, node: str, argv: Sequence[str], name: str = "dtf") -> li
     # Through a shell on the node: a program that is not there exits 127, as over SSH (srun's
     # own execve failure exits 2, which reads as python's "cannot open the launcher").
     return step_argv(job, node, ["sh", "-c", 'exec "$@"', "sh", *argv], name=name)
-
-
-def _detached(srun: str, lines: int, timeout: float, err: str) -> str:
-    """sh (a pipeline) that starts `srun` (shell text) detached on the login host (setsid -f: its
-    own session, it outlives this command), its stdin this command's, its stderr into the file
-    `err` (holding this session's stderr, it would hold the command open for the step's life),
-    and passes on the first `lines` lines it writes, each as it comes (a
-    deadline keeps those said), for at most `timeout` seconds (then exits 124). A step that ends
-    (a failed check, python missing) says its exit status last (kept_result)."""
-    from shlex import quote
-
-    return (f'{{ setsid -f sh -c \'"$@"; echo "{_EXIT} $?"\' sh {srun} 2>"{err}"; }}'
-            f' | timeout {max(1, round(timeout)):d} sh -c {quote(_LINES)} sh {lines:d}')
 
 
 class SlurmStepTransport(Transport):
@@ -108,8 +94,7 @@ class SlurmStepTransport(Transport):
             self._write(f, remote_dir, filename)
 
     def _write(self, source: Readable, remote_dir: str, filename: str) -> None:
-        argv = ["sh", "-c", _WRITE, "sh", remote_dir, filename, temporary_name(filename)]
-        r = self.feed(argv, source)
+        r = self.feed(_written_then((), remote_dir, filename), source)
         if not r.ok:
             raise HostError(f"writing {remote_dir}/{filename} through a job step failed: "
                             f"{(r.stderr.strip().splitlines() or ['exit ' + str(r.exit_code)])[-1]}")
@@ -136,16 +121,13 @@ class SlurmStepTransport(Transport):
         (its replies), or has ended (then its exit status is the Result's). stderr: the srun's, so
         far. HostError after `start.timeout` seconds without them, with how many it said (the
         launcher's own deadlines, shorter, end the step; `up`'s rollback stops what it started)."""
-        from dtf.hosts.shell import render
-
         argv, upload = start.argv, start.upload
         step = list(argv) if upload is None else _written_then(argv, upload[1], upload[2])
-        srun = render(self.step(step, name=start.name))
-        script = (f'e=$(mktemp) || exit 1\n{_detached(srun, start.lines, start.timeout, "$e")}\n'
-                  f'rc=$?; cat "$e" >&2; rm -f "$e"; exit $rc')
+        srun = self.step(step, name=start.name)
         data = upload[0] if upload is not None else b""
         stall = COMMAND_TIMEOUT + start.timeout + 5
-        r = self.login.run_with_input(["sh", "-c", script], data, timeout=stall, named=argv)
+        started = ["sh", "-c", _START_STEP, "sh", str(start.lines), str(max(1, round(start.timeout))), *srun]
+        r = self.login.run_with_input(started, data, timeout=stall, named=argv)
         return _kept_outcome(r, start.name, start.lines, start.timeout)
 
     def stream(self, argv: Sequence[str]) -> int:
@@ -162,10 +144,8 @@ class SlurmStepTransport(Transport):
         job = self.allocation.job
 
         def cancel() -> None:
-            mine = (f"squeue -h -s --jobs={job} -o '%i %j' | while read -r step stepname; do "
-                    f'[ "$stepname" = {name} ] && scancel "$step"; done; true')
             try:
-                self.login.run(["sh", "-c", mine], timeout=COMMAND_TIMEOUT)
+                self.login.run(["sh", "-c", _CANCEL_STEP, "sh", job, name], timeout=COMMAND_TIMEOUT)
             except HostError:
                 pass  # the allocation's end (`dtf down`, the lease) ends the step anyway
 
