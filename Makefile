@@ -69,7 +69,8 @@ lint: venv
 
 # The documentation site from docs/ (mkdocs.yml), into build/site; --strict makes every warning
 # (a broken link or anchor, a page left out of the nav) an error. Not --quiet: it hides the
-# warnings from --strict, and the build passes.
+# warnings from --strict, and the build passes. After the build, tests/docsite.py (a hook in
+# mkdocs.yml) fails it if a page's link or asset is not a file of the site (opened from disk).
 DOCS_STAMP := $(VENV)/.docs-stamp
 $(DOCS_STAMP): pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,notebook,docs]'

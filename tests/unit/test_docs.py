@@ -127,6 +127,44 @@ def test_the_pages_exist() -> None:
     assert {"index.md", "getting-started.md", "inventory.md", "troubleshooting.md", "benchmarks.md"} <= names
 
 
+# ---- the built site, opened from disk (tests/docsite.py runs in `make docs`) -------------------
+def test_the_site_check_finds_what_breaks_a_site_opened_from_disk(tmp_path: Path) -> None:
+    """docsite.problems, which fails `make docs` after the build, on a small site of each kind of
+    link: a folder, a missing file, a file outside the site, an absolute path, a script from
+    another host and search without its index as a script are found; plain files, anchors and
+    links to other hosts are not."""
+    import docsite
+
+    (tmp_path / "guide").mkdir()
+    (tmp_path / "guide" / "a.html").write_text('<a href="../index.html#top">home</a>', encoding="utf-8")
+    (tmp_path / "style.css").write_text("", encoding="utf-8")
+    (tmp_path / "404.html").write_text('<a href="/index.html">home</a>', encoding="utf-8")  # a server's page
+    good = ('<link rel="stylesheet" href="style.css"><link rel="canonical" href="https://example.org/">'
+            '<nav><ul><li><a href="guide/a.html">A</a></li><li><a href="#x">here</a></li></ul></nav>'
+            '<a href="https://example.org/dtf">repository</a><a href="mailto:x@example.org">mail</a>')
+    (tmp_path / "index.html").write_text(good, encoding="utf-8")
+    assert docsite.problems(tmp_path) == []
+    (tmp_path / "search").mkdir()
+    (tmp_path / "search" / "search_index.json").write_text("{}", encoding="utf-8")
+    assert [p.split(":")[0] for p in docsite.problems(tmp_path)] == ["search/search_index.js is missing"]
+    (tmp_path / "search" / "search_index.js").write_text("var __index = {}", encoding="utf-8")
+    assert docsite.problems(tmp_path) == []
+
+    bad = ('<nav><a href="guide/">folder</a><a href="missing.html">missing</a><img src="/logo.png"></nav>'
+           '<a href="../docs/notebook.md">out</a><script src="https://cdn.example.org/x.js"></script>')
+    (tmp_path / "index.html").write_text(good + bad, encoding="utf-8")
+    assert docsite.problems(tmp_path) == [
+        "index.html: <a href='guide/'> is a folder (from disk: a directory listing)",
+        "index.html: <a href='missing.html'>: no missing.html in the site",
+        "index.html: <img src='/logo.png'>: an absolute path (from disk: the file system's root)",
+        "index.html: <a href='../docs/notebook.md'> leaves the site",
+        "index.html: <script src='https://cdn.example.org/x.js'> loads from outside the site",
+    ]
+    (tmp_path / "index.html").write_text('<a href="guide/a.html">not in a nav</a>', encoding="utf-8")
+    assert docsite.problems(tmp_path) == ["index.html: no navigation link found (is it still a MkDocs page?)"]
+
+
+
 # ---- links -------------------------------------------------------------------------------------
 LINKS = [(path, line, target) for path in FILES for line, target in links(path)
          if not re.match(r"^[a-z]+:", target)]

@@ -1,0 +1,116 @@
+"""MkDocs hooks of the documentation site (mkdocs.yml `hooks:`), and the check of the built site.
+
+The site must work opened from disk (file://.../build/site/index.html), where a link is a file
+and nothing is fetched: a link to a folder shows a directory listing, and a script or stylesheet
+from another host is missing without a network. After every build, `problems` reads each page of
+the site and the build fails (`make docs`) on a relative link, script, stylesheet or image whose
+file the site lacks, on a link that leaves the site, or on an asset loaded from elsewhere.
+tests/unit/test_docs.py checks the check on small sites of its own (no MkDocs needed there).
+
+"""
+
+from __future__ import annotations
+
+import posixpath
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+try:
+    from mkdocs.plugins import event_priority
+except ImportError:  # tests/unit/test_docs.py reads this module where MkDocs is not installed
+    event_priority = lambda priority: lambda method: method  # noqa: E731
+
+# (tag, attribute) pairs whose relative URL must be a file of the site; of those, the ones that
+# load something into the page (which must not come from another host).
+LINKS = {("a", "href"), ("link", "href"), ("script", "src"), ("img", "src"), ("iframe", "src"),
+         ("source", "src")}
+LOADS = {("link", "href"), ("script", "src"), ("img", "src"), ("iframe", "src"), ("source", "src")}
+# <link rel=...> values that only name a URL (the page's canonical address, a feed), loading nothing.
+NOT_LOADED_RELS = {"canonical", "alternate", "prev", "next", "search", "author", "license"}
+
+
+class _Refs(HTMLParser):
+    """Every (tag, attribute, URL) of LINKS in a page, and whether it sits in the navigation."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.refs: list[tuple[str, str, str, bool]] = []
+        self._nav: list[str] = []  # open tags, while inside a <nav>
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = {k: v for k, v in attrs if v is not None}
+        if tag == "nav" or self._nav:
+            self._nav.append(tag)
+        if tag == "link" and NOT_LOADED_RELS & set(values.get("rel", "").split()):
+            return
+        for name, value in values.items():
+            if (tag, name) in LINKS:
+                self.refs.append((tag, name, value, bool(self._nav)))
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._nav and tag in self._nav:
+            while self._nav.pop() != tag:
+                pass
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.handle_starttag(tag, attrs)
+        if self._nav:
+            self._nav.pop()
+
+
+def page_refs(html: str) -> list[tuple[str, str, str, bool]]:
+    """(tag, attribute, URL, in a <nav>) of every link and loaded asset of a page."""
+    parser = _Refs()
+    parser.feed(html)
+    parser.close()
+    return parser.refs
+
+
+def problems(site: Path) -> list[str]:
+    """What would not work in the site at `site` opened from disk, one line each (none: it works).
+    The home page must have navigation links (a check that found none would pass anything)."""
+    if not (site / "index.html").is_file():
+        return [f"{site}: no index.html"]
+    out: list[str] = []
+    if (site / "search" / "search_index.json").is_file() and not (site / "search" / "search_index.js").is_file():
+        out.append("search/search_index.js is missing: opened from disk, search reads the index from it "
+                   "(the offline plugin writes it)")
+    # 404.html is a server's answer for any missing address, so its links are absolute (from the
+    # site's root); opened from disk nothing leads to it.
+    pages = sorted(p for p in site.rglob("*.html") if p.relative_to(site).as_posix() != "404.html")
+    for page in pages:
+        name = page.relative_to(site).as_posix()
+        refs = page_refs(page.read_text(encoding="utf-8"))
+        if name == "index.html" and not any(nav and tag == "a" for tag, _, _, nav in refs):
+            out.append("index.html: no navigation link found (is it still a MkDocs page?)")
+        for tag, attribute, url, _ in refs:
+            parts = urlsplit(url)
+            if parts.scheme or parts.netloc:  # another host (or mailto:, data:, javascript:)
+                if (tag, attribute) in LOADS and parts.scheme in ("http", "https", "") and parts.netloc:
+                    out.append(f"{name}: <{tag} {attribute}={url!r}> loads from outside the site")
+                continue
+            if not parts.path:  # #anchor or ?query: this page
+                continue
+            if parts.path.startswith("/"):
+                out.append(f"{name}: <{tag} {attribute}={url!r}>: an absolute path (from disk: the file system's root)")
+                continue
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(name), unquote(parts.path)))
+            if target == ".." or target.startswith("../"):
+                out.append(f"{name}: <{tag} {attribute}={url!r}> leaves the site")
+            elif (site / target).is_dir():
+                out.append(f"{name}: <{tag} {attribute}={url!r}> is a folder (from disk: a directory listing)")
+            elif not (site / target).is_file():
+                out.append(f"{name}: <{tag} {attribute}={url!r}>: no {target} in the site")
+    return out
+
+
+# ---- the MkDocs hooks --------------------------------------------------------------------------
+@event_priority(-200)  # after the offline plugin's (-100), which writes search/search_index.js
+def on_post_build(config: Any) -> None:
+    from mkdocs.exceptions import PluginError
+
+    found = problems(Path(config.site_dir))
+    if found:
+        raise PluginError("the site does not work opened from disk:\n  " + "\n  ".join(found))
