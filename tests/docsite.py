@@ -7,15 +7,25 @@ the site and the build fails (`make docs`) on a relative link, script, styleshee
 file the site lacks, on a link that leaves the site, or on an asset loaded from elsewhere.
 tests/unit/test_docs.py checks the check on small sites of its own (no MkDocs needed there).
 
+Code blocks without a language (the pages' indented blocks) are shell, highlighted and wrapped
+(docs/assets/extra.css); `on_page_content` shows one that starts with a `$ ` prompt as a terminal
+session instead: the prompt's line highlighted as shell, what follows as plain output, and its
+lines kept whole (a table such as `dtf status`'s would not survive wrapping).
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import get_lexer_by_name
 
 try:
     from mkdocs.plugins import event_priority
@@ -29,6 +39,8 @@ LINKS = {("a", "href"), ("link", "href"), ("script", "src"), ("img", "src"), ("i
 LOADS = {("link", "href"), ("script", "src"), ("img", "src"), ("iframe", "src"), ("source", "src")}
 # <link rel=...> values that only name a URL (the page's canonical address, a feed), loading nothing.
 NOT_LOADED_RELS = {"canonical", "alternate", "prev", "next", "search", "author", "license"}
+# A code block pymdownx.highlight rendered as shell (mkdocs.yml: default_lang, pygments_lang_class).
+_SHELL_BLOCK = re.compile(r'<div class="language-shell highlight"><pre><span></span><code>(.*?)</code></pre></div>', re.S)
 
 
 class _Refs(HTMLParser):
@@ -107,6 +119,23 @@ def problems(site: Path) -> list[str]:
 
 
 # ---- the MkDocs hooks --------------------------------------------------------------------------
+def sessions_as_console(html: str) -> str:
+    """Each shell block of a page that starts with a `$ ` prompt, highlighted as a terminal session."""
+    def console(m: re.Match[str]) -> str:
+        source = unescape(re.sub(r"<[^>]+>", "", m.group(1)))
+        if not source.startswith("$ "):
+            return m.group(0)
+        code = highlight(source, get_lexer_by_name("console"), HtmlFormatter(nowrap=True)).rstrip("\n")
+        return f'<div class="language-console highlight"><pre><span></span><code>{code}</code></pre></div>'
+
+    return _SHELL_BLOCK.sub(console, html)
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """Terminal sessions shown as such."""
+    return sessions_as_console(html)
+
+
 @event_priority(-200)  # after the offline plugin's (-100), which writes search/search_index.js
 def on_post_build(config: Any) -> None:
     from mkdocs.exceptions import PluginError

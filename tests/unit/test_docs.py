@@ -115,9 +115,21 @@ def nav_pages(nav: Any) -> list[str]:
     return []
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """mkdocs.yml as data: MkDocs' own tags (`!ENV [NAME, default]`) read as their plain value."""
+
+
+_ConfigLoader.add_multi_constructor("!", lambda loader, suffix, node: (
+    loader.construct_sequence(node) if isinstance(node, yaml.SequenceNode) else loader.construct_scalar(node)))
+
+
+def mkdocs_config() -> dict[str, Any]:
+    config: dict[str, Any] = yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=_ConfigLoader)
+    return config
+
+
 def test_every_page_is_in_the_nav() -> None:
-    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
-    listed = nav_pages(config["nav"])
+    listed = nav_pages(mkdocs_config()["nav"])
     assert sorted(listed) == sorted(set(listed)), "a page is in the nav twice"
     assert set(listed) == {p.name for p in PAGES}
 
@@ -162,6 +174,23 @@ def test_the_site_check_finds_what_breaks_a_site_opened_from_disk(tmp_path: Path
     ]
     (tmp_path / "index.html").write_text('<a href="guide/a.html">not in a nav</a>', encoding="utf-8")
     assert docsite.problems(tmp_path) == ["index.html: no navigation link found (is it still a MkDocs page?)"]
+
+
+def test_a_shell_block_that_starts_with_a_prompt_is_shown_as_a_terminal_session() -> None:
+    """The site's shell blocks are highlighted and wrapped; one starting with `$ ` becomes a
+    console block (its output plain, its lines kept whole), the others stay as they are."""
+    import docsite
+
+    shell = '<div class="language-shell highlight"><pre><span></span><code>{}</code></pre></div>'
+    command = shell.format('dtf<span class="w"> </span>up<span class="w"> </span>lab.yaml')
+    session = shell.format('$<span class="w"> </span>dtf<span class="w"> </span>status\ntask  state &lt;x&gt;\nps:0  alive')
+    out = docsite.sessions_as_console(f"<p>a</p>{command}<p>b</p>{session}")
+    assert out.startswith(f"<p>a</p>{command}<p>b</p>")
+    assert out.endswith('<div class="language-console highlight"><pre><span></span><code>'
+                        '<span class="gp">$ </span>dtf<span class="w"> </span>status\n'
+                        '<span class="go">task  state &lt;x&gt;</span>\n<span class="go">ps:0  alive</span>'
+                        '</code></pre></div>')
+
 
 
 
