@@ -11,12 +11,17 @@ Code blocks without a language (the pages' indented blocks) are shell, highlight
 (docs/assets/extra.css); `on_page_content` shows one that starts with a `$ ` prompt as a terminal
 session instead: the prompt's line highlighted as shell, what follows as plain output, and its
 lines kept whole (a table such as `dtf status`'s would not survive wrapping).
+
+The API reference (docs/api.md) is read from dtf's source by mkdocstrings (griffe parses it):
+building the site imports neither dtf nor TensorFlow, which `on_config` makes an error.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import posixpath
 import re
+import sys
 from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -119,6 +124,22 @@ def problems(site: Path) -> list[str]:
 
 
 # ---- the MkDocs hooks --------------------------------------------------------------------------
+class _NotImported(importlib.abc.MetaPathFinder):
+    """Refuses the packages the site's build must not import (the docs extra has no TensorFlow)."""
+
+    PACKAGES = ("dtf", "dtf_server", "tensorflow", "tf_keras", "keras")
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.split(".")[0] in self.PACKAGES:
+            raise ImportError(f"building the site imported {name}: the API reference must be read "
+                              f"from the source (mkdocstrings' griffe), not imported")
+
+
+def on_config(config: Any) -> None:
+    if not any(isinstance(f, _NotImported) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NotImported())
+
+
 def sessions_as_console(html: str) -> str:
     """Each shell block of a page that starts with a `$ ` prompt, highlighted as a terminal session."""
     def console(m: re.Match[str]) -> str:

@@ -192,6 +192,15 @@ def test_a_shell_block_that_starts_with_a_prompt_is_shown_as_a_terminal_session(
                         '</code></pre></div>')
 
 
+def test_the_api_page_documents_every_public_helper() -> None:
+    """docs/api.md renders each name of dtf.__all__ (`::: dtf.NAME`), and the notebook handle."""
+    import dtf
+
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    shown = set(re.findall(r"^::: ([\w.]+)$", text, re.M))
+    assert {f"dtf.{name}" for name in dtf.__all__} | {"dtf.notebook.connection.Connection"} <= shown
+
+
 
 
 # ---- links -------------------------------------------------------------------------------------
