@@ -7,6 +7,9 @@ the site and the build fails (`make docs`) on a relative link, script, styleshee
 file the site lacks, on a link that leaves the site, or on an asset loaded from elsewhere.
 tests/unit/test_docs.py checks the check on small sites of its own (no MkDocs needed there).
 
+The example notebook is rendered from examples/notebook.ipynb, whose links are the repository's
+(`../docs/notebook.md`): `on_page_content` points them at the site's pages.
+
 Code blocks without a language (the pages' indented blocks) are shell, highlighted and wrapped
 (docs/assets/extra.css); `on_page_content` shows one that starts with a `$ ` prompt as a terminal
 session instead: the prompt's line highlighted as shell, what follows as plain output, and its
@@ -46,6 +49,8 @@ LOADS = {("link", "href"), ("script", "src"), ("img", "src"), ("iframe", "src"),
 NOT_LOADED_RELS = {"canonical", "alternate", "prev", "next", "search", "author", "license"}
 # A code block pymdownx.highlight rendered as shell (mkdocs.yml: default_lang, pygments_lang_class).
 _SHELL_BLOCK = re.compile(r'<div class="language-shell highlight"><pre><span></span><code>(.*?)</code></pre></div>', re.S)
+# Links from examples/ to the repository's docs/ (`../docs/notebook.md#x`), as the site names them.
+_REPO_DOC_LINK = re.compile(r'href="\.\./docs/([\w-]+)\.md(#[^"]*)?"')
 
 
 class _Refs(HTMLParser):
@@ -153,7 +158,10 @@ def sessions_as_console(html: str) -> str:
 
 
 def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
-    """Terminal sessions shown as such."""
+    """Terminal sessions shown as such; the example notebook's links to the repository's docs/
+    pages made links to the site's."""
+    if page.file.src_uri.endswith(".ipynb"):
+        return _REPO_DOC_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', html)
     return sessions_as_console(html)
 
 

@@ -129,9 +129,11 @@ def mkdocs_config() -> dict[str, Any]:
 
 
 def test_every_page_is_in_the_nav() -> None:
+    """Every Markdown page is in the nav, and every other entry (the example notebook) is a file in docs/."""
     listed = nav_pages(mkdocs_config()["nav"])
     assert sorted(listed) == sorted(set(listed)), "a page is in the nav twice"
-    assert set(listed) == {p.name for p in PAGES}
+    assert {p for p in listed if p.endswith(".md")} == {p.name for p in PAGES}
+    assert [p for p in listed if not (DOCS / p).is_file()] == []
 
 
 def test_the_pages_exist() -> None:
@@ -176,6 +178,18 @@ def test_the_site_check_finds_what_breaks_a_site_opened_from_disk(tmp_path: Path
     assert docsite.problems(tmp_path) == ["index.html: no navigation link found (is it still a MkDocs page?)"]
 
 
+def test_the_example_notebooks_links_to_the_docs_become_the_sites() -> None:
+    import docsite
+
+    class Page:
+        class file:  # noqa: N801 (MkDocs' page.file)
+            src_uri = "example-notebook.ipynb"
+
+    html = '<a href="../docs/notebook.md">a</a> <a href="../docs/training.md#step-packing">b</a> <a href="x.md">c</a>'
+    assert docsite.on_page_content(html, Page(), None, None) == (
+        '<a href="notebook.html">a</a> <a href="training.html#step-packing">b</a> <a href="x.md">c</a>')
+
+
 def test_a_shell_block_that_starts_with_a_prompt_is_shown_as_a_terminal_session() -> None:
     """The site's shell blocks are highlighted and wrapped; one starting with `$ ` becomes a
     console block (its output plain, its lines kept whole), the others stay as they are."""
@@ -201,6 +215,14 @@ def test_the_api_page_documents_every_public_helper() -> None:
     assert {f"dtf.{name}" for name in dtf.__all__} | {"dtf.notebook.connection.Connection"} <= shown
 
 
+def test_every_example_is_on_the_site() -> None:
+    """docs/examples.md includes every examples/*.py, and the nav's example notebook is
+    examples/notebook.ipynb itself (a link to it, not a copy that could drift)."""
+    text = (DOCS / "examples.md").read_text(encoding="utf-8")
+    included = set(re.findall(r'^--8<-- "(examples/[\w.]+)"$', text, re.M))
+    assert included == {f"examples/{p.name}" for p in (ROOT / "examples").glob("*.py")}
+    assert (DOCS / "example-notebook.ipynb").resolve() == (ROOT / "examples" / "notebook.ipynb").resolve()
+    assert "example-notebook.ipynb" in nav_pages(mkdocs_config()["nav"])
 
 
 # ---- links -------------------------------------------------------------------------------------
@@ -233,7 +255,8 @@ def test_what_the_extractors_find_on_a_page(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("path", "line", "target"), LINKS, ids=[f"{rel(p)}:{n}:{t}" for p, n, t in LINKS])
 def test_link_resolves(path: Path, line: int, target: str) -> None:
     file, _, anchor = target.partition("#")
-    dest = (path.parent / file).resolve() if file else path
+    # normpath, not resolve: a page may be a link to a file elsewhere (the example notebook)
+    dest = Path(os.path.normpath(path.parent / file)) if file else path
     assert dest.is_file(), f"{rel(path)}:{line}: {target}: no such file"
     if path.parent == DOCS:
         assert dest.parent == DOCS, f"{rel(path)}:{line}: {target}: a page links only to other pages"
