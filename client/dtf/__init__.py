@@ -112,7 +112,9 @@ def connect(cluster: str | None = None, **kwargs: Any) -> Any:
     `dtf up` started, as `dtf train` makes a program: the handle (a `Connection`) has `.strategy`,
     `.coordinator`, `.status()`, `.logs(task)` and `.close()`.
 
-        cluster = dtf.connect()          # the only cluster up; dtf.connect("name") picks one
+    ```python
+    cluster = dtf.connect()          # the only cluster up; dtf.connect("name") picks one
+    ```
 
     Called again, it returns the same handle. TensorFlow connects a process to one cluster, so
     another cluster is refused: restart the kernel to connect to it.
@@ -183,10 +185,12 @@ def num_workers() -> int:
 def packing(steps_per_call: int | None = None) -> Packer:
     """Steps per closure for a custom loop: measured and chosen by dtf, or `steps_per_call`.
 
-        packing = dtf.packing(args.steps_per_call)     # None: dtf measures and chooses
-        for n in packing.closures(steps_per_epoch):    # step counts summing to steps_per_epoch
-            coordinator.schedule(train_steps, args=(iterator, tf.constant(n)))
-        coordinator.join()
+    ```python
+    packing = dtf.packing(args.steps_per_call)     # None: dtf measures and chooses
+    for n in packing.closures(steps_per_epoch):    # step counts summing to steps_per_epoch
+        coordinator.schedule(train_steps, args=(iterator, tf.constant(n)))
+    coordinator.join()
+    ```
 
     Each closure costs a round trip to a worker. With no `steps_per_call`, the first closures
     are timed one at a time (the loop's own steps: nothing is wasted) to measure the round trip
