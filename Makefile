@@ -21,8 +21,15 @@ venv: $(STAMP)
 bytecode: venv
 	$(BIN)/python -m compileall -q client server tests bench >/dev/null
 
-# Up, train the first example, down (down runs even when training fails).
-demo: venv
+# What a first `make demo` or `make docs` says before pip starts: pip -q prints nothing for minutes.
+SETUP_NOTICE := first, a virtual environment in $(VENV): pip installs dtf with TensorFlow (CPU), tf-keras \
+    and the test and notebook tools, about 2.5 GB. It takes about 4 minutes, and pip prints nothing until it is done.
+
+# Up, train the first example, down (down runs even when training fails). The environment comes
+# first, and the notice before it when it is to be made (`make -q venv` fails then).
+demo:
+	@$(MAKE) -q venv 2>/dev/null || echo "make demo: $(SETUP_NOTICE)"
+	@$(MAKE) -s --no-print-directory venv
 	$(BIN)/dtf up $(INVENTORY)
 	$(BIN)/dtf train --output dtf-output/mnist_fit examples/mnist_fit.py; rc=$$?; \
 	$(BIN)/dtf down; exit $$rc
@@ -69,13 +76,16 @@ lint: venv
 
 # The documentation site from docs/ (mkdocs.yml), into build/site; --strict makes every warning
 # (a broken link or anchor, a page left out of the nav) an error. Not --quiet: it hides the
-# warnings from --strict, and the build passes.
+# warnings from --strict, and the build passes. After the build, tests/docsite.py (a hook in
+# mkdocs.yml) fails it if a page's link or asset is not a file of the site (opened from disk).
 DOCS_STAMP := $(VENV)/.docs-stamp
 $(DOCS_STAMP): pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,notebook,docs]'
 	touch $(DOCS_STAMP)
 
-docs: $(DOCS_STAMP)
+docs:
+	@$(MAKE) -q venv 2>/dev/null || echo "make docs: $(SETUP_NOTICE)"
+	@$(MAKE) -s --no-print-directory $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: venv

@@ -95,9 +95,11 @@ LOCAL_PS_ENV = "DTF_LOCAL_PS"
 OUTPUT_DIR_ENV = "DTF_OUTPUT_DIR"
 COLLECTIVE_ENV = "DTF_COLLECTIVE"  # "1": a copy of a `dtf train --collective` program, on a host
 SYNCED_ENV = "DTF_SYNCED"  # JSON {name: path on the workers}, set by `dtf train` (dtf.files.sync)
-# The coordinator's device: ParameterServerStrategy names the program's own job "chief", both
-# under `dtf train` (TF_CONFIG) and on the in-process cluster.
+# ParameterServerStrategy names the program's own job "chief", both under `dtf train` (TF_CONFIG)
+# and on the in-process cluster.
 COORDINATOR_DEVICE = "/job:chief/replica:0/task:0/device:CPU:0"
+"""The coordinator's device (this program's, on the laptop): the `experimental_io_device` of
+`checkpoint_options()` and `save_options()`."""
 
 
 def under_dtf() -> bool:
@@ -107,8 +109,23 @@ def under_dtf() -> bool:
 
 def connect(cluster: str | None = None, **kwargs: Any) -> Any:
     """Make this process (a Jupyter kernel, IPython, a script) the coordinator of the cluster that
-    `dtf up` started (the only one, or `cluster`): a handle with `.strategy`, `.coordinator`,
-    `.status()`, `.logs(task)`, `.close()` (dtf.notebook.connection.connect: its options, what it sets up)."""
+    `dtf up` started, as `dtf train` makes a program: the handle (a `Connection`) has `.strategy`,
+    `.coordinator`, `.status()`, `.logs(task)` and `.close()`.
+
+    ```python
+    cluster = dtf.connect()          # the only cluster up; dtf.connect("name") picks one
+    ```
+
+    Called again, it returns the same handle. TensorFlow connects a process to one cluster, so
+    another cluster is refused: restart the kernel to connect to it.
+
+    Args:
+        cluster: the cluster's name (the inventory's `cluster:`); None: the only one up.
+        **kwargs: `output`: the output directory, as `dtf train --output`; `verbose`: keep
+            TensorFlow's INFO and WARNING lines; `packing`: False as `dtf train --no-packing`;
+            `ps_wait`: seconds a lost ps gets to serve again before the error says it did not;
+            `connect_timeout`: seconds to reach a host.
+    """
     from dtf.notebook.connection import connect as connect_
 
     return connect_(cluster, **kwargs)
@@ -168,10 +185,12 @@ def num_workers() -> int:
 def packing(steps_per_call: int | None = None) -> Packer:
     """Steps per closure for a custom loop: measured and chosen by dtf, or `steps_per_call`.
 
-        packing = dtf.packing(args.steps_per_call)     # None: dtf measures and chooses
-        for n in packing.closures(steps_per_epoch):    # step counts summing to steps_per_epoch
-            coordinator.schedule(train_steps, args=(iterator, tf.constant(n)))
-        coordinator.join()
+    ```python
+    packing = dtf.packing(args.steps_per_call)     # None: dtf measures and chooses
+    for n in packing.closures(steps_per_epoch):    # step counts summing to steps_per_epoch
+        coordinator.schedule(train_steps, args=(iterator, tf.constant(n)))
+    coordinator.join()
+    ```
 
     Each closure costs a round trip to a worker. With no `steps_per_call`, the first closures
     are timed one at a time (the loop's own steps: nothing is wasted) to measure the round trip
@@ -191,7 +210,8 @@ def packing(steps_per_call: int | None = None) -> Packer:
 def output_dir(*parts: str) -> Path:
     """A directory on the laptop (created if needed) for checkpoints, TensorBoard logs and models.
 
-    `$DTF_OUTPUT_DIR` (set by `dtf train --output`), else ./dtf-output.
+    The run's output directory: `dtf train --output DIR` (`$DTF_OUTPUT_DIR`), else `./dtf-output`;
+    `parts` name a directory below it (`dtf.output_dir("logs")`).
     """
     from pathlib import Path
 

@@ -116,16 +116,114 @@ def nav_pages(nav: Any) -> list[str]:
     return []
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """mkdocs.yml as data: MkDocs' own tags (`!ENV [NAME, default]`) read as their plain value."""
+
+
+_ConfigLoader.add_multi_constructor("!", lambda loader, suffix, node: (
+    loader.construct_sequence(node) if isinstance(node, yaml.SequenceNode) else loader.construct_scalar(node)))
+
+
+def mkdocs_config() -> dict[str, Any]:
+    config: dict[str, Any] = yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=_ConfigLoader)
+    return config
+
+
 def test_every_page_is_in_the_nav() -> None:
-    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
-    listed = nav_pages(config["nav"])
+    """Every Markdown page is in the nav, and every other entry (the example notebook) is a file in docs/."""
+    listed = nav_pages(mkdocs_config()["nav"])
     assert sorted(listed) == sorted(set(listed)), "a page is in the nav twice"
-    assert set(listed) == {p.name for p in PAGES}
+    assert {p for p in listed if p.endswith(".md")} == {p.name for p in PAGES}
+    assert [p for p in listed if not (DOCS / p).is_file()] == []
 
 
 def test_the_pages_exist() -> None:
     names = {p.name for p in PAGES}
     assert {"index.md", "getting-started.md", "inventory.md", "troubleshooting.md", "benchmarks.md"} <= names
+
+
+# ---- the built site, opened from disk (tests/docsite.py runs in `make docs`) -------------------
+def test_the_site_check_finds_what_breaks_a_site_opened_from_disk(tmp_path: Path) -> None:
+    """docsite.problems, which fails `make docs` after the build, on a small site of each kind of
+    link: a folder, a missing file, a file outside the site, an absolute path, a script from
+    another host and search without its index as a script are found; plain files, anchors and
+    links to other hosts are not."""
+    import docsite
+
+    (tmp_path / "guide").mkdir()
+    (tmp_path / "guide" / "a.html").write_text('<a href="../index.html#top">home</a>', encoding="utf-8")
+    (tmp_path / "style.css").write_text("", encoding="utf-8")
+    (tmp_path / "404.html").write_text('<a href="/index.html">home</a>', encoding="utf-8")  # a server's page
+    good = ('<link rel="stylesheet" href="style.css"><link rel="canonical" href="https://example.org/">'
+            '<nav><ul><li><a href="guide/a.html">A</a></li><li><a href="#x">here</a></li></ul></nav>'
+            '<a href="https://example.org/dtf">repository</a><a href="mailto:x@example.org">mail</a>')
+    (tmp_path / "index.html").write_text(good, encoding="utf-8")
+    assert docsite.problems(tmp_path) == []
+    (tmp_path / "search").mkdir()
+    (tmp_path / "search" / "search_index.json").write_text("{}", encoding="utf-8")
+    assert [p.split(":")[0] for p in docsite.problems(tmp_path)] == ["search/search_index.js is missing"]
+    (tmp_path / "search" / "search_index.js").write_text("var __index = {}", encoding="utf-8")
+    assert docsite.problems(tmp_path) == []
+
+    bad = ('<nav><a href="guide/">folder</a><a href="missing.html">missing</a><img src="/logo.png"></nav>'
+           '<a href="../docs/notebook.md">out</a><script src="https://cdn.example.org/x.js"></script>')
+    (tmp_path / "index.html").write_text(good + bad, encoding="utf-8")
+    assert docsite.problems(tmp_path) == [
+        "index.html: <a href='guide/'> is a folder (from disk: a directory listing)",
+        "index.html: <a href='missing.html'>: no missing.html in the site",
+        "index.html: <img src='/logo.png'>: an absolute path (from disk: the file system's root)",
+        "index.html: <a href='../docs/notebook.md'> leaves the site",
+        "index.html: <script src='https://cdn.example.org/x.js'> loads from outside the site",
+    ]
+    (tmp_path / "index.html").write_text('<a href="guide/a.html">not in a nav</a>', encoding="utf-8")
+    assert docsite.problems(tmp_path) == ["index.html: no navigation link found (is it still a MkDocs page?)"]
+
+
+def test_the_example_notebooks_links_to_the_docs_become_the_sites() -> None:
+    import docsite
+
+    class Page:
+        class file:  # noqa: N801 (MkDocs' page.file)
+            src_uri = "example-notebook.ipynb"
+
+    html = '<a href="../docs/notebook.md">a</a> <a href="../docs/training.md#step-packing">b</a> <a href="x.md">c</a>'
+    assert docsite.on_page_content(html, Page(), None, None) == (
+        '<a href="notebook.html">a</a> <a href="training.html#step-packing">b</a> <a href="x.md">c</a>')
+
+
+def test_a_shell_block_that_starts_with_a_prompt_is_shown_as_a_terminal_session() -> None:
+    """The site's shell blocks are highlighted and wrapped; one starting with `$ ` becomes a
+    console block (its output plain, its lines kept whole), the others stay as they are."""
+    import docsite
+
+    shell = '<div class="language-shell highlight"><pre><span></span><code>{}</code></pre></div>'
+    command = shell.format('dtf<span class="w"> </span>up<span class="w"> </span>lab.yaml')
+    session = shell.format('$<span class="w"> </span>dtf<span class="w"> </span>status\ntask  state &lt;x&gt;\nps:0  alive')
+    out = docsite.sessions_as_console(f"<p>a</p>{command}<p>b</p>{session}")
+    assert out.startswith(f"<p>a</p>{command}<p>b</p>")
+    assert out.endswith('<div class="language-console highlight"><pre><span></span><code>'
+                        '<span class="gp">$ </span>dtf<span class="w"> </span>status\n'
+                        '<span class="go">task  state &lt;x&gt;</span>\n<span class="go">ps:0  alive</span>'
+                        '</code></pre></div>')
+
+
+def test_the_api_page_documents_every_public_helper() -> None:
+    """docs/api.md renders each name of dtf.__all__ (`::: dtf.NAME`), and the notebook handle."""
+    import dtf
+
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    shown = set(re.findall(r"^::: ([\w.]+)$", text, re.M))
+    assert {f"dtf.{name}" for name in dtf.__all__} | {"dtf.notebook.connection.Connection"} <= shown
+
+
+def test_every_example_is_on_the_site() -> None:
+    """docs/examples.md includes every examples/*.py, and the nav's example notebook is
+    examples/notebook.ipynb itself (a link to it, not a copy that could drift)."""
+    text = (DOCS / "examples.md").read_text(encoding="utf-8")
+    included = set(re.findall(r'^--8<-- "(examples/[\w.]+)"$', text, re.M))
+    assert included == {f"examples/{p.name}" for p in (ROOT / "examples").glob("*.py")}
+    assert (DOCS / "example-notebook.ipynb").resolve() == (ROOT / "examples" / "notebook.ipynb").resolve()
+    assert "example-notebook.ipynb" in nav_pages(mkdocs_config()["nav"])
 
 
 # ---- links -------------------------------------------------------------------------------------
@@ -158,7 +256,8 @@ def test_what_the_extractors_find_on_a_page(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("path", "line", "target"), LINKS, ids=[f"{rel(p)}:{n}:{t}" for p, n, t in LINKS])
 def test_link_resolves(path: Path, line: int, target: str) -> None:
     file, _, anchor = target.partition("#")
-    dest = (path.parent / file).resolve() if file else path
+    # normpath, not resolve: a page may be a link to a file elsewhere (the example notebook)
+    dest = Path(os.path.normpath(path.parent / file)) if file else path
     assert dest.is_file(), f"{rel(path)}:{line}: {target}: no such file"
     if path.parent == DOCS:
         assert dest.parent == DOCS, f"{rel(path)}:{line}: {target}: a page links only to other pages"

@@ -55,7 +55,8 @@ INSTALL = "pip install 'dtf[notebook]'"
 
 
 class ConnectError(DtfError):
-    """connect() cannot attach: one line in a notebook (IPython shows `_render_traceback_`)."""
+    """connect() cannot attach (no cluster up, another cluster, a host out of reach): a notebook
+    shows it as one `dtf: error: ...` line, no traceback (IPython shows `_render_traceback_`)."""
 
     def __init__(self, message: str, exit_code: ExitCode = ExitCode.FAILURE) -> None:
         super().__init__(message)
@@ -66,7 +67,8 @@ class ConnectError(DtfError):
 
 
 class ClusterGone(ConnectError):
-    """The cluster went away under a coordinator call: `dtf down`, or a lost ps."""
+    """The cluster went away under a coordinator call (`fit`, `schedule`, `join`): `dtf down` from a
+    terminal, or a lost ps. The message says how to go on."""
 
 
 _connection: Connection | None = None
@@ -97,7 +99,9 @@ def connect(cluster: str | None = None, *, output: str | os.PathLike[str] | None
 
 
 class Connection:
-    """This process as the coordinator of a dtf cluster: `dtf.connect()`'s handle."""
+    """This process as the coordinator of a dtf cluster: `dtf.connect()`'s handle. The last line of a
+    cell shows it as a table of the cluster's tasks; `with dtf.connect() as cluster:` closes it
+    at the block's end."""
 
     def __init__(self, record: Record, ops: HostOps, managed: bool, ps_wait: float) -> None:
         self.record = record
@@ -216,7 +220,7 @@ class Connection:
 
     def close(self) -> None:
         """Stop renewing the lease and close the tunnel; the cluster stays up (`dtf down` stops it).
-        This process cannot attach again (restart the kernel to)."""
+        This process cannot attach again: restart the kernel to connect."""
         if self.closed:
             return
         self.closed = True
