@@ -358,13 +358,17 @@ def top(
 def logs(
     task: str = typer.Argument(..., metavar="TASK", help="The task, e.g. worker:1 or ps:0."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
-    lines: int = typer.Option(100, "--lines", "-n", help="How many last lines to print."),
+    lines: int = typer.Option(100, "--lines", "-n", min=0, help="How many last lines to print."),
+    everything: bool = typer.Option(False, "--all", "-a",
+                                    help="Show TensorFlow's own lines too (its C++ runtime's log, "
+                                         "hidden by default)."),
     cluster: str | None = ClusterOpt,
 ) -> None:
-    """Print a task's log from its host."""
+    """Print a task's log from its host: dtf's lines and the server's (or the program's), without
+    TensorFlow's own unless --all."""
     from dtf.hostops.status import tail_log
 
-    raise typer.Exit(tail_log(cluster, task, lines=lines, follow=follow))
+    raise typer.Exit(tail_log(cluster, task, lines=lines, follow=follow, everything=everything))
 
 
 @app.command()
