@@ -207,6 +207,7 @@ def train(
     PROGRAM runs here, as the chief of the cluster (with --collective: on the hosts, one copy per
     worker). dtf exits with the program's exit code.
     """
+    from dtf import ui
     from dtf.hostops import lifecycle
     from dtf.program.hooks import packing as packing_hook
     from dtf.program.hooks import wrap as wrap_hook
@@ -233,10 +234,12 @@ def train(
                                         attempts=attempts, join_timeout=join_timeout,
                                         connect_timeout=connect_timeout, taken_down=lambda: taken_down(record),
                                         verbose=verbose))
+    started = time.monotonic()
     code = run_program(lifecycle.recorded(cluster), str(program), list(args or []),
                        str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
                        connect_timeout=connect_timeout, verbose=verbose, hook_env=hook_env,
-                       slurm_wait=slurm_wait)
+                       slurm_wait=slurm_wait,
+                       report=lambda shares: ui.show_shares(shares, time.monotonic() - started))
     raise typer.Exit(code)
 
 
