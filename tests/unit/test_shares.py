@@ -98,3 +98,15 @@ def test_each_attempts_figures_are_collected_once_it_ended(tmp_path: Path, monke
     assert run.shares.attempts == 1
     assert run.shares.workers == {0: figures.Share("b"), 1: figures.Share("b", closures=1, steps=5, busy=0.5)}
     assert not live.exists()
+
+
+@pytest.mark.parametrize(("code", "reported"), [(0, True), (1, False), (130, False)])
+def test_only_a_program_that_succeeded_has_its_run_reported(monkeypatch: pytest.MonkeyPatch, code: int,
+                                                            reported: bool) -> None:
+    """A failed or interrupted run ends with its error (or dtf's line about the interrupt)."""
+    from dtf.program import train
+
+    monkeypatch.setattr(train, "_attempts", lambda *args: code)
+    seen: list[figures.Shares] = []
+    assert train.run_program(None, "p.py", [], None, report=seen.append) == code  # type: ignore[arg-type]
+    assert len(seen) == int(reported)

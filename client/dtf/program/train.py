@@ -120,13 +120,14 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     new allocation from the same inventory, pending up to `slurm_wait` seconds (dtf.hostops.realloc),
     and the program runs again there; a job of the user's own (`job:`) ends the run in one line.
     Unless `verbose`, TensorFlow's own chatter is filtered out of the program's stderr (dtf.program.noise).
-    Once the run has ended (not by an error of dtf's), `report` gets what each worker did in it, as
-    the program's coordinator counted it (dtf.program.figures.Shares).
+    Once the program has succeeded (exit code 0), `report` gets what each worker did in the run, as
+    the program's coordinator counted it (dtf.program.figures.Shares); a run that failed ends with
+    its error instead.
     """
     shares = figures.Shares()
     code = _attempts(record, program, args, output, attempts, ps_wait, connect_timeout, verbose, hook_env,
                      slurm_wait, shares)
-    if report is not None:
+    if report is not None and code == 0:
         report(shares)
     return code
 
