@@ -9,7 +9,7 @@ A record of TensorFlow's log begins with absl's prefix, or with TensorFlow's old
     E1129 00:24:54.123456789    8128 src/core/lib/surface/call.cc:12] (gRPC's own)
     2026-01-31 12:00:00.123456: I tensorflow/core/platform/cpu_feature_guard.cc:182] ...
 
-(absl's: the severity I, W, E or F; the month and day, 0000 before absl::InitializeLog() is
+(absl's: the severity I, W, E or F, and gRPC's D for debug; the month and day, 0000 before absl::InitializeLog() is
 called; the time, 00:00:SECONDS since the epoch before that call; the thread; the source file and
 line). A record's message may go on over the next lines: a protobuf message printed with
 DebugString (protobuf marks that output with a link it draws per process, `goo.gle/debugstr`,
@@ -55,7 +55,7 @@ CONTINUATION = [
     rb"This derived error is ignored and not reported to users\.",
 ]
 
-RECORD = re.compile(rb"|".join([EARLY, absl(b"IWE"), dated(b"IWE")]))
+RECORD = re.compile(rb"|".join([EARLY, absl(b"DIWE"), dated(b"IWE")]))  # D: gRPC's debug lines (GRPC_VERBOSITY)
 FOLLOWS = re.compile(rb"|".join(CONTINUATION))
 PROTO_MARK = re.compile(rb"goo\.gle/debug\w")
 PROTO_LINE = re.compile(rb"[A-Za-z_]\w*(: .*| \{)|\}")  # text format: `field: value`, `message {`, `}`

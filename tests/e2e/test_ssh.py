@@ -127,7 +127,7 @@ def follow_log_until_interrupted(home: Path, task: str, expect: str, sig: int = 
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_logs_follow_ends_with_its_remote_tail(lab, write_inventory, home, sig):
+def test_logs_follow_ends_with_its_reader_on_the_host(lab, write_inventory, home, sig):
     ps, w0 = lab.ports(2)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
     assert dtf("up", str(inv), home=home, timeout=120, env=FAKE).returncode == 0

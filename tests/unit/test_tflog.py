@@ -45,6 +45,7 @@ Additional GRPC error information from remote target /job:ps/replica:0/task:0 wh
 :UNKNOWN:Error received from peer  {grpc_message:"failed to connect to all addresses", grpc_status:14}
 This could happen if the remote target has been disconnected from the client.
 E1129 00:27:04.123456789   21781 src/core/lib/surface/call.cc:1043] gRPC's own
+D1129 00:27:04.123456789   21781 src/core/lib/iomgr/tcp_posix.cc:12] gRPC's debug line (GRPC_VERBOSITY=DEBUG)
 2026-11-23 11:27:22.123456: W tensorflow/core/framework/op_kernel.cc:1827] the older format
 2026-11-29 00:26:16 dtf: worker:0: server killed by SIGKILL after 82.3s; restart 1 of 10 in 0.5s
 """
