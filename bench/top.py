@@ -91,7 +91,7 @@ def one(home: Path, tmp: Path, tag: str, env: dict[str, str], attached: bool, st
 
 
 def per_closure_ns(n: int = 200_000) -> float:
-    """The figures' whole cost on the training's threads: one closure_done (a lock, two additions)."""
+    """The figures' whole cost on the training's threads: one closure_done (a lock and a few additions)."""
     import time
 
     from dtf.program.figures import Figures

@@ -205,6 +205,7 @@ def train(
     PROGRAM runs here, as the chief of the cluster (with --collective: on the hosts, one copy per
     worker). dtf exits with the program's exit code.
     """
+    from dtf import ui
     from dtf.hostops import lifecycle
     from dtf.program.hooks import packing as packing_hook
     from dtf.program.hooks import wrap as wrap_hook
@@ -231,10 +232,12 @@ def train(
                                         attempts=attempts, join_timeout=join_timeout,
                                         connect_timeout=connect_timeout, taken_down=lambda: taken_down(record),
                                         verbose=verbose))
+    started = time.monotonic()
     code = run_program(lifecycle.recorded(cluster), str(program), list(args or []),
                        str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
                        connect_timeout=connect_timeout, verbose=verbose, hook_env=hook_env,
-                       allocation_wait=allocation_wait)
+                       allocation_wait=allocation_wait,
+                       report=lambda shares: ui.show_shares(shares, time.monotonic() - started))
     raise typer.Exit(code)
 
 
@@ -356,13 +359,17 @@ def top(
 def logs(
     task: str = typer.Argument(..., metavar="TASK", help="The task, e.g. worker:1 or ps:0."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
-    lines: int = typer.Option(100, "--lines", "-n", help="How many last lines to print."),
+    lines: int = typer.Option(100, "--lines", "-n", min=0, help="How many last lines to print."),
+    everything: bool = typer.Option(False, "--all", "-a",
+                                    help="Show TensorFlow's own lines too (its C++ runtime's log, "
+                                         "hidden by default)."),
     cluster: str | None = ClusterOpt,
 ) -> None:
-    """Print a task's log from its host."""
+    """Print a task's log from its host: dtf's lines and the server's (or the program's), without
+    TensorFlow's own unless --all."""
     from dtf.hostops.status import tail_log
 
-    raise typer.Exit(tail_log(cluster, task, lines=lines, follow=follow))
+    raise typer.Exit(tail_log(cluster, task, lines=lines, follow=follow, everything=everything))
 
 
 @app.command()

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # annotations only: every dtf command imports this module, fe
     from dtf.hostops.start import HostStarted
     from dtf.hostops.status import TaskState
     from dtf.hostops.stop import HostStopped
+    from dtf.program.figures import Shares
     from dtf.providers.provider import AllocationReport
 
 # The version of `dtf status --json`'s document (docs/watching.md): fields may be added; a change that would
@@ -346,3 +347,30 @@ def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool,
             say(f"{r['task']} ({r['host']}): {r['error']}", stderr=True)
     for host, error in dict.fromkeys((r["host"], r["error"]) for r in rows if r["state"] == "unknown"):
         say(f"{host}: {error}", stderr=True)
+
+
+def show_shares(shares: Shares, seconds: float) -> None:
+    """After `dtf train`: what each worker did (dtf.program.figures.Shares), on stderr with dtf's
+    other lines about the run; nothing where the program ran no closure (or published no figures:
+    DTF_FIGURES=off). Steps only where dtf knows them, and the share of each worker in them (else
+    in the closures)."""
+    if not shares.closures:
+        return
+    known = shares.unknown < shares.closures
+    total = shares.steps if known else shares.closures
+    over = f" over {shares.attempts} attempts" if shares.attempts > 1 else ""
+    say(f"dtf: what each worker did in {seconds:.1f}s{over}, as the coordinator counted it (time: how long "
+        f"its closures took, round trips included):", stderr=True)
+    rows = [[f"worker:{index}", w.host, str(w.closures), *([str(w.steps)] if known else []),
+             f"{100 * (w.steps if known else w.closures) / max(1, total):.0f}%", _duration(w.busy)]
+            for index, w in sorted(shares.workers.items())]
+    say(columns(["task", "host", "closures", *(["steps"] if known else []), "share", "time"], rows), stderr=True)
+    why = "evaluate()'s shards, or functions the program schedules without dtf.packing()"
+    if not known:
+        say(f"no steps: dtf does not know how many each closure ran ({why})", stderr=True)
+    elif shares.unknown:
+        say(f"steps leave out {shares.unknown} closure(s) whose steps dtf does not know ({why})", stderr=True)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f}ms" if seconds < 1 else f"{seconds:.1f}s"

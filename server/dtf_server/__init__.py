@@ -11,7 +11,8 @@ dtf ships this package to each host as one file, a zipapp named by its content
     commands.py    the command line: each command's options, and which function runs it
     start.py       check, start, check-start (supervisors forked per task; the firewall rules: fence.py), serve, fake
     network.py     reach (the mesh check)
-    maintenance.py status, top, renew, stop, clean
+    maintenance.py status, top, log, renew, stop, clean
+    tflog.py       which lines of a log are TensorFlow's own (`log`, and the laptop's filter of the program's stderr)
     files.py       sync (receive.py), and managed environments' commands (envs.py)
     collective.py  collective mode: run, run-step, supervise-program, follow (program.py)
     envs.py        managed environments: built with uv from sent wheels; wheels from host to host; purge

@@ -16,6 +16,9 @@ reply (dtf_server.protocol) as JSON and exits 0 when it did what was asked:
     serve     --job J --index I --port P --ready F [--full] (internal) run one tf.distribute.Server
     fake      --job J --index I --port P --ready F (tests) a server without TensorFlow: dtf_server.fake
     status    --dir D --task JOB:INDEX ... [--renew]  is each task alive, serving, restarted how often
+    log       --dir D --task JOB:INDEX [--lines N] [--follow] [--all]  a task's last N lines, without
+                                                   TensorFlow's own unless --all (dtf_server.tflog); --follow:
+                                                   then new lines as they come, until the reader or the task goes
     renew     --dir D [--ttl S]                    renew the cluster's lease on this host
     stop      --dir D --task JOB:INDEX ... [--grace S]  TERM the task's process group, KILL after a grace
     clean     --dir D [--keep-logs] [--if-unused]  remove what dtf put in D (firewall rules too)
@@ -156,6 +159,12 @@ def parser() -> Parser:
     c.add_argument("--interval", type=float, default=1.0)
     c.add_argument("--for", dest="for_seconds", type=float, default=24 * 3600.0)
     c.add_argument("--states-only", action="store_true")
+    c = add("log", "maintenance.cmd_log")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--task", required=True)
+    c.add_argument("--lines", type=int, default=100)
+    c.add_argument("--follow", action="store_true")
+    c.add_argument("--all", action="store_true")
     c = add("renew", "maintenance.cmd_renew")
     c.add_argument("--dir", required=True)
     c.add_argument("--ttl", type=float, default=None)

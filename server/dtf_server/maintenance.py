@@ -1,10 +1,12 @@
 """The launcher's everyday commands on a running cluster: `status` (is each task alive, serving,
-restarted how often), `top` (a stream of what each task uses), `renew` (the lease), `stop` (TERM
-each task's process group, KILL after a grace; with `--clean`, `down` in one call) and `clean`
-(remove what dtf put in the cluster's directory)."""
+restarted how often), `top` (a stream of what each task uses), `log` (a task's log, without
+TensorFlow's own lines unless asked), `renew` (the lease), `stop` (TERM each task's process group,
+KILL after a grace; with `--clean`, `down` in one call) and `clean` (remove what dtf put in the
+cluster's directory)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import select
@@ -13,9 +15,9 @@ import signal
 import sys
 import time
 from argparse import Namespace
-from typing import Any
+from typing import IO, Any
 
-from dtf_server import fence, layout, sample
+from dtf_server import fence, layout, sample, tflog
 from dtf_server.layout import parse_name
 from dtf_server.procs import ours, port_open, proc_start_ticks, read_json, server_record, write_json
 from dtf_server.protocol import (
@@ -114,6 +116,79 @@ def reader_gone(timeout: float) -> bool:
     poll = select.poll()
     poll.register(sys.stdout.fileno(), 0)  # no events asked: a hang-up or an error is always said
     return bool(poll.poll(timeout * 1000))
+
+
+LOG_POLL = 0.2  # seconds between two looks at a followed log
+PARTIAL_WAIT = 0.5  # a followed line still without its newline after this long is shown as far as it goes
+
+
+def cmd_log(args: Namespace) -> None:
+    """A task's log (`dtf logs`): its last `--lines` lines, TensorFlow's own left out unless `--all`
+    (dtf_server.tflog); with `--follow`, then its new lines as they come, until stdout's reader is
+    gone (`dtf logs` ended: its SSH session's end also hangs up this process) or the task's
+    directory is (`dtf down`, a lapsed lease). A log written anew (the cluster started again)
+    is followed from its start. The whole log is read for the last lines: a line's verdict
+    depends on the lines before it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C of a local `dtf logs` ends it without a traceback
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as `tail`: a reader gone ends it
+    tdir = layout.task_dir(args.dir, *parse_name(args.task))
+    path = os.path.join(tdir, layout.LOG)
+    try:
+        log = open(path, "rb")
+    except FileNotFoundError:
+        raise SystemExit(f"dtf: {args.task} has no log on this host ({path})")
+    try:
+        shown = tflog.Shown(everything=args.all)
+        last: collections.deque[bytes] = collections.deque(maxlen=max(0, args.lines))
+        while data := log.read(1 << 20):
+            last.extend(shown.feed(data))
+        if not args.follow and (unended := shown.partial()):
+            last.append(unended)  # a last line without its newline counts, as `tail` counts it
+        write_out(b"".join(last))
+        if args.follow:
+            follow_log(args.task, tdir, path, log, shown, args.all)
+    finally:
+        log.close()
+
+
+def follow_log(task: str, tdir: str, path: str, log: IO[bytes], shown: tflog.Shown, everything: bool) -> None:
+    """cmd_log's follow, from where `log` was read to."""
+    grew = time.monotonic()  # when the line not ended yet last grew
+    reopened: IO[bytes] | None = None
+    try:
+        while True:
+            data = log.read(1 << 20)
+            if data:
+                write_out(b"".join(shown.feed(data)))
+                grew = time.monotonic()
+                continue
+            if shown.pending and time.monotonic() - grew >= PARTIAL_WAIT:
+                write_out(shown.partial())
+            try:
+                now = os.stat(path)
+                if now.st_ino != os.fstat(log.fileno()).st_ino or now.st_size < log.tell():  # a new log
+                    fresh = open(path, "rb")
+                    if reopened is not None:
+                        reopened.close()
+                    log = reopened = fresh
+                    shown = tflog.Shown(everything)
+                    continue
+            except FileNotFoundError:
+                if not os.path.isdir(tdir):
+                    sys.stderr.write(f"dtf: {task}'s log is gone (the cluster was taken down, or its lease lapsed)\n")
+                    return
+            if reader_gone(LOG_POLL):
+                return
+    finally:
+        if reopened is not None:
+            reopened.close()
+
+
+def write_out(data: bytes) -> None:
+    """All of `data` to stdout, unbuffered (os.write may write part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
 
 
 def cmd_renew(args: Namespace) -> RenewReply:

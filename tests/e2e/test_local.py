@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -296,3 +297,46 @@ def test_top_shows_the_training_dtf_train_publishes(tmp_path: Path, local_cluste
     assert not (home / "live" / "loc").exists()
     r = dtf("top", "--json", home=home, timeout=120)
     assert json.loads(r.stdout)["training"] is None
+
+
+SMALL_FIT = textwrap.dedent("""
+    import dtf
+    import numpy as np
+    import tensorflow as tf
+    strategy = dtf.strategy()
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input(shape=(4,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+    data = tf.data.Dataset.from_tensor_slices((np.ones((64, 4), "float32"), np.ones((64, 1), "float32")))
+    model.fit(data.repeat().batch(8), epochs=2, steps_per_epoch=6, verbose=0)
+    print("iterations", int(model.optimizer.iterations.numpy()))
+""")
+DTF_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d )?dtf: ")  # the supervisor's (with its time) and the server's
+
+
+@LOCAL_CLUSTER
+def test_after_a_training_the_run_says_what_each_worker_did_and_logs_hold_no_tensorflow_line(
+        tmp_path: Path, local_cluster):
+    _, home = local_cluster
+    program = tmp_path / "small_fit.py"
+    program.write_text(SMALL_FIT)
+    r = dtf("train", str(program), home=home, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "iterations 12" in r.stdout
+    # What each worker did: 2 epochs of 6 steps, 2 steps per closure, every closure counted once.
+    lines = r.stderr.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("dtf: what each worker did in "))
+    assert lines[head + 1].split() == ["task", "host", "closures", "steps", "share", "time"], r.stderr
+    rows = [line.split() for line in lines[head + 2:]]
+    assert [row[:2] for row in rows] == [["worker:0", "localhost"], ["worker:1", "localhost"]], r.stderr
+    assert (sum(int(row[2]) for row in rows), sum(int(row[3]) for row in rows)) == (6, 12), r.stderr
+
+    # The worker's log, after that training: dtf's lines only, TensorFlow's with --all.
+    log = dtf("logs", "worker:0", home=home)
+    assert log.returncode == 0 and "worker:0 serving on port" in log.stdout
+    assert [line for line in log.stdout.splitlines() if not DTF_LINE.match(line)] == [], log.stdout
+    everything = dtf("logs", "worker:0", "--all", "-n", "10000", home=home).stdout
+    assert "] Creating sync eager service context" in everything and "device_count {" in everything
+    assert everything.count("\n") > log.stdout.count("\n")
+    last = dtf("logs", "worker:0", "-n", "1", home=home).stdout
+    assert last == log.stdout.splitlines(keepends=True)[-1]

@@ -57,7 +57,7 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     log = dtf("logs", "worker:1", "-n", "50", home=home, timeout=60)
     assert log.returncode == 0 and f"worker:1 serving on port {w1}" in log.stdout
     follow_log_until_interrupted(home, "ps:0", f"ps:0 serving on port {ps}")
-    assert tails_left(lab, "h0") == []  # following left no `tail` behind on the host
+    assert log_readers_left(lab, "h0") == []  # following left no reader behind on the host
     assert len(lab.processes("h0")) == 2
 
     # Relative output paths, given to the programs themselves, from the laptop's working
@@ -127,23 +127,23 @@ def follow_log_until_interrupted(home: Path, task: str, expect: str, sig: int = 
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_logs_follow_ends_with_its_remote_tail(lab, write_inventory, home, sig):
+def test_logs_follow_ends_with_its_reader_on_the_host(lab, write_inventory, home, sig):
     ps, w0 = lab.ports(2)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
     assert dtf("up", str(inv), home=home, timeout=120, env=FAKE).returncode == 0
     code = follow_log_until_interrupted(home, "worker:0", f"worker:0 (fake) serving on port {w0}", sig)
     assert code == (130 if sig == signal.SIGINT else 128 + sig)
-    assert tails_left(lab, "h1") == []
+    assert log_readers_left(lab, "h1") == []
     assert dtf("down", home=home, timeout=120).returncode == 0
 
-def tails_left(lab, host: str, timeout: float = 10) -> list:
-    """`tail` processes still running on that host (the remote tail gets SIGHUP when dtf's SSH
-    session closes: give it a moment)."""
+def log_readers_left(lab, host: str, timeout: float = 10) -> list:
+    """The launcher's `log` commands still running on that host (`dtf logs -f` reads there: it
+    gets SIGHUP when dtf's SSH session closes, give it a moment)."""
     deadline = time.monotonic() + timeout
     while True:
-        tails = [p for p in lab.processes(host) if "tail -n" in p[1]]
-        if not tails or time.monotonic() > deadline:
-            return tails
+        readers = [p for p in lab.processes(host) if " log --dir " in p[1]]
+        if not readers or time.monotonic() > deadline:
+            return readers
         time.sleep(0.2)
 
 

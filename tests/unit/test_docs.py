@@ -512,6 +512,9 @@ def test_the_json_documents_shown_have_every_field_the_code_writes(tmp_path: Pat
     assert set(top_doc["summary"]) == set(doc["summary"])
     assert set(top_doc["tasks"][0]) == set(doc["tasks"][0])
     assert set(top_doc["training"]) == set(train)
+    program = figures.Figures(live / figures.TRAIN)
+    program.closure_done(0, 1)
+    assert set(top_doc["training"]["workers"]["0"]) == set(program.snapshot()["workers"]["0"])
 
 
 # ---- the inventory reference's defaults --------------------------------------------------------

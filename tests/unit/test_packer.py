@@ -102,3 +102,21 @@ def test_no_epoch_length_packs_until_the_caller_stops() -> None:
         if len(sizes) == 30:
             break
     assert sizes[-1] == MAX_STEPS
+
+
+def test_the_packer_tells_the_figures_each_closures_steps_until_its_loop_ends() -> None:
+    """While a loop of `closures()` schedules, the figures know each closure's steps (what `dtf
+    train` counts per worker); after it, a closure the program schedules itself is of steps
+    unknown again (an evaluation, a loop of its own)."""
+    from dtf.program import figures
+
+    cluster = FakeCluster(round_trip=0.024, step=0.002)
+    packer = Packer(workers=2, wait=cluster.wait, explicit=7, clock=cluster.clock)
+    seen = []
+    for n in packer.closures(20):
+        seen.append((n, figures.next_steps, figures.told))
+    assert seen == [(7, 7, True), (7, 7, True), (6, 6, True)]
+    assert (figures.next_steps, figures.told) == (1, False)
+    for _ in packer.closures(20):
+        break  # a loop left early ends the same way
+    assert (figures.next_steps, figures.told) == (1, False)

@@ -114,15 +114,18 @@ def test_figures_rates_per_worker_and_atomic_file(tmp_path: Path):
     f.in_flight = lambda: 3
     f.publish()
     for _ in range(10):
-        f.closure_done(0, 5)
-    f.closure_done(1, 5)
+        f.closure_done(0, 5, 0.25)
+    f.closure_done(1, 5, 0.5)
+    f.closure_done(1, 1, 0.125, told=False)  # one of evaluate()'s shards: 1 step counted
     now[0] += 2.0
     f.publish()
     doc = figures.read(tmp_path / "live" / figures.TRAIN)
     assert doc is not None
-    assert (doc["steps"], doc["closures"], doc["attempt"], doc["in_flight"]) == (55, 11, 2, 3)
-    assert doc["workers"] == {"0": {"steps": 50, "steps_per_s": 25.0}, "1": {"steps": 5, "steps_per_s": 2.5}}
-    assert doc["steps_per_s"] == 27.5
+    assert (doc["steps"], doc["closures"], doc["attempt"], doc["in_flight"]) == (56, 12, 2, 3)
+    assert doc["workers"] == {
+        "0": {"steps": 50, "steps_per_s": 25.0, "closures": 10, "closures_of_unknown_steps": 0, "busy_s": 2.5},
+        "1": {"steps": 6, "steps_per_s": 3.0, "closures": 2, "closures_of_unknown_steps": 1, "busy_s": 0.625}}
+    assert doc["steps_per_s"] == 28.0
     assert [p.name for p in (tmp_path / "live").iterdir()] == [figures.TRAIN]  # no temporary file left
 
 

@@ -221,6 +221,12 @@ class HostPlan:
         """Status of every task; renews the lease (whoever asks is using the cluster)."""
         return self.bare_launcher_argv("status", "--dir", self.root, "--renew", *self.task_args())
 
+    def log_argv(self, task: str, lines: int, follow: bool = False, everything: bool = False) -> list[str]:
+        """A task's last `lines` lines, without TensorFlow's own unless `everything`; `follow`: then
+        its new lines as they come (`dtf logs`: dtf_server.tflog decides which lines are TensorFlow's)."""
+        return self.bare_launcher_argv("log", "--dir", self.root, "--task", task, "--lines", str(lines),
+                                       *(["--follow"] if follow else []), *(["--all"] if everything else []))
+
     def renew_argv(self, ttl: float | None = None) -> list[str]:
         return self.bare_launcher_argv("renew", "--dir", self.root,
                                        *(["--ttl", f"{ttl:g}"] if ttl is not None else []))

@@ -13,10 +13,10 @@ from dtf.cluster import state
 from dtf.cluster.plan import HostPlan, Plan, TaskPlan
 from dtf.cluster.state import Record
 from dtf.errors import ClusterDown, HostFailure, UsageError
-from dtf.hostops.launcher import LauncherMissing, ask, root_exists
+from dtf.hostops.launcher import RENEW_TIMEOUT, LauncherMissing, ask, root_exists
 from dtf.hostops.parallel import HostOps, Outcome
 from dtf.providers.provider import AllocationReport
-from dtf_server.protocol import StatusReply, TaskStatus
+from dtf_server.protocol import RenewReply, StatusReply, TaskStatus
 
 FILES_GONE = "dtf's files are gone from {root} (lease lapsed?)"
 
@@ -97,10 +97,12 @@ def cluster_status(name: str | None, *, connect_timeout: float) -> StatusResult:
     return StatusResult(record, states(ops), report)
 
 
-def tail_log(name: str | None, task: str, *, lines: int, follow: bool) -> int:
+def tail_log(name: str | None, task: str, *, lines: int, follow: bool, everything: bool = False) -> int:
     """`dtf logs`: the task's log, from its host (a Slurm node's through a job step), copied to
-    this process's stdout as it comes (Transport.stream); tail's exit code. Reading a log is a use
-    of the cluster: the lease is renewed first."""
+    this process's stdout as it comes (Transport.stream): its last `lines` lines, without
+    TensorFlow's own unless `everything` (the launcher's `log` picks them on the host:
+    dtf_server.tflog); the command's exit code. Reading a log is a use of the cluster: the lease
+    is renewed first (which also puts this dtf's launcher there, where it is missing)."""
     from dtf.hosts.transport import HostError
 
     with state.locked():
@@ -110,14 +112,18 @@ def tail_log(name: str | None, task: str, *, lines: int, follow: bool) -> int:
         raise UsageError(f"cluster {plan.cluster!r} has no task {task!r} "
                          f"(tasks: {', '.join(x.name for x in plan.tasks())})")
     hp = plan.host_of(t)
-    argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), t.log]
     ended_by: list[int] = []
     try:
-        # SIGTERM and SIGHUP end it as Ctrl-C does: the stream's ssh (and with it the remote tail)
-        # is stopped, not left running after dtf.
+        # SIGTERM and SIGHUP end it as Ctrl-C does: the stream's ssh (and with it the command on
+        # the host) is stopped, not left running after dtf.
         with HostOps(plan).transport(hp) as conn, _signals_interrupt(ended_by):
-            conn.run(hp.renew_argv(), timeout=15)
-            code = conn.stream(argv)
+            try:
+                ask(conn, hp, RenewReply, hp.renew_argv(), "renew", RENEW_TIMEOUT,
+                    upload_if=lambda: root_exists(conn, hp))
+            except LauncherMissing:
+                raise HostFailure("dtf logs", {hp.name: f"dtf's files are gone from {hp.root} "
+                                                        f"(taken down, or its lease lapsed)"}) from None
+            code = conn.stream(hp.log_argv(t.name, lines, follow, everything))
     except HostError as e:
         raise HostFailure("dtf logs", {hp.name: str(e)})
     return 128 + ended_by[0] if ended_by else code

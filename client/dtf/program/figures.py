@@ -2,13 +2,17 @@
 itself) as small JSON files in the laptop's `$DTF_HOME/live/CLUSTER/`:
 
     train.json   the program's (ParameterServerStrategy): steps and steps/s overall and per
-                 worker, closures in flight, steps per closure, the last failure or retry
+                 worker (and per worker its closures, and the time they took), closures in
+                 flight, steps per closure, the last failure or retry
     run.json     `dtf train`'s: the attempt, its limit, the last lost ps it retried after; in
                  collective mode the copies (state, joined, attempt)
 
 Each is rewritten at most once a second, by a daemon thread, never by the training's own
 threads, and atomically (written beside, then renamed): a reader never sees half of one. The
-training's threads only add to counters (`Figures.closure_done`), a lock and two additions.
+training's threads only add to counters (`Figures.closure_done`), a lock and a few additions.
+
+When the program ends, `dtf train` reads its last train.json into the run's `Shares` (summed
+over its attempts): what each worker did, printed after the run (dtf.ui.show_shares).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,7 @@ PERIOD = 1.0  # seconds between two writes, at most one write per period
 SCHEMA = 1
 
 next_steps = 1  # the steps of the next closure the program schedules (fit's data handler, dtf.packing())
+told = False  # whether fit or dtf.packing() set next_steps: else a closure is the program's own, of steps unknown
 
 
 def live_dir(home: Path, cluster: str) -> Path:
@@ -65,6 +71,9 @@ class Figures:
         self.path, self.attempt, self.clock = path, attempt, clock
         self.lock = threading.Lock()
         self.steps: dict[int, int] = {}  # worker index -> steps done
+        self.done: dict[int, int] = {}  # worker index -> closures done
+        self.busy: dict[int, float] = {}  # worker index -> seconds its closures took, round trips included
+        self.unknown: dict[int, int] = {}  # worker index -> closures of steps dtf was not told (1 step each in `steps`)
         self.closures = 0
         self.steps_per_closure: int | None = None
         self.packing: str | None = None  # how the steps per closure were chosen
@@ -77,9 +86,16 @@ class Figures:
         self._thread: threading.Thread | None = None
         self.started = time.time()
 
-    def closure_done(self, worker: int, steps: int) -> None:
+    def closure_done(self, worker: int, steps: int, seconds: float = 0.0, told: bool = True) -> None:
+        """A closure of `steps` steps ran on `worker`, taking `seconds`; `told`: fit or
+        dtf.packing() said its steps (else: a function the program schedules itself, or one of
+        evaluate()'s shards, counted as 1 step)."""
         with self.lock:
             self.steps[worker] = self.steps.get(worker, 0) + steps
+            self.done[worker] = self.done.get(worker, 0) + 1
+            self.busy[worker] = self.busy.get(worker, 0.0) + seconds
+            if not told:
+                self.unknown[worker] = self.unknown.get(worker, 0) + 1
             self.closures += 1
 
     def failed(self, what: str, retried: bool) -> None:
@@ -92,7 +108,7 @@ class Figures:
         """The document, with steps/s per worker since the previous snapshot."""
         now = self.clock()
         with self.lock:
-            steps = dict(self.steps)
+            steps, done, busy, unknown = dict(self.steps), dict(self.done), dict(self.busy), dict(self.unknown)
             closures = self.closures
             failure, retries = self.last_failure, self.retries
         if self._previous is not None and now > self._previous[0]:
@@ -106,7 +122,9 @@ class Figures:
         return {"schema": SCHEMA, "kind": "ps", "pid": os.getpid(), "time": time.time(), "started": self.started,
                 "attempt": self.attempt, "steps": sum(steps.values()), "closures": closures,
                 "steps_per_s": round(sum(self._rates.values()), 2),
-                "workers": {str(w): {"steps": n, "steps_per_s": round(self._rates.get(w, 0.0), 2)}
+                "workers": {str(w): {"steps": n, "steps_per_s": round(self._rates.get(w, 0.0), 2),
+                                     "closures": done.get(w, 0), "closures_of_unknown_steps": unknown.get(w, 0),
+                                     "busy_s": round(busy.get(w, 0.0), 3)}
                             for w, n in sorted(steps.items())},
                 "in_flight": in_flight, "steps_per_closure": self.steps_per_closure, "packing": self.packing,
                 "last_failure": failure, "retries": retries}
@@ -133,6 +151,60 @@ class Figures:
         if self._thread is not None:
             self._thread.join(timeout=PERIOD + 5)
         self.publish()
+
+
+@dataclass
+class Share:
+    """One worker's part of a run: the closures it ran, the steps of those whose steps dtf knows,
+    how many it does not know the steps of, and the seconds they all took."""
+
+    host: str
+    closures: int = 0
+    steps: int = 0
+    unknown: int = 0
+    busy: float = 0.0
+
+
+@dataclass
+class Shares:
+    """What each worker did over a `dtf train` run, as the coordinator counted it: the closures
+    that completed on it (a closure retried elsewhere after its worker was lost counts where it
+    completed), their steps, and the time each took from the coordinator's call to its answer
+    (the round trip included: the coordinator runs one closure at a time per worker, and waits
+    for it). Steps are known where fit or dtf.packing() scheduled the closure; not for a function
+    the program schedules itself, nor for one of evaluate()'s shards (`unknown`). Summed over the
+    program's attempts; `workers` by worker index."""
+
+    workers: dict[int, Share] = field(default_factory=dict)
+    attempts: int = 0  # the attempts that published figures
+
+    @property
+    def closures(self) -> int:
+        return sum(w.closures for w in self.workers.values())
+
+    @property
+    def steps(self) -> int:
+        return sum(w.steps for w in self.workers.values())
+
+    @property
+    def unknown(self) -> int:
+        return sum(w.unknown for w in self.workers.values())
+
+    def add(self, doc: dict[str, Any] | None, hosts: dict[int, str]) -> None:
+        """An attempt's last train.json (None: it published none); `hosts`: each worker task's host
+        now (every worker is listed, those that ran nothing too)."""
+        for index, host in hosts.items():
+            self.workers.setdefault(index, Share(host)).host = host
+        if doc is None:
+            return
+        self.attempts += 1
+        for key, figures in (doc.get("workers") or {}).items():
+            share = self.workers.setdefault(int(key), Share(hosts.get(int(key), "?")))
+            unknown = int(figures.get("closures_of_unknown_steps") or 0)
+            share.closures += int(figures.get("closures") or 0)
+            share.steps += int(figures.get("steps") or 0) - unknown  # (each was counted as 1 step)
+            share.unknown += unknown
+            share.busy += float(figures.get("busy_s") or 0.0)
 
 
 _current: Figures | None = None

@@ -28,12 +28,15 @@ import threading
 from collections.abc import Callable
 from typing import IO
 
-# A line that starts a noise record.
+from dtf_server import tflog
+
+# A line that starts a noise record: TensorFlow's INFO and WARNING records (dtf_server.tflog's
+# patterns, which `dtf logs` applies to a task's log on its host), and the program's own noise.
 NOISE = re.compile(rb"|".join([
-    rb"WARNING: All log messages before absl::InitializeLog\(\) is called",
-    rb"[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\] ",  # absl INFO, WARNING (time: 00:00:EPOCH.US)
-    rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] ",  # TensorFlow's older log format
-    rb"E\d{4} [^\]]*\] failed call to cuInit",  # no GPU on a CPU machine: not an error here
+    tflog.EARLY,
+    tflog.absl(b"IW"),  # time: 00:00:EPOCH.US before absl::InitializeLog()
+    tflog.dated(b"IW"),
+    tflog.absl(b"E") + rb"failed call to cuInit",  # no GPU on a CPU machine: not an error here
     rb"WARNING:tensorflow:\d+ out of the last \d+ calls to <function MultiDeviceSaver\.\w+\.<locals>"
     rb"\.tf_function_(save|restore) ",
     rb".*/tensorflow/python/data/ops/dataset_ops\.py:\d+: UserWarning: To make it possible to "
@@ -41,14 +44,7 @@ NOISE = re.compile(rb"|".join([
     rb"ERROR:tensorflow:Remote function on worker \S+ failed with CancelledError\(\)",
 ]))
 # Lines that continue the noise record before them.
-CONTINUATION = re.compile(rb"|".join([
-    rb"To enable the following instructions: ",
-    rb"Additional GRPC error information from remote target ",
-    rb":UNKNOWN:Error received from peer ",
-    rb"\t \[\[",
-    rb" +warnings\.warn\(",
-    rb"This derived error is ignored and not reported to users\.",
-]))
+CONTINUATION = tflog.FOLLOWS
 # A partial line (no newline yet) is held back only if it may begin a noise line; anything else
 # (a progress bar on stderr) passes at once.
 HOLD_FIRST = frozenset(b"IWE0123456789/")

@@ -125,33 +125,36 @@ class Packer:
         if self._epoch is None and total:
             self._epoch = total
         done = 0
-        while total is None or done < total:
-            left = None if total is None else total - done
-            if self.chosen is None and self._warm < max(1, self.workers):
-                # Each worker's first closure carries the function to it (and the first, its
-                # tracing): seconds, not a round trip. Scheduled together, as they would be
-                # without dtf, and waited for together; not timed.
-                self._warm += 1
-                figures.next_steps = 1  # what `dtf top` shows per closure (dtf.program.figures)
-                yield 1
-                done += 1
-                if self._warm == max(1, self.workers):
-                    self.wait()
-                continue
-            n = self.chosen
-            if n is None:
-                n = self._next_probe()
+        try:
+            while total is None or done < total:
+                left = None if total is None else total - done
+                if self.chosen is None and self._warm < max(1, self.workers):
+                    # Each worker's first closure carries the function to it (and the first, its
+                    # tracing): seconds, not a round trip. Scheduled together, as they would be
+                    # without dtf, and waited for together; not timed.
+                    self._warm += 1
+                    figures.next_steps, figures.told = 1, True  # what `dtf top` shows per closure (dtf.program.figures)
+                    yield 1
+                    done += 1
+                    if self._warm == max(1, self.workers):
+                        self.wait()
+                    continue
+                n = self.chosen
                 if n is None:
-                    self._decide()
-                    n = self.chosen
-            assert n is not None
-            if left is not None:
-                n = min(n, left)
-            start = self.clock()
-            measuring = self.chosen is None
-            figures.next_steps = n
-            yield n
-            if measuring:
-                self.wait()
-                self.samples.append((n, self.clock() - start))
-            done += n
+                    n = self._next_probe()
+                    if n is None:
+                        self._decide()
+                        n = self.chosen
+                assert n is not None
+                if left is not None:
+                    n = min(n, left)
+                start = self.clock()
+                measuring = self.chosen is None
+                figures.next_steps, figures.told = n, True
+                yield n
+                if measuring:
+                    self.wait()
+                    self.samples.append((n, self.clock() - start))
+                done += n
+        finally:  # the program's next closures are its own again, unless it says
+            figures.next_steps, figures.told = 1, False

@@ -105,7 +105,8 @@ def say(message: str) -> None:
 def run_program(record: Record, program: str, args: list[str], output: str | None,
                 attempts: int = 3, ps_wait: float = 120.0,
                 connect_timeout: float = CONNECT_TIMEOUT, verbose: bool = False,
-                hook_env: dict[str, str] | None = None, allocation_wait: float = realloc.ALLOCATION_WAIT) -> int:
+                hook_env: dict[str, str] | None = None, allocation_wait: float = realloc.ALLOCATION_WAIT,
+                report: Callable[[figures.Shares], None] | None = None) -> int:
     """Run `python PROGRAM ARGS` as the cluster's chief; return its exit code.
 
     While it runs, the cluster's lease is renewed. If the program fails because a ps was lost
@@ -120,11 +121,26 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     new allocation from the same inventory, pending up to `allocation_wait` seconds (dtf.hostops.realloc),
     and the program runs again there; a job of the user's own (`job:`) ends the run in one line.
     Unless `verbose`, TensorFlow's own chatter is filtered out of the program's stderr (dtf.program.noise).
+    Once the program has succeeded (exit code 0), `report` gets what each worker did in the run, as
+    the program's coordinator counted it (dtf.program.figures.Shares); a run that failed ends with
+    its error instead.
     """
+    shares = figures.Shares()
+    code = _attempts(record, program, args, output, attempts, ps_wait, connect_timeout, verbose, hook_env,
+                     allocation_wait, shares)
+    if report is not None and code == 0:
+        report(shares)
+    return code
+
+
+def _attempts(record: Record, program: str, args: list[str], output: str | None, attempts: int, ps_wait: float,
+              connect_timeout: float, verbose: bool, hook_env: dict[str, str] | None, allocation_wait: float,
+              shares: figures.Shares) -> int:
+    """run_program's attempts; each one's figures added to `shares`."""
     plan = record.plan
     ops = serving(record, connect_timeout)
     with contextlib.ExitStack() as stack:
-        run = stack.enter_context(RunFigures(plan.cluster, attempts))
+        run = stack.enter_context(RunFigures(plan.cluster, attempts, shares=shares))
         held = stack.enter_context(contextlib.ExitStack())  # what one allocation's run keeps: hold()
         tunnels = stack.enter_context(contextlib.ExitStack())  # opened again when tasks move
         tunnel, mender = hold(held, tunnels, record, connect_timeout)
@@ -135,6 +151,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
             changes = mender.changes
             code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose, hook_env,
                                          stop_if=functools.partial(mender.stop_reason, changes))
+            run.collect(record.plan)
             if code == 0 or interrupted:
                 return code
             ended = job_ended(record, connect_timeout)
@@ -256,8 +273,9 @@ class RunFigures:
     """`dtf train`'s own figures for `dtf top` (dtf.program.figures' run.json): the attempt and
     the last retry. Written when they change; removed, with the program's, when the run ends."""
 
-    def __init__(self, cluster: str, attempts: int, mode: str = "ps") -> None:
+    def __init__(self, cluster: str, attempts: int, mode: str = "ps", shares: figures.Shares | None = None) -> None:
         self.dir = figures.live_dir(state.home(), cluster)
+        self.shares = figures.Shares() if shares is None else shares  # what each worker did: see collect
         self.data: dict[str, Any] = {"schema": figures.SCHEMA, "kind": mode, "pid": os.getpid(),
                                      "started": time.time(), "attempt": 1, "attempts": attempts,
                                      "last_retry": None, "waiting": False}
@@ -269,6 +287,14 @@ class RunFigures:
             figures.write_atomic(self.dir / figures.RUN, self.data)
         except OSError:
             pass  # the view is a convenience
+
+    def collect(self, plan: Plan) -> None:
+        """Once an attempt's program has ended: its last figures (its train.json, written at its
+        exit) added to `shares`, and removed (the next attempt's program writes its own)."""
+        path = self.dir / figures.TRAIN
+        self.shares.add(figures.read(path), {t.index: t.host for t in plan.tasks() if t.job == "worker"})
+        with contextlib.suppress(OSError):
+            path.unlink()
 
     def __enter__(self) -> RunFigures:
         (self.dir / figures.TRAIN).unlink(missing_ok=True)  # a previous run's

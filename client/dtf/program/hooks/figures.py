@@ -3,9 +3,12 @@
 Where, in TensorFlow 2.21 and tf-keras 2.21 (pinned; internals named here):
 - `cluster_coordinator.Cluster.schedule` makes one Closure per scheduled function: dtf tags it
   with the steps it will run (`figures.next_steps`, set by fit's data handler right before it schedules,
-  1 for a custom loop's closure unless `dtf.packing()` said otherwise).
+  1 for a custom loop's closure unless `dtf.packing()` said otherwise; `figures.told` says whether
+  either did).
 - `Closure.execute_on(worker)` returning: the closure ran on `worker.worker_index`: its steps are
-  credited to that worker.
+  credited to that worker, and the time the call took. A worker's executor is synchronous
+  (`Worker.__init__`: `executor.new_executor(enable_async=False)`), so the call returns once
+  the function has run there: that time is the closure's, round trip included.
 - `_CoordinatedClosureQueue`: `put_back` is a closure retried after a worker was lost,
   `mark_failed` a closure that failed; its queue size plus `inflight_closure_count` are the
   closures in flight.
@@ -19,6 +22,7 @@ thread (at most once a second). Active when `dtf train` sets DTF_FIGURES.
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +31,7 @@ from dtf.program import figures
 from dtf.program.hooks import on_import
 
 COORDINATOR = "tensorflow.python.distribute.coordinator.cluster_coordinator"
-STEPS = "_dtf_steps"
+STEPS = "_dtf_steps"  # on a Closure: its steps, or None where dtf was not told them (counted as 1)
 
 
 def install() -> None:
@@ -89,7 +93,7 @@ def _patch_coordinator() -> None:
 
     def patched_init(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        setattr(self, STEPS, figures.next_steps)
+        setattr(self, STEPS, figures.next_steps if figures.told else None)
 
     def patched_schedule(self: Any, function: Any, args: Any, kwargs: Any) -> Any:
         f = figures.current()
@@ -107,10 +111,12 @@ def _patch_coordinator() -> None:
         return schedule(self, function, args, kwargs)
 
     def patched_execute_on(self: Any, worker: Any) -> Any:
+        start = time.monotonic()
         result = execute_on(self, worker)
         f = figures.current()
         if f is not None and not isinstance(self, resource_cls):
-            f.closure_done(int(worker.worker_index), int(getattr(self, STEPS, 1)))
+            steps = getattr(self, STEPS, None)
+            f.closure_done(int(worker.worker_index), int(steps or 1), time.monotonic() - start, told=steps is not None)
         return result
 
     def patched_put_back(self: Any, closure: Any) -> Any:
@@ -141,13 +147,13 @@ def _patch_keras() -> None:
     def patched_steps(self: Any) -> Iterator[int]:
         try:
             for step in steps(self):
-                figures.next_steps = int(self._step_increment) + 1
+                figures.next_steps, figures.told = int(self._step_increment) + 1, True
                 f = figures.current()
                 if f is not None:
                     packed = self._model is not None and self._model.__dict__.get("_dtf_packing") is not None
                     f.packing = "dtf" if packed else "program"
                 yield step
         finally:
-            figures.next_steps = 1
+            figures.next_steps, figures.told = 1, False
 
     handler_cls.steps = patched_steps
