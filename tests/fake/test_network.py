@@ -20,7 +20,8 @@ import pytest
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts import control
-from dtf.hosts.masters import Master, control_path, ssh_binary
+from dtf.hosts.control import host_path
+from dtf.hosts.masters import Master, ssh_binary
 from dtf.hosts.proxy import PythonRoute
 from helpers import Interruptible, assert_one_line_error, fake_server, ssh_processes, status_json, wait_until, within
 from lab import Lab
@@ -122,7 +123,7 @@ def h0_master(site: LabSite) -> Master:
     """The master a `dtf train` in ssh mode opens to h0 (not started)."""
     ssh = ssh_binary()
     assert ssh
-    return Master(ssh, h0_spec(site), str(site.lab.ssh_config), control_path(site.home, "fk", "h0"))
+    return Master(ssh, h0_spec(site), str(site.lab.ssh_config), host_path(site.home, "fk", "h0"))
 
 
 def h0_spec(site: LabSite) -> HostSpec:
@@ -240,7 +241,7 @@ def test_through_a_jump_host_both_sshds_send_replies_without_delay(site: LabSite
     assert ssh
     # (what the tests before left: a host may still serve one more connection, on its way out)
     wait_until(lambda: lab.sshd_nodelay("h0") == [] and lab.sshd_nodelay("h2") == [], timeout=30)
-    route = (Master(ssh, spec, str(config), control_path(site.home, "fk", "behind-h0")) if carrier == "openssh"
+    route = (Master(ssh, spec, str(config), host_path(site.home, "fk", "behind-h0")) if carrier == "openssh"
              else PythonRoute(spec, str(config), 10))
     try:
         route.ensure()

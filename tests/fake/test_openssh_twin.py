@@ -13,8 +13,8 @@ import pytest
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.base import Conversation, Transport
-from dtf.hosts.control import ControlTransport
-from dtf.hosts.masters import Master, control_path, ssh_binary
+from dtf.hosts.control import ControlTransport, host_path
+from dtf.hosts.masters import Master, ssh_binary
 from dtf.hosts.paramikossh import ParamikoTransport
 from dtf.hosts.transport import HostError
 from helpers import ssh_processes
@@ -43,7 +43,7 @@ def h0_spec(site: LabSite) -> HostSpec:
 def h0(site: LabSite):
     ssh = ssh_binary()
     assert ssh is not None
-    master = Master(ssh, h0_spec(site), str(site.lab.ssh_config), control_path(site.home, "twin", "h0"))
+    master = Master(ssh, h0_spec(site), str(site.lab.ssh_config), host_path(site.home, "twin", "h0"))
     master.start()
     try:
         yield ControlTransport(master)

@@ -86,13 +86,11 @@ class Connections:
         return Tunnel(hosts, self.ssh_config, self.connect_timeout, way_back=way_back,
                       shared=shared if ssh_binary() is not None else None)
 
-    def close(self, hosts: Sequence[HostSpec] = ()) -> int:
-        """Close every master of the cluster, and any a killed `dtf train` left to `hosts`; how
-        many ran."""
+    def close(self) -> int:
+        """Close every master of the cluster; how many ran."""
         from dtf.hosts.control import close_control
-        from dtf.hosts.masters import close_masters
 
-        return close_control(self.home, self.cluster) + (close_masters(self.home, self.cluster, hosts) if hosts else 0)
+        return close_control(self.home, self.cluster)
 
 
 def resolver(ssh_config: str | None, specs: Sequence[HostSpec] = ()) -> Callable[[HostSpec], str]:

@@ -3,7 +3,7 @@
 A master is started with `ssh -M -N -f` (its stderr in a log file next to its socket) and kept
 `ControlPersist` seconds after its last use. dtf.hosts.control keeps one per host for the
 cluster's life; `dtf train`'s ssh network mode (dtf.hosts.tunnel) carries its connections over
-them.
+the same ones.
 
 Latency: an sshd before OpenSSH 10.1 turns Nagle's algorithm off (TCP_NODELAY) on its connection
 only when a session starts, and a master started with `-N` has none. With Nagle on, a reply that
@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import hashlib
 import os
 import re
 import shlex
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,20 +33,10 @@ from pathlib import Path
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts import mux
 from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.openssh import ALIVE_INTERVAL, settings, ssh_argv, ssh_binary
+from dtf.hosts.openssh import ALIVE_INTERVAL, settings, ssh_argv
 from dtf.hosts.transport import HostError
 
 PERSIST = 60  # ControlPersist: seconds an unused master stays (a killed `dtf train` leaves none behind)
-
-
-def control_dir() -> Path:
-    """Where dtf's SSH masters keep their sockets: short (a Unix socket path has ~100 bytes)."""
-    return Path(tempfile.gettempdir()) / f"dtf-ssh-{os.getuid()}"
-
-
-def control_path(home: Path, cluster: str, host: str) -> str:
-    key = hashlib.sha256(f"{home}\0{cluster}\0{host}".encode()).hexdigest()[:16]
-    return str(control_dir() / key)
 
 
 MAX_HOPS = 8  # jump hosts followed (ssh_config can loop)
@@ -323,14 +311,3 @@ def parallel(calls: Sequence[Callable[[], object]]) -> list[BaseException | None
     with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="dtf-ssh") as pool:
         futures = [pool.submit(call) for call in calls]
         return [f.exception() for f in futures]
-
-
-def close_masters(home: Path, cluster: str, hosts: Sequence[HostSpec]) -> int:
-    """Close any master dtf left for this cluster's hosts (`dtf down`); how many were open."""
-    ssh = ssh_binary()
-    if not ssh:
-        return 0
-    masters = [Master(ssh, spec, None, control_path(home, cluster, spec.host)) for spec in hosts]
-    open_ = [m for m in masters if os.path.exists(m.path) or glob.glob(glob.escape(m.path) + "-j*")]  # hops too
-    parallel([m.stop for m in open_])
-    return len(open_)

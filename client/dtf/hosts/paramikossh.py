@@ -29,11 +29,9 @@ from dtf.hosts.base import (
     Readable,
     Result,
     Transport,
-    feed_process,
     temporary_name,
 )
 from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.openssh import ssh_argv, ssh_binary
 from dtf.hosts.shell import render
 
 
@@ -216,10 +214,6 @@ class ParamikoTransport(Transport):
 
     def feed(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
              sent: Callable[[int], None] = lambda n: None) -> Result:
-        ssh = ssh_binary()
-        if ssh is not None:  # OpenSSH carries the bytes in C, faster than paramiko's Python
-            return feed_process(ssh_argv(ssh, self.spec, self.ssh_config_path, self.connect_timeout, "-T", "--")
-                                + [render(argv)], source, stall, sent)
         return self.feed_channel(argv, source, stall, sent)
 
     def feed_channel(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,

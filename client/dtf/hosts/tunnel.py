@@ -50,7 +50,7 @@ class WayBack(Protocol):
     def close(self) -> None: ...
 
 
-WayBackFactory = Callable[[Master, int], WayBack]  # (the first route's master, the chief's port)
+WayBackFactory = Callable[[int], WayBack]  # (the chief's port)
 
 
 class Tunnel:
@@ -62,8 +62,8 @@ class Tunnel:
                  shared: Callable[[HostSpec], Master] | None = None) -> None:
         """`way_back`: where the tasks cannot reach this machine through their own host's remote
         forward (a Slurm allocation's nodes: `hosts` is then its login host alone), what carries
-        their connections back to the coordinator, made from the first route's master and the
-        chief's port (dtf.providers.slurm.relay).
+        their connections back to the coordinator into that host's forward, made for the chief's
+        port (dtf.providers.slurm.relay).
         `shared`: the cluster's master to a host (dtf.hosts.control), carrying the run's connections
         (SharedMaster); None where there is no `ssh`: paramiko's channels (PythonRoute)."""
         # The chief's port: the tasks reach the coordinator at 127.0.0.1:PORT on their own host, a
@@ -82,7 +82,7 @@ class Tunnel:
             if not isinstance(login, SharedMaster):
                 raise HostError("a Slurm cluster's tasks reach the coordinator through OpenSSH's remote "
                                 "forward: install the ssh client (`ssh` on the PATH)")
-            self.relay = way_back(login.master, self.chief_port)
+            self.relay = way_back(self.chief_port)
 
     @property
     def chief_address(self) -> str:

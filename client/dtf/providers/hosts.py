@@ -25,6 +25,3 @@ class HostsProvider(Provider):
         remote = self.plan.remote_hosts
         return self.connections.tunnel([(hp.spec, [t.address for t in hp.tasks]) for hp in remote],
                                        {hp.name: hp.ttl for hp in remote})
-
-    def close(self) -> None:
-        self.connections.close([hp.spec for hp in self.plan.hosts])

@@ -67,7 +67,7 @@ class SlurmProvider(Provider):
         login = self.allocation.login
         nodes = self.allocation.addresses
         return self.connections.tunnel([(login, [t.address for t in self.plan.tasks()])], {login.host: self.plan.ttl},
-                                       way_back=lambda master, port: LoginRelay(master, port, nodes, login.python))
+                                       way_back=lambda port: LoginRelay(self.login(), port, nodes, login.python))
 
     def job(self, what: str = "dtf status") -> tuple[JobState, str | None]:
         """The job as squeue shows it, and unless it runs, one line on why (allocation_state)."""
@@ -115,6 +115,3 @@ class SlurmProvider(Provider):
         # Over the login host's master still (no new handshake); it closes the cluster's masters after.
         slurm_ops.release(self.allocation, self.plan.ssh_config, say, self.connect_timeout, cluster=self.plan.cluster)
         return self.allocation.submitted
-
-    def close(self) -> None:
-        self.connections.close([hp.spec for hp in self.plan.hosts] + [self.allocation.login])

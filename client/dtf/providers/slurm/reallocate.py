@@ -56,7 +56,7 @@ def comeback(record: Record, ended: str, *, wait: float, connect_timeout: float,
         if slurm_ops.cancel_ended(old, cluster, plan.ssh_config, plan.ttl, connect_timeout):
             say(f"job {old.job} cancelled (what was left of it)")
         with state.locked():  # the cluster's record and connections go with the job
-            Connections(state.home(), cluster).close([hp.spec for hp in plan.hosts] + [old.login])
+            Connections(state.home(), cluster).close()
             state.remove(cluster)
         new = start_anew(inv, plan.ttl, server, network)
     except DtfError as e:
