@@ -164,6 +164,22 @@ def test_ctrl_c_stops_the_program_and_leaves_the_cluster_up(tmp_path: Path, loca
     assert [r["state"] for r in status_json(home)["tasks"]] == ["alive"] * 3
 
 
+@LOCAL_CLUSTER
+def test_a_folder_named_dtf_in_the_working_directory_and_beside_the_program(tmp_path: Path, local_cluster):
+    """`dtf train` (the installed command) run from the folder that holds dtf's clone, of a program
+    whose own folder holds an empty `dtf` folder: it trains with the installed dtf, no traceback.
+    (Python took such a folder for the package `dtf`, a namespace package, before an editable install.)"""
+    _, home = local_cluster
+    (tmp_path / "dtf" / "client").mkdir(parents=True)
+    (tmp_path / "app" / "dtf").mkdir(parents=True)
+    (tmp_path / "app" / "tiny.py").write_text(TINY)
+    command = Path(sys.executable).parent / "dtf"
+    r = subprocess.run([str(command), "train", "app/tiny.py"], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env={**os.environ, "DTF_HOME": str(home)}, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "counted 10 workers 2 args []" in r.stdout
+
+
 def test_the_same_program_runs_without_a_cluster(tmp_path: Path):
     program = tmp_path / "tiny.py"
     program.write_text(TINY)

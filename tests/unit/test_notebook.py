@@ -143,7 +143,8 @@ def test_executed_notebook_path_and_kernel_spec(tmp_path: Path):
     assert saved_path(nb, tmp_path / "out") == tmp_path / "out" / "tutorial.ipynb"
     assert saved_path(nb, tmp_path / "nb") == tmp_path / "nb" / "tutorial.executed.ipynb"  # never over the notebook
     spec = json.loads((kernel_spec(tmp_path) / "dtf" / "kernel.json").read_text())
-    assert spec["argv"] == [sys.executable, "-m", "dtf.notebook.kernel", "-f", "{connection_file}"]
+    assert spec["argv"][:2] == [sys.executable, "-c"] and spec["argv"][3:] == ["dtf.notebook.kernel", "-f",
+                                                                              "{connection_file}"]
 
 
 def test_cell_outputs_as_printed():

@@ -60,10 +60,12 @@ def saved_path(notebook: Path, output: Path) -> Path:
 
 def kernel_spec(where: Path) -> Path:
     """A kernel spec directory (under `where`) for dtf.notebook.kernel on this Python."""
+    from dtf.program.runner import python_m
+
     spec = where / "kernels" / "dtf"
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "dtf.notebook.kernel", "-f", "{connection_file}"],
+        "argv": python_m("dtf.notebook.kernel", "-f", "{connection_file}"),
         "display_name": "dtf", "language": "python", "interrupt_mode": "signal"}))
     return where / "kernels"
 
