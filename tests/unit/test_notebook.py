@@ -83,12 +83,40 @@ def test_the_summary_in_a_notebook(monkeypatch: pytest.MonkeyPatch):
     assert "<td>worker:0</td><td>h1</td><td>10.0.0.2:2222</td><td>restarting</td>" in page
 
 
-def test_tensorflow_imported_before_dtf_with_keras_3_is_refused(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setitem(sys.modules, "tensorflow", types.SimpleNamespace(_tf_uses_legacy_keras=False))
-    with pytest.raises(ConnectError, match="restart the kernel and run `import dtf`"):
+class KerasLazyLoader(types.ModuleType):
+    """TensorFlow's loader of tf.keras (tensorflow/python/util/lazy_loader.py), as far as dtf reads it."""
+
+    def __init__(self, version: str | None = None) -> None:
+        super().__init__("keras")
+        self._tfll_initialized = version is not None
+        self._tfll_keras_version = version
+
+
+def test_only_a_tf_keras_already_bound_to_keras_3_is_refused(monkeypatch: pytest.MonkeyPatch):
+    """TensorFlow imported before dtf, Keras 3 its default: tf.keras picks its Keras at its first use
+    (checked with TF 2.21), so connect() goes on while nothing used it, and refuses once it is Keras 3."""
+    tf = types.ModuleType("tensorflow")
+    monkeypatch.setitem(sys.modules, "tensorflow", tf)
+    monkeypatch.setitem(sys.modules, "keras", types.SimpleNamespace(__version__="3.15.1"))
+    for unbound in (KerasLazyLoader(), KerasLazyLoader("tf_keras")):
+        tf.keras = unbound
         check_keras_order()
-    monkeypatch.setitem(sys.modules, "tensorflow", types.SimpleNamespace(_tf_uses_legacy_keras=True))
-    check_keras_order()
+    tf.keras = KerasLazyLoader("keras_3")
+    with pytest.raises(ConnectError) as e:
+        check_keras_order()
+    assert str(e.value) == ("tf.keras is already Keras 3 in this process (used before dtf was imported), which has "
+                            "no ParameterServerStrategy: import dtf before the first use of tf.keras (in a notebook: "
+                            "restart the kernel, then import dtf first)")
+    # Loaded: the module in the loader's place (or `from tensorflow.keras import ...`), told by its package.
+    keras3, tf_keras = types.ModuleType("keras._tf_keras.keras"), types.ModuleType("tf_keras.api._v2.keras")
+    keras3.__file__ = "/site-packages/keras/_tf_keras/keras/__init__.py"
+    tf_keras.__file__ = "/site-packages/tf_keras/api/_v2/keras/__init__.py"
+    tf.keras, tf.optimizers = tf_keras, keras3
+    with pytest.raises(ConnectError, match=r"^tf.optimizers is already Keras 3"):
+        check_keras_order()
+    tf.keras, tf.optimizers = keras3, keras3
+    with pytest.raises(ConnectError, match=r"^tf.keras, tf.optimizers are already Keras 3"):
+        check_keras_order()
 
 
 def test_the_kernel_drops_tensorflows_noise_and_cut_off_closures_only():

@@ -33,7 +33,6 @@ import atexit
 import contextlib
 import html
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -149,6 +148,9 @@ class Connection:
                 os.environ.update(train.program_env(
                     record.plan, record.chief_host, str(output) if output is not None else None, 1, tunnel,
                     synced={n: s.task_path for n, s in record.synced.items()}, hook_env=hook_env))
+                from dtf.program import tfkeras
+
+                tfkeras.use_tf_keras()  # TF_USE_LEGACY_KERAS=1 now: what TensorFlow's import decided, as with it
                 from dtf.notebook import kernel
 
                 kernel.setup(quiet=not verbose)
@@ -323,12 +325,14 @@ def lost_ps_message(cluster: str, lost: list[str], still: list[str], checkpoints
 
 
 def check_keras_order() -> None:
-    """connect() after TensorFlow was imported with tf.keras = Keras 3: refused (no PS in it)."""
-    tf = sys.modules.get("tensorflow")
-    if tf is not None and getattr(tf, "_tf_uses_legacy_keras", True) is False:
-        raise ConnectError("TensorFlow was imported before dtf, so tf.keras is Keras 3, which has no "
-                           "ParameterServerStrategy: restart the kernel and run `import dtf` (or "
-                           "dtf.connect()) before importing TensorFlow")
+    """connect() where tf.keras is already Keras 3 (used before dtf was imported): refused, it has
+    no ParameterServerStrategy. TensorFlow imported first is fine as long as nothing used tf.keras:
+    tf.keras then becomes tf-keras (dtf.program.tfkeras)."""
+    from dtf.program import tfkeras
+
+    refused = tfkeras.refusal()
+    if refused is not None:
+        raise ConnectError(refused)
 
 
 def _make_strategy() -> Any:
