@@ -152,6 +152,9 @@ def strategy(**kwargs: Any) -> Any:
         else:
             _resolver = _start_local_cluster(tf)
         _strategy = tf.distribute.ParameterServerStrategy(_resolver, **kwargs)
+        from dtf.program.hooks import wrap
+
+        wrap.adapt_fit()  # numpy arrays in fit, evaluate and predict, as --wrap has them
     return _strategy
 
 
