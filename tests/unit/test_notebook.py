@@ -10,6 +10,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,6 +82,38 @@ def test_the_summary_in_a_notebook(monkeypatch: pytest.MonkeyPatch):
     page = c._repr_html_()
     assert page.startswith("<div><b>dtf cluster &#x27;lab&#x27; (direct network, attached)</b><table>")
     assert "<td>worker:0</td><td>h1</td><td>10.0.0.2:2222</td><td>restarting</td>" in page
+
+
+def test_status_reads_as_the_table_of_every_task(monkeypatch: pytest.MonkeyPatch):
+    """`repr(dtf.connect().status())` (and what a notebook shows for it) is `dtf status`'s table,
+    naming every task; the value is still a list of TaskState."""
+    from dtf.hostops.status import TaskState
+    from dtf.notebook.connection import Status
+    from dtf_server.protocol import TaskStatus
+
+    def task(name: str, host: str, address: str) -> Any:
+        return types.SimpleNamespace(name=name, host=host, address=address)
+
+    alive = TaskStatus(alive=True, phase="running", pid=4242, server_pid=4250, uptime=73.4, serving=True)
+    back = TaskStatus(alive=True, phase="restarting", pid=4300, server_pid=None, uptime=None, serving=False,
+                      restarts=2, last_exit="killed by SIGKILL")
+    states = [TaskState(task("ps:0", "h0", "10.0.0.1:2222"), "alive", None, alive),
+              TaskState(task("worker:0", "h1", "10.0.0.2:2222"), "restarting", None, back),
+              TaskState(task("worker:1", "h2", "10.0.0.3:2222"), "unknown", "unreachable: no answer", None)]
+    c = handle("lab")
+    monkeypatch.setattr(c, "ops", object())
+    monkeypatch.setattr("dtf.hostops.status.states", lambda ops: states)
+    status = c.status()
+    assert isinstance(status, Status) and list(status) == states
+    assert repr(status) == (
+        "cluster 'lab': 1 of 3 tasks alive\n"
+        "  task      host  address        pid   state                             uptime  restarts  last exit\n"
+        "  ps:0      h0    10.0.0.1:2222  4250  alive                             73s     0         -\n"
+        "  worker:0  h1    10.0.0.2:2222  -     restarting                        -       2         killed by SIGKILL\n"
+        "  worker:1  h2    10.0.0.3:2222  -     unknown (unreachable: no answer)  -       0         -")
+    page = status._repr_html_()
+    assert page.startswith("<div><b>cluster &#x27;lab&#x27;: 1 of 3 tasks alive</b><table><thead><tr><th>task</th>")
+    assert "<td>worker:0</td><td>h1</td><td>10.0.0.2:2222</td><td>-</td><td>restarting</td>" in page
 
 
 class KerasLazyLoader(types.ModuleType):
