@@ -254,7 +254,8 @@ def columns(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def show_up(plan: Plan, outcomes: dict[str, Outcome[HostStarted]], seconds: float) -> None:
-    rows = [[t.name, t.host, t.address, str(outcomes[t.host].value.pids.get(t.name, "")),
+    # pid: the server's, as in `dtf status` (the process that serves, and that `top` on the host shows)
+    rows = [[t.name, t.host, t.address, str(outcomes[t.host].value.server_pids.get(t.name, "-")),
              f"{outcomes[t.host].seconds:.1f}s"] for t in plan.tasks()]
     say(f"cluster {plan.cluster} is up ({seconds:.1f}s)")
     say(columns(["task", "host", "address", "pid", "host ready in"], rows))

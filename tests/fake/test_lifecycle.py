@@ -52,6 +52,12 @@ def test_up_status_down(site: Site):
     assert max(len(line) for line in table.stdout.splitlines()) <= 80, table.stdout
     assert table.stdout.splitlines()[1].split() == ["task", "host", "address", "pid", "state", "uptime", "restarts",
                                                    "last", "exit"], table.stdout
+    # The pid column means the same in up's table and in status's: each task's server (not its supervisor).
+    up_pids = {line.split()[0]: line.split()[3] for line in r.stdout.splitlines()[2:5]}
+    status_pids = {line.split()[0]: line.split()[3] for line in table.stdout.splitlines()[2:5]}
+    servers = {row["task"]: str(row["server_pid"]) for row in doc["tasks"]}
+    assert up_pids == status_pids == servers, (r.stdout, table.stdout)
+    assert all(row["pid"] != row["server_pid"] for row in doc["tasks"])
     # `dtf top --once` through the SSH masters: its table, and nothing of ssh's own (`Shared connection to
     # HOST closed.`).
     top = site.dtf("top", "--once")
