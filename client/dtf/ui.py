@@ -116,17 +116,30 @@ def host_progress(hosts: list[str], title: str) -> Iterator[Progress]:
     if console(stderr=True).is_terminal:
         from rich.live import Live
 
-        with Live(table(), console=console(stderr=True), refresh_per_second=8, transient=False) as live:
+        # Once every host is done the view goes: the command's own output (up's table on stdout)
+        # says the rest, and a view left above it repeats it with a title and a time of its own.
+        # A step that failed stays on screen: the error lines below it name the host.
+        with Live(table(), console=console(stderr=True), refresh_per_second=8, transient=True) as live:
             def update(host: str, step: str) -> None:
                 steps[host] = step
                 live.update(table())
-            yield update
+            try:
+                yield update
+            except BaseException:
+                live.transient = False
+                raise
+            live.transient = not any(step.startswith("failed") for step in steps.values())
     else:
         def update(host: str, step: str) -> None:
             if steps.get(host) != step:  # a step said again (several callers end a host) is one line
                 steps[host] = step
                 say(f"  {host}: {step}", stderr=True)
-        yield update
+        try:
+            yield update
+        finally:
+            # Every step is written before what the command prints next (on stdout, or its error): in a
+            # pipe or file that holds both, the steps come first.
+            sys.stderr.flush()
 
 
 def show_plan(plan: Plan) -> None:
