@@ -23,7 +23,7 @@ from dtf.notebook.connection import (
     down_message,
     lost_ps_message,
 )
-from dtf.notebook.execute import INSTALL, _text, check_notebook, kernel_spec, saved_path
+from dtf.notebook.execute import _text, check_notebook, kernel_spec, notebook_install, saved_path
 from dtf.notebook.kernel import _Noise
 from helpers import REPO, assert_one_line_error
 
@@ -183,7 +183,7 @@ def test_dtf_train_notebook_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(sys.modules, "nbclient", None)
     with pytest.raises(UsageError) as e:
         check_notebook(nb, [])
-    assert str(e.value) == f"running a notebook needs nbclient: {INSTALL}"
+    assert str(e.value) == f"running a notebook needs nbclient, the notebook extra: {notebook_install()}"
 
 
 def test_the_cli_without_the_notebook_extra(tmp_path: Path):
@@ -196,7 +196,36 @@ def test_the_cli_without_the_notebook_extra(tmp_path: Path):
     nb.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     code = WITHOUT_EXTRA + f"sys.argv = ['dtf', 'train', {str(nb)!r}]\nfrom dtf.cli import main\nmain()"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert_one_line_error(r, 2, "running a notebook needs nbclient and ipykernel: pip install 'dtf[notebook]'")
+    assert_one_line_error(r, 2, f"running a notebook needs nbclient and ipykernel, the notebook extra: {notebook_install()}")
+
+
+@pytest.mark.parametrize("prefix, env, clone, expected", [
+    # pipx (its default home, and PIPX_HOME), uv tool (its default, and UV_TOOL_DIR), a virtual environment
+    ("/home/u/.local/share/pipx/venvs/dtf", {}, ("/home/u/dtf", False), "pipx install --force '/home/u/dtf[notebook]'"),
+    ("/opt/px/venvs/dtf", {"PIPX_HOME": "/opt/px"}, ("/src/dtf", False), "pipx install --force '/src/dtf[notebook]'"),
+    ("/home/u/.local/share/uv/tools/dtf", {}, ("/home/u/dtf", False), "uv tool install --force '/home/u/dtf[notebook]'"),
+    ("/t/dtf", {"UV_TOOL_DIR": "/t"}, (None, False), "uv tool install --force '.[notebook]' (in dtf's clone)"),
+    ("/home/u/dtf/.venv", {}, ("/home/u/dtf", True), "PYTHON -m pip install -e '/home/u/dtf[notebook]'"),
+    ("/home/u/env", {}, ("/home/u/my dtf", False), "PYTHON -m pip install '/home/u/my dtf[notebook]'"),
+])
+def test_the_notebook_extra_is_installed_where_dtf_is(prefix: str, env: dict[str, str], clone: tuple[str | None, bool],
+                                                       expected: str, monkeypatch: pytest.MonkeyPatch):
+    """`pip install 'dtf[notebook]'` went to whatever environment pip is (and to the package index):
+    the command names the environment dtf runs in, as the README installs it from a clone."""
+    for name in ("PIPX_HOME", "UV_TOOL_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "prefix", prefix)
+    monkeypatch.setattr("dtf.notebook.execute.installed_from", lambda: clone)
+    assert notebook_install() == expected.replace("PYTHON", sys.executable)
+
+
+def test_installed_from_reads_where_this_dtf_was_installed_from():
+    from dtf.notebook.execute import installed_from
+
+    folder, editable = installed_from()  # `make venv`: pip install -e of this checkout
+    assert folder is not None and (Path(folder) / "pyproject.toml").exists() and editable
 
 
 def test_executed_notebook_path_and_kernel_spec(tmp_path: Path):

@@ -50,7 +50,6 @@ __all__ = ["ClusterGone", "ConnectError", "Connection", "Status", "connect"]
 
 WATCH_EVERY = 1.0  # seconds between two looks at whether `dtf down` began
 PS_WAIT = 120.0  # seconds a lost ps gets to serve again before the error says it did not
-INSTALL = "pip install 'dtf[notebook]'"
 
 
 class ConnectError(DtfError):
