@@ -354,6 +354,11 @@ def _patch(_: ModuleType) -> None:
                     f"model.fit with {what} a {type(data).__name__} of arrays (a model of several inputs): "
                     f"under ParameterServerStrategy tf-keras takes a single array for x and for y; pass "
                     f"tf.data.Dataset.from_tensor_slices((x, y)).batch(N) and steps_per_epoch instead")
+        examples = _examples(a["x"])
+        validation = _inputs(a["validation_data"])
+        if not (examples is not None and (a["steps_per_epoch"] is None or a["validation_split"])) and not (
+                validation is not None and _examples(validation) is not None and a["validation_steps"] is None):
+            return fit(self, *args, **kwargs)  # nothing of arrays to change: as the program called it
         held_out = _split(a)
         examples = _examples(a["x"])
         if a["steps_per_epoch"] is None and examples is not None:
@@ -367,11 +372,13 @@ def _patch(_: ModuleType) -> None:
         if here:
             _arrays.change("fit's validation on arrays runs here, on the coordinator (every example once)")
         _arrays.report(prefix="")
+        # By name: the other hooks that wrap fit read its arguments so (guards: validation_data).
+        named = {k: v for k, v in a.items() if k != "self"}
         if not here:
-            return fit(*bound.args, **bound.kwargs)
+            return fit(self, **named)
         self._eval_data_handler = _ON_COORDINATOR  # as under --wrap: patched_evaluate runs it here
         try:
-            return fit(*bound.args, **bound.kwargs)
+            return fit(self, **named)
         finally:
             if getattr(self, "_eval_data_handler", None) is _ON_COORDINATOR:
                 del self._eval_data_handler
