@@ -32,15 +32,18 @@ def installed_from() -> tuple[str | None, bool]:
     import urllib.parse
     import urllib.request
 
-    try:
-        recorded = json.loads(importlib.metadata.distribution("dtf").read_text("direct_url.json") or "{}")
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        return None, False
-    url = str(recorded.get("url", ""))
-    if not url.startswith("file://"):
-        return None, False
-    folder = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
-    return folder, bool((recorded.get("dir_info") or {}).get("editable"))
+    # Every `dtf` distribution on the path: a build's dtf.egg-info in the working directory (a
+    # clone's own, on sys.path under `python -m`) records no folder.
+    for dist in importlib.metadata.distributions(name="dtf"):
+        try:
+            recorded = json.loads(dist.read_text("direct_url.json") or "{}")
+        except ValueError:
+            continue
+        url = str(recorded.get("url", ""))
+        if url.startswith("file://"):
+            folder = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
+            return folder, bool((recorded.get("dir_info") or {}).get("editable"))
+    return None, False
 
 
 def notebook_install() -> str:
