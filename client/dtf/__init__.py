@@ -45,7 +45,8 @@ program runs unchanged for local debugging.
 
 Importing dtf does not import TensorFlow (the CLI must start fast); it only makes `tf.keras`
 resolve to tf-keras, which `model.fit` under ParameterServerStrategy needs (Keras 3 has no
-ParameterServerStrategy: keras-team/keras#18624), when TensorFlow has not been imported yet.
+ParameterServerStrategy: keras-team/keras#18624), also after `import tensorflow` as long as nothing
+used `tf.keras` yet (dtf.program.tfkeras); `strategy()` refuses a `tf.keras` already bound to Keras 3.
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ if "tensorflow" not in sys.modules:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     # Fail fast instead of retrying forever on a dead peer (recommended for every task).
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+else:  # tf.keras picks its Keras at its first use, not at TensorFlow's import (dtf.program.tfkeras)
+    from dtf.program import tfkeras as _tfkeras
+
+    _tfkeras.use_tf_keras()
 
 _strategy: Any = None
 _coordinator: Any = None
@@ -154,11 +159,19 @@ def strategy(**kwargs: Any) -> Any:
                 cluster_resolver=_resolver, communication_options=kwargs.pop("communication_options", ring),
                 **kwargs)
             return _strategy
+        from dtf.program import tfkeras
+
+        refused = tfkeras.refusal(tf)
+        if refused is not None:
+            raise SystemExit(f"dtf: error: {refused}")
         if os.environ.get("TF_CONFIG"):
             _resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         else:
             _resolver = _start_local_cluster(tf)
         _strategy = tf.distribute.ParameterServerStrategy(_resolver, **kwargs)
+        from dtf.program.hooks import wrap
+
+        wrap.adapt_fit()  # numpy arrays in fit, evaluate and predict, as --wrap has them
     return _strategy
 
 

@@ -117,17 +117,30 @@ def host_progress(hosts: list[str], title: str) -> Iterator[Progress]:
     if console(stderr=True).is_terminal:
         from rich.live import Live
 
-        with Live(table(), console=console(stderr=True), refresh_per_second=8, transient=False) as live:
+        # Once every host is done the view goes: the command's own output (up's table on stdout)
+        # says the rest, and a view left above it repeats it with a title and a time of its own.
+        # A step that failed stays on screen: the error lines below it name the host.
+        with Live(table(), console=console(stderr=True), refresh_per_second=8, transient=True) as live:
             def update(host: str, step: str) -> None:
                 steps[host] = step
                 live.update(table())
-            yield update
+            try:
+                yield update
+            except BaseException:
+                live.transient = False
+                raise
+            live.transient = not any(step.startswith("failed") for step in steps.values())
     else:
         def update(host: str, step: str) -> None:
             if steps.get(host) != step:  # a step said again (several callers end a host) is one line
                 steps[host] = step
                 say(f"  {host}: {step}", stderr=True)
-        yield update
+        try:
+            yield update
+        finally:
+            # Every step is written before what the command prints next (on stdout, or its error): in a
+            # pipe or file that holds both, the steps come first.
+            sys.stderr.flush()
 
 
 def show_plan(plan: Plan) -> None:
@@ -233,7 +246,8 @@ def columns(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def show_up(plan: Plan, outcomes: dict[str, Outcome[HostStarted]], seconds: float) -> None:
-    rows = [[t.name, t.host, t.address, str(outcomes[t.host].value.pids.get(t.name, "")),
+    # pid: the server's, as in `dtf status` (the process that serves, and that `top` on the host shows)
+    rows = [[t.name, t.host, t.address, str(outcomes[t.host].value.server_pids.get(t.name, "-")),
              f"{outcomes[t.host].seconds:.1f}s"] for t in plan.tasks()]
     say(f"cluster {plan.cluster} is up ({seconds:.1f}s)")
     say(columns(["task", "host", "address", "pid", "host ready in"], rows))

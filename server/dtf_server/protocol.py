@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields: a reply of another version
 # is refused, never half-read (what each version changed: this file's git log).
-PROTOCOL = 13
+PROTOCOL = 14
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
@@ -101,6 +101,7 @@ class TaskStarted:
     already: bool = False  # it was running (the same port): left alone
     reason: str | None = None  # why it did not come up
     log_tail: list[str] = field(default_factory=list)
+    server_pid: int | None = None  # the server's, once it serves (what `dtf up` and `dtf status` show)
 
 
 @dataclass(frozen=True)

@@ -187,7 +187,8 @@ def cmd_start(args: Namespace) -> StartReply:
         os.makedirs(tdir, exist_ok=True)
         record = read_json(os.path.join(tdir, layout.PID))
         if record is not None and ours(record) and record.get("port") == task.port:
-            results[task.name] = TaskStarted(ok=True, pid=record["pid"], already=True)
+            results[task.name] = TaskStarted(ok=True, pid=record["pid"], already=True,
+                                             server_pid=_server_pid(tdir))
             continue
         forked = fork_supervisor(args.dir, task, args.restart_limit, args.restart_backoff, env, bound=args.keep)
         pending[task.name] = (task, forked, tdir)
@@ -209,7 +210,7 @@ def cmd_start(args: Namespace) -> StartReply:
                                             log_tail=tail(os.path.join(tdir, layout.LOG)))
                 del pending[name]
             elif os.path.exists(os.path.join(tdir, layout.READY)) and port_open(task.port):
-                results[name] = TaskStarted(ok=True, pid=waited.pid)
+                results[name] = TaskStarted(ok=True, pid=waited.pid, server_pid=_server_pid(tdir))
                 del pending[name]
         if pending:
             time.sleep(READY_FIRST_POLL if time.monotonic() - begun < READY_FIRST else READY_POLL)
@@ -231,6 +232,12 @@ def cmd_start(args: Namespace) -> StartReply:
         # The lease counts from when the servers serve, not from before they imported TensorFlow.
         write_lease(args.dir, args.ttl)
     return StartReply(tasks=results, unreachable=unreachable, fence=fenced)
+
+
+def _server_pid(tdir: str) -> int | None:
+    """The task's server's pid, as its supervisor recorded it (None while it has none)."""
+    pid = (read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}).get("server_pid")
+    return pid if isinstance(pid, int) else None
 
 
 def close_ports(args: Namespace) -> FenceReply | None:

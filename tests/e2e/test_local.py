@@ -165,6 +165,69 @@ def test_ctrl_c_stops_the_program_and_leaves_the_cluster_up(tmp_path: Path, loca
     assert [r["state"] for r in status_json(home)["tasks"]] == ["alive"] * 3
 
 
+@LOCAL_CLUSTER
+def test_a_folder_named_dtf_in_the_working_directory_and_beside_the_program(tmp_path: Path, local_cluster):
+    """`dtf train` (the installed command) run from the folder that holds dtf's clone, of a program
+    whose own folder holds an empty `dtf` folder: it trains with the installed dtf, no traceback.
+    (Python took such a folder for the package `dtf`, a namespace package, before an editable install.)"""
+    _, home = local_cluster
+    (tmp_path / "dtf" / "client").mkdir(parents=True)
+    (tmp_path / "app" / "dtf").mkdir(parents=True)
+    (tmp_path / "app" / "tiny.py").write_text(TINY)
+    command = Path(sys.executable).parent / "dtf"
+    r = subprocess.run([str(command), "train", "app/tiny.py"], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env={**os.environ, "DTF_HOME": str(home)}, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "counted 10 workers 2 args []" in r.stdout
+
+
+TF_FIRST = textwrap.dedent("""
+    import sys
+    import tensorflow as tf
+    if sys.argv[1] == "used":
+        tf.keras.layers  # binds tf.keras: Keras 3, TF_USE_LEGACY_KERAS being unset
+    import dtf
+    try:
+        cluster = dtf.connect()
+    except dtf.notebook.connection.ConnectError as e:
+        sys.exit(f"refused: {e}")
+    import numpy as np
+    from tensorflow.keras import layers
+    with cluster.strategy.scope():
+        model = tf.keras.Sequential([layers.Input(shape=(4,)), layers.Dense(1)])
+        model.compile(tf.keras.optimizers.SGD(0.01), "mse")
+    data = tf.data.Dataset.from_tensor_slices((np.ones((64, 4), "float32"), np.ones((64, 1), "float32")))
+    model.fit(data.repeat().batch(8), epochs=2, steps_per_epoch=5, verbose=0)
+    print("connected", type(cluster.strategy).__name__, type(model).__module__.split(".")[0],
+          layers.Dense.__module__.split(".")[0], int(model.optimizer.iterations.numpy()))
+    cluster.close()
+""")
+
+
+@LOCAL_CLUSTER
+def test_connect_after_import_tensorflow_gets_tf_keras_unless_tf_keras_was_used(tmp_path: Path, local_cluster):
+    """A notebook's first cell `import tensorflow as tf`, its second `import dtf; dtf.connect()`: the
+    process connects and trains with tf-keras (`tf.keras`, `from tensorflow.keras import ...`), since
+    nothing used tf.keras before; with tf.keras used first (bound to Keras 3), one line refuses it."""
+    _, home = local_cluster
+    program = tmp_path / "tf_first.py"
+    program.write_text(TF_FIRST)
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "TF_CONFIG", "DTF_CLUSTER")}
+    env["DTF_HOME"] = str(home)
+    fresh = subprocess.run([sys.executable, str(program), "fresh"], capture_output=True, text=True, timeout=300,
+                           env=env, cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert "connected ParameterServerStrategyV2 tf_keras tf_keras 10" in fresh.stdout, fresh.stdout
+    assert "dtf: warning" not in fresh.stderr, fresh.stderr[-3000:]  # Keras 3, imported by TensorFlow itself
+    used = subprocess.run([sys.executable, str(program), "used"], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=tmp_path)
+    assert used.returncode == 1 and "connected" not in used.stdout, used.stderr[-3000:]
+    assert used.stderr.strip().endswith("refused: tf.keras is already Keras 3 in this process (used before dtf "
+                                        "was imported), which has no ParameterServerStrategy: import dtf before "
+                                        "the first use of tf.keras (in a notebook: restart the kernel, then import "
+                                        "dtf first)"), used.stderr[-3000:]
+
+
 def test_the_same_program_runs_without_a_cluster(tmp_path: Path):
     program = tmp_path / "tiny.py"
     program.write_text(TINY)

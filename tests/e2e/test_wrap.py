@@ -242,3 +242,29 @@ def test_the_demo_example_prints_no_tensorflow_dataset_warning_and_no_line_twice
     assert "shardable" not in r.stderr and "WARNING" not in r.stderr, r.stderr[-4000:]
     lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
     assert len(lines) == len(set(lines)), lines
+
+
+def test_numpy_arrays_under_dtf_strategy_train_on_the_cluster_as_under_wrap(cluster: Path):
+    """`model.fit(x, y, batch_size=64, validation_data=(xv, yv))` with NumPy arrays, a model built
+    under dtf.strategy(): an epoch counted from the arrays, validation in both forms run on the
+    coordinator, evaluate and predict on arrays; the training on the cluster's workers (dtf train
+    stops a program that trains here). A dict of arrays is refused in one line."""
+    r = dtf("train", str(PROGRAMS / "numpy_fit.py"), home=cluster, timeout=600)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-4000:]
+    lines = [line for line in r.stdout.splitlines() if line.startswith("numpy:")]
+    assert lines[:2] == ["numpy: data steps 48 keys ['accuracy', 'loss', 'val_accuracy', 'val_loss'] learned True",
+                         lines[1]] and float(lines[1].split()[-1]) > 0.8, r.stdout
+    assert lines[2] == "numpy: split steps 45 keys ['accuracy', 'loss', 'val_accuracy', 'val_loss'] learned True"
+    assert lines[4:] == ["numpy: none steps 48 keys ['accuracy', 'loss'] learned True", lines[5],
+                         "numpy: predict (300, 2)"] and float(lines[5].split()[-1]) > 0.8, r.stdout
+    said = [line for line in r.stderr.splitlines() if line.startswith("dtf: fit:")]
+    assert said == ["dtf: fit: steps_per_epoch=16 (1000 examples in batches of 64); fit's validation on arrays "
+                    "runs here, on the coordinator (every example once)",
+                    "dtf: fit: steps_per_epoch=15 (900 examples in batches of 64; 100 held out by validation_split)"]
+    nested = dtf("train", str(PROGRAMS / "numpy_fit.py"), "nested", home=cluster, timeout=600)
+    errors = [line for line in nested.stderr.splitlines() if line.startswith("dtf: error:")]
+    assert nested.returncode == 2 and "Traceback" not in nested.stderr, nested.stderr[-4000:]
+    assert errors == ["dtf: error: model.fit with x a dict of arrays (a model of several inputs): under "
+                      "ParameterServerStrategy tf-keras takes a single array for x and for y; pass "
+                      "tf.data.Dataset.from_tensor_slices((x, y)).batch(N) and steps_per_epoch instead "
+                      "(numpy_fit.py:22)"], nested.stderr[-4000:]

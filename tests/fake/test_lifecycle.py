@@ -52,6 +52,12 @@ def test_up_status_down(site: Site):
     assert max(len(line) for line in table.stdout.splitlines()) <= 80, table.stdout
     assert table.stdout.splitlines()[1].split() == ["task", "host", "address", "pid", "state", "uptime", "restarts",
                                                    "last", "exit"], table.stdout
+    # The pid column means the same in up's table and in status's: each task's server (not its supervisor).
+    up_pids = {line.split()[0]: line.split()[3] for line in r.stdout.splitlines()[2:5]}
+    status_pids = {line.split()[0]: line.split()[3] for line in table.stdout.splitlines()[2:5]}
+    servers = {row["task"]: str(row["server_pid"]) for row in doc["tasks"]}
+    assert up_pids == status_pids == servers, (r.stdout, table.stdout)
+    assert all(row["pid"] != row["server_pid"] for row in doc["tasks"])
     # `dtf top --once` through the SSH masters: its table, and nothing of ssh's own (`Shared connection to
     # HOST closed.`).
     top = site.dtf("top", "--once")
@@ -60,6 +66,25 @@ def test_up_status_down(site: Site):
     r = site.dtf("down")
     assert r.returncode == 0 and "3 server(s) stopped on 2 host(s)" in r.stdout, r.stderr
     assert site.processes() == [] and site.files() == []
+
+
+def test_up_into_one_pipe_says_its_steps_then_its_table(site: Site):
+    """`dtf up ... 2>&1 | ...` (a log, CI): the hosts' steps (stderr) all come before the cluster's
+    table (stdout), which is whole: nothing of one is written inside the other."""
+    inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
+    r = subprocess.run([sys.executable, "-m", "dtf", "up", str(inv)], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120, env=site.env(), stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout
+    lines = r.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("cluster fk is up"))
+    steps, result = lines[:first], lines[first:]
+    hosts = {site.host("a"), site.host("b")}
+    assert steps and all(re.fullmatch(r"  (\S+): .+", line) and line.split(":")[0].strip() in hosts
+                         for line in steps), r.stdout
+    assert {f"  {h}: done" for h in hosts} <= set(steps), r.stdout
+    assert result[1].split() == ["task", "host", "address", "pid", "host", "ready", "in"], r.stdout
+    assert [line.split()[0] for line in result[2:5]] == ["ps:0", "worker:0", "worker:1"], r.stdout
+    assert len(result) == 6 and result[5].startswith(("network:", "TF ports on this machine:")), r.stdout
 
 
 def test_a_dead_server_is_restarted_with_backoff_until_the_limit(site: Site):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from dtf.notebook.connection import (
     down_message,
     lost_ps_message,
 )
-from dtf.notebook.execute import INSTALL, _text, check_notebook, kernel_spec, saved_path
+from dtf.notebook.execute import _text, check_notebook, kernel_spec, notebook_install, saved_path
 from dtf.notebook.kernel import _Noise
 from helpers import REPO, assert_one_line_error
 
@@ -83,12 +84,72 @@ def test_the_summary_in_a_notebook(monkeypatch: pytest.MonkeyPatch):
     assert "<td>worker:0</td><td>h1</td><td>10.0.0.2:2222</td><td>restarting</td>" in page
 
 
-def test_tensorflow_imported_before_dtf_with_keras_3_is_refused(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setitem(sys.modules, "tensorflow", types.SimpleNamespace(_tf_uses_legacy_keras=False))
-    with pytest.raises(ConnectError, match="restart the kernel and run `import dtf`"):
+def test_status_reads_as_the_table_of_every_task(monkeypatch: pytest.MonkeyPatch):
+    """`repr(dtf.connect().status())` (and what a notebook shows for it) is `dtf status`'s table,
+    naming every task; the value is still a list of TaskState."""
+    from dtf.hostops.status import TaskState
+    from dtf.notebook.connection import Status
+    from dtf_server.protocol import TaskStatus
+
+    def task(name: str, host: str, address: str) -> Any:
+        return types.SimpleNamespace(name=name, host=host, address=address)
+
+    alive = TaskStatus(alive=True, phase="running", pid=4242, server_pid=4250, uptime=73.4, serving=True)
+    back = TaskStatus(alive=True, phase="restarting", pid=4300, server_pid=None, uptime=None, serving=False,
+                      restarts=2, last_exit="killed by SIGKILL")
+    states = [TaskState(task("ps:0", "h0", "10.0.0.1:2222"), "alive", None, alive),
+              TaskState(task("worker:0", "h1", "10.0.0.2:2222"), "restarting", None, back),
+              TaskState(task("worker:1", "h2", "10.0.0.3:2222"), "unknown", "unreachable: no answer", None)]
+    c = handle("lab")
+    monkeypatch.setattr(c, "ops", object())
+    monkeypatch.setattr("dtf.hostops.status.states", lambda ops: states)
+    status = c.status()
+    assert isinstance(status, Status) and list(status) == states
+    assert repr(status) == (
+        "cluster 'lab': 1 of 3 tasks alive\n"
+        "  task      host  address        pid   state                             uptime  restarts  last exit\n"
+        "  ps:0      h0    10.0.0.1:2222  4250  alive                             73s     0         -\n"
+        "  worker:0  h1    10.0.0.2:2222  -     restarting                        -       2         killed by SIGKILL\n"
+        "  worker:1  h2    10.0.0.3:2222  -     unknown (unreachable: no answer)  -       0         -")
+    page = status._repr_html_()
+    assert page.startswith("<div><b>cluster &#x27;lab&#x27;: 1 of 3 tasks alive</b><table><thead><tr><th>task</th>")
+    assert "<td>worker:0</td><td>h1</td><td>10.0.0.2:2222</td><td>-</td><td>restarting</td>" in page
+
+
+class KerasLazyLoader(types.ModuleType):
+    """TensorFlow's loader of tf.keras (tensorflow/python/util/lazy_loader.py), as far as dtf reads it."""
+
+    def __init__(self, version: str | None = None) -> None:
+        super().__init__("keras")
+        self._tfll_initialized = version is not None
+        self._tfll_keras_version = version
+
+
+def test_only_a_tf_keras_already_bound_to_keras_3_is_refused(monkeypatch: pytest.MonkeyPatch):
+    """TensorFlow imported before dtf, Keras 3 its default: tf.keras picks its Keras at its first use
+    (checked with TF 2.21), so connect() goes on while nothing used it, and refuses once it is Keras 3."""
+    tf = types.ModuleType("tensorflow")
+    monkeypatch.setitem(sys.modules, "tensorflow", tf)
+    monkeypatch.setitem(sys.modules, "keras", types.SimpleNamespace(__version__="3.15.1"))
+    for unbound in (KerasLazyLoader(), KerasLazyLoader("tf_keras")):
+        tf.keras = unbound
         check_keras_order()
-    monkeypatch.setitem(sys.modules, "tensorflow", types.SimpleNamespace(_tf_uses_legacy_keras=True))
-    check_keras_order()
+    tf.keras = KerasLazyLoader("keras_3")
+    with pytest.raises(ConnectError) as e:
+        check_keras_order()
+    assert str(e.value) == ("tf.keras is already Keras 3 in this process (used before dtf was imported), which has "
+                            "no ParameterServerStrategy: import dtf before the first use of tf.keras (in a notebook: "
+                            "restart the kernel, then import dtf first)")
+    # Loaded: the module in the loader's place (or `from tensorflow.keras import ...`), told by its package.
+    keras3, tf_keras = types.ModuleType("keras._tf_keras.keras"), types.ModuleType("tf_keras.api._v2.keras")
+    keras3.__file__ = "/site-packages/keras/_tf_keras/keras/__init__.py"
+    tf_keras.__file__ = "/site-packages/tf_keras/api/_v2/keras/__init__.py"
+    tf.keras, tf.optimizers = tf_keras, keras3
+    with pytest.raises(ConnectError, match=r"^tf.optimizers is already Keras 3"):
+        check_keras_order()
+    tf.keras, tf.optimizers = keras3, keras3
+    with pytest.raises(ConnectError, match=r"^tf.keras, tf.optimizers are already Keras 3"):
+        check_keras_order()
 
 
 def test_the_kernel_drops_tensorflows_noise_and_cut_off_closures_only():
@@ -122,7 +183,7 @@ def test_dtf_train_notebook_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(sys.modules, "nbclient", None)
     with pytest.raises(UsageError) as e:
         check_notebook(nb, [])
-    assert str(e.value) == f"running a notebook needs nbclient: {INSTALL}"
+    assert str(e.value) == f"running a notebook needs nbclient, the notebook extra: {notebook_install()}"
 
 
 def test_the_cli_without_the_notebook_extra(tmp_path: Path):
@@ -135,7 +196,36 @@ def test_the_cli_without_the_notebook_extra(tmp_path: Path):
     nb.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     code = WITHOUT_EXTRA + f"sys.argv = ['dtf', 'train', {str(nb)!r}]\nfrom dtf.cli import main\nmain()"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert_one_line_error(r, 2, "running a notebook needs nbclient and ipykernel: pip install 'dtf[notebook]'")
+    assert_one_line_error(r, 2, f"running a notebook needs nbclient and ipykernel, the notebook extra: {notebook_install()}")
+
+
+@pytest.mark.parametrize("prefix, env, clone, expected", [
+    # pipx (its default home, and PIPX_HOME), uv tool (its default, and UV_TOOL_DIR), a virtual environment
+    ("/home/u/.local/share/pipx/venvs/dtf", {}, ("/home/u/dtf", False), "pipx install --force '/home/u/dtf[notebook]'"),
+    ("/opt/px/venvs/dtf", {"PIPX_HOME": "/opt/px"}, ("/src/dtf", False), "pipx install --force '/src/dtf[notebook]'"),
+    ("/home/u/.local/share/uv/tools/dtf", {}, ("/home/u/dtf", False), "uv tool install --force '/home/u/dtf[notebook]'"),
+    ("/t/dtf", {"UV_TOOL_DIR": "/t"}, (None, False), "uv tool install --force '.[notebook]' (in dtf's clone)"),
+    ("/home/u/dtf/.venv", {}, ("/home/u/dtf", True), "PYTHON -m pip install -e '/home/u/dtf[notebook]'"),
+    ("/home/u/env", {}, ("/home/u/my dtf", False), "PYTHON -m pip install '/home/u/my dtf[notebook]'"),
+])
+def test_the_notebook_extra_is_installed_where_dtf_is(prefix: str, env: dict[str, str], clone: tuple[str | None, bool],
+                                                       expected: str, monkeypatch: pytest.MonkeyPatch):
+    """`pip install 'dtf[notebook]'` went to whatever environment pip is (and to the package index):
+    the command names the environment dtf runs in, as the README installs it from a clone."""
+    for name in ("PIPX_HOME", "UV_TOOL_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "prefix", prefix)
+    monkeypatch.setattr("dtf.notebook.execute.installed_from", lambda: clone)
+    assert notebook_install() == expected.replace("PYTHON", sys.executable)
+
+
+def test_installed_from_reads_where_this_dtf_was_installed_from():
+    from dtf.notebook.execute import installed_from
+
+    folder, editable = installed_from()  # `make venv`: pip install -e of this checkout
+    assert folder is not None and (Path(folder) / "pyproject.toml").exists() and editable
 
 
 def test_executed_notebook_path_and_kernel_spec(tmp_path: Path):
@@ -143,7 +233,8 @@ def test_executed_notebook_path_and_kernel_spec(tmp_path: Path):
     assert saved_path(nb, tmp_path / "out") == tmp_path / "out" / "tutorial.ipynb"
     assert saved_path(nb, tmp_path / "nb") == tmp_path / "nb" / "tutorial.executed.ipynb"  # never over the notebook
     spec = json.loads((kernel_spec(tmp_path) / "dtf" / "kernel.json").read_text())
-    assert spec["argv"] == [sys.executable, "-m", "dtf.notebook.kernel", "-f", "{connection_file}"]
+    assert spec["argv"][:2] == [sys.executable, "-c"] and spec["argv"][3:] == ["dtf.notebook.kernel", "-f",
+                                                                              "{connection_file}"]
 
 
 def test_cell_outputs_as_printed():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,32 @@ def test_the_program_runs_as_main_with_its_argv_path_and_exit_code(tmp_path: Pat
                        text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 7, r.stderr
     assert r.stdout == f"__main__ {[str(program), 'a', '--b']} True found next to the program\n"
+
+
+def test_a_folder_named_dtf_beside_the_program_or_in_the_working_directory_is_not_taken_for_dtf(tmp_path: Path) -> None:
+    """`dtf train` run from the folder that holds the clone (a folder `dtf`, no package), of a program
+    whose folder holds an empty `dtf` folder: the runner and the program import the installed dtf. Under
+    `python -m` the working directory's `dtf` was a namespace package, ahead of an editable install's
+    finder: `module 'dtf' has no attribute 'under_dtf'`."""
+    from dtf.notebook.execute import kernel_spec
+    from dtf.program.runner import python_m
+    from dtf.program.train import program_argv
+
+    (tmp_path / "dtf" / "client").mkdir(parents=True)  # the clone, seen from its parent
+    app = tmp_path / "app"
+    (app / "dtf").mkdir(parents=True)
+    program = app / "prog.py"
+    program.write_text("import sys\nimport dtf\nprint(dtf.__file__, dtf.under_dtf(), sys.path[0])\n")
+    import dtf
+
+    for argv in (program_argv("app/prog.py", []), python_m("dtf.program.runner", str(program))):
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert (r.returncode, r.stderr) == (0, ""), r.stderr
+        assert r.stdout == f"{dtf.__file__} False {app}\n"
+    # The other Pythons dtf starts that import dtf: a notebook's run, and its kernel.
+    assert program_argv("nb.ipynb", []) == python_m("dtf.notebook.execute", "nb.ipynb")
+    spec = json.loads((kernel_spec(tmp_path / "k") / "dtf" / "kernel.json").read_text())
+    assert spec["argv"] == python_m("dtf.notebook.kernel", "-f", "{connection_file}")
 
 
 def test_on_import_runs_after_the_first_import_and_at_once_when_already_imported() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 import pytest
@@ -52,8 +53,11 @@ def test_up_prints_its_cluster_as_plain_columns(capsys: pytest.CaptureFixture[st
              SimpleNamespace(name="worker:0", host="h1", address="10.0.0.2:2222")]
     plan = SimpleNamespace(cluster="c", tasks=lambda: tasks,
                            hosts=[SimpleNamespace(name="h0"), SimpleNamespace(name="h1")])
-    outcomes = {"h0": SimpleNamespace(seconds=1.04, value=SimpleNamespace(pids={"ps:0": 41}, env=None)),
-                "h1": SimpleNamespace(seconds=2.0, value=SimpleNamespace(pids={"worker:0": 42}, env=None))}
+    # pid: the server's (server_pids), not the supervisor's (pids), as in `dtf status`.
+    outcomes = {"h0": SimpleNamespace(seconds=1.04, value=SimpleNamespace(pids={"ps:0": 31}, server_pids={"ps:0": 41},
+                                                                          env=None)),
+                "h1": SimpleNamespace(seconds=2.0, value=SimpleNamespace(pids={"worker:0": 32},
+                                                                         server_pids={"worker:0": 42}, env=None))}
     ui.show_up(plan, outcomes, 2.5)  # type: ignore[arg-type]
     assert capsys.readouterr().out.splitlines() == [
         "cluster c is up (2.5s)",
@@ -61,3 +65,33 @@ def test_up_prints_its_cluster_as_plain_columns(capsys: pytest.CaptureFixture[st
         "ps:0      h0    10.0.0.1:2222  41   1.0s",
         "worker:0  h1    10.0.0.2:2222  42   2.0s",
     ]
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_on_a_terminal_the_live_view_goes_once_every_host_is_done_and_stays_on_a_failure(
+        failing: bool, monkeypatch: pytest.MonkeyPatch):
+    """Left on screen, the finished view (its title, each host `done`, its time) stood above `up`'s
+    own table and repeated it; a failed step stays, for the error lines below it."""
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=80)
+    monkeypatch.setattr(ui, "console", lambda stderr=False: terminal)
+    with (pytest.raises(RuntimeError) if failing else contextlib.nullcontext(),
+          ui.host_progress(["h0", "h1"], "dtf up lab") as step):
+        step("h0", "connecting")
+        step("h0", "done")
+        step("h1", "failed: boom" if failing else "done")
+        if failing:
+            raise RuntimeError("h1 failed")
+    shown = terminal.file.getvalue()  # type: ignore[attr-defined]
+    erased = shown.endswith("\x1b[1A\x1b[2K")  # rich's Live, transient: the cursor back up, each line cleared
+    assert erased is not failing, repr(shown[-120:])
+    assert "dtf up lab" in shown
+
+
+def test_in_a_pipe_each_step_is_a_line_written_before_what_follows(capsys: pytest.CaptureFixture[str]):
+    with ui.host_progress(["h0"], "dtf up lab") as step:
+        step("h0", "connecting")
+        step("h0", "connecting")  # said again: one line
+        step("h0", "done")
+    ui.say("cluster lab is up (0.1s)")
+    out, err = capsys.readouterr()
+    assert (err, out) == ("  h0: connecting\n  h0: done\n", "cluster lab is up (0.1s)\n")

@@ -9,7 +9,7 @@ import functools
 import threading
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dtf.cluster.plan import HostPlan, TaskPlan
 from dtf.files import environment, shipping
@@ -36,6 +36,10 @@ def local_tf_version() -> str | None:
     return tf_version()
 
 
+def server_pids(started: StartReply) -> dict[str, int]:
+    return {n: s.server_pid for n, s in started.tasks.items() if s.server_pid is not None}
+
+
 @dataclass(frozen=True)
 class HostStarted:
     pids: dict[str, int]  # task -> its supervisor's pid
@@ -46,6 +50,8 @@ class HostStarted:
     reached: bool = False
     # The TF ports' firewall rules its start set, or why it could not (None: `firewall: off`).
     fence: FenceReply | None = None
+    # task -> its server's pid: the pid `dtf up` and `dtf status` show (the process that serves)
+    server_pids: dict[str, int] = field(default_factory=dict)
 
 
 class Starter:
@@ -111,6 +117,7 @@ class Starter:
             self.ops.step(hp, "checking the servers are reachable from here")
             direct = self._reachable(t, hp, hp.tasks_in(only))
         return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
+                           server_pids=server_pids(started),
                            client_address=check.client_address, direct=direct, env=env,
                            reached=started.unreachable == {}, fence=started.fence)
 
@@ -160,6 +167,7 @@ class Starter:
             if conv is not None:
                 conv.kill()
         return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
+                           server_pids=server_pids(started),
                            client_address=check.client_address, direct=direct, reached=unreachable == {},
                            fence=started.fence)
 

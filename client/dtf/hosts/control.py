@@ -118,6 +118,8 @@ def reason(failed: MasterFailed, target: str, identity: str | None, timeout: flo
         return f"unreachable: no answer from {where} within {timeout:g}s"
     if "Could not resolve hostname" in text:
         return f"unreachable: cannot resolve {failed.spec.host}: {last.rpartition(': ')[2]}"
+    # `ssh: connect to host H port P: REASON`: the system's reason, as it is (Connection refused: no
+    # sshd there; No route to host: nothing answers for that address; Network is unreachable).
     m = re.search(r"connect to host \S+ port \d+: (.+)$", text, re.M)
     if m:
         return f"unreachable: {where}: {m.group(1)}"

@@ -33,7 +33,6 @@ import atexit
 import contextlib
 import html
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -47,11 +46,10 @@ if TYPE_CHECKING:
     from dtf.hostops.parallel import HostOps
     from dtf.hostops.status import TaskState
 
-__all__ = ["ClusterGone", "ConnectError", "Connection", "connect"]
+__all__ = ["ClusterGone", "ConnectError", "Connection", "Status", "connect"]
 
 WATCH_EVERY = 1.0  # seconds between two looks at whether `dtf down` began
 PS_WAIT = 120.0  # seconds a lost ps gets to serve again before the error says it did not
-INSTALL = "pip install 'dtf[notebook]'"
 
 
 class ConnectError(DtfError):
@@ -153,6 +151,9 @@ class Connection:
                 os.environ.update(train.program_env(
                     record.plan, record.chief_host, str(output) if output is not None else None, 1, tunnel,
                     synced={n: s.task_path for n, s in record.synced.items()}, hook_env=hook_env))
+                from dtf.program import tfkeras
+
+                tfkeras.use_tf_keras()  # TF_USE_LEGACY_KERAS=1 now: what TensorFlow's import decided, as with it
                 from dtf.notebook import kernel
 
                 kernel.setup(quiet=not verbose)
@@ -194,11 +195,12 @@ class Connection:
         self._usable()
         return dtf.coordinator()
 
-    def status(self) -> list[TaskState]:
-        """Every task's state, as its host reports it now (as `dtf status`)."""
+    def status(self) -> Status:
+        """Every task's state, as its host reports it now: a list of TaskState that shows as
+        `dtf status`'s table (in a notebook, an HTML table)."""
         from dtf.hostops.status import states
 
-        return states(self.ops)
+        return Status(self.cluster, states(self.ops))
 
     def logs(self, task: str, n: int = 50) -> str:
         """The last `n` lines of a task's log (as `dtf logs TASK -n N`)."""
@@ -311,6 +313,46 @@ class Connection:
         return ClusterGone(self.gone)
 
 
+class Status(list["TaskState"]):
+    """`cluster.status()`: every task's state (TaskState, ps first), shown as `dtf status` shows it.
+    A list, so that a program reads it as one; its repr and `_repr_html_` (what a notebook shows)
+    are the table."""
+
+    HEADERS = ("task", "host", "address", "pid", "state", "uptime", "restarts", "last exit")
+
+    def __init__(self, cluster: str, states: list[TaskState]) -> None:
+        super().__init__(states)
+        self.cluster = cluster
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """One row per task, the columns of HEADERS (pid: the server's, as in `dtf status`)."""
+        out: list[tuple[str, ...]] = []
+        for st in self:
+            info = st.status
+            state = st.state + (f" ({st.reason})" if st.reason and st.state != "alive" else "")
+            out.append((st.task.name, st.task.host, st.task.address,
+                        str(info.server_pid) if info and info.server_pid else "-", state,
+                        f"{info.uptime:.0f}s" if info and info.uptime is not None else "-",
+                        str(info.restarts if info else 0), (info.last_exit if info else None) or "-"))
+        return out
+
+    def title(self) -> str:
+        alive = sum(st.state == "alive" for st in self)
+        return f"cluster {self.cluster!r}: {alive} of {len(self)} tasks alive"
+
+    def __repr__(self) -> str:
+        rows: list[tuple[str, ...]] = [self.HEADERS, *self.rows()]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self.HEADERS))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        return "\n".join([self.title(), *("  " + line for line in lines)])
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{h}</th>" for h in self.HEADERS)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in self.rows())
+        return (f"<div><b>{html.escape(self.title())}</b><table><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table></div>")
+
+
 def down_message(cluster: str) -> str:
     return (f"cluster {cluster!r} was taken down (`dtf down`) while this process was attached: `dtf up` "
             f"again, then restart the kernel and connect")
@@ -327,12 +369,14 @@ def lost_ps_message(cluster: str, lost: list[str], still: list[str], checkpoints
 
 
 def check_keras_order() -> None:
-    """connect() after TensorFlow was imported with tf.keras = Keras 3: refused (no PS in it)."""
-    tf = sys.modules.get("tensorflow")
-    if tf is not None and getattr(tf, "_tf_uses_legacy_keras", True) is False:
-        raise ConnectError("TensorFlow was imported before dtf, so tf.keras is Keras 3, which has no "
-                           "ParameterServerStrategy: restart the kernel and run `import dtf` (or "
-                           "dtf.connect()) before importing TensorFlow")
+    """connect() where tf.keras is already Keras 3 (used before dtf was imported): refused, it has
+    no ParameterServerStrategy. TensorFlow imported first is fine as long as nothing used tf.keras:
+    tf.keras then becomes tf-keras (dtf.program.tfkeras)."""
+    from dtf.program import tfkeras
+
+    refused = tfkeras.refusal()
+    if refused is not None:
+        raise ConnectError(refused)
 
 
 def _make_strategy() -> Any:

@@ -23,7 +23,46 @@ from pathlib import Path
 from typing import Any
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-INSTALL = "pip install 'dtf[notebook]'"
+
+
+def installed_from() -> tuple[str | None, bool]:
+    """(the folder dtf was installed from, whether editably): pip, pipx and uv record a local
+    install's folder in direct_url.json (PEP 610); (None, False) where none is recorded."""
+    import importlib.metadata
+    import urllib.parse
+    import urllib.request
+
+    # Every `dtf` distribution on the path: a build's dtf.egg-info in the working directory (a
+    # clone's own, on sys.path under `python -m`) records no folder.
+    for dist in importlib.metadata.distributions(name="dtf"):
+        try:
+            recorded = json.loads(dist.read_text("direct_url.json") or "{}")
+        except ValueError:
+            continue
+        url = str(recorded.get("url", ""))
+        if url.startswith("file://"):
+            folder = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
+            return folder, bool((recorded.get("dir_info") or {}).get("editable"))
+    return None, False
+
+
+def notebook_install() -> str:
+    """The command that adds the `notebook` extra to the environment this dtf runs in, as the README
+    installs dtf from a clone: `pipx install`, `uv tool install`, or pip in a virtual environment.
+    `pip install 'dtf[notebook]'` would go to whatever environment `pip` is, and to the package index."""
+    import shlex
+
+    folder, editable = installed_from()
+    spec = shlex.quote(f"{folder or '.'}[notebook]")
+    where = "" if folder else " (in dtf's clone)"
+    prefix = Path(sys.prefix)
+    homes = {"pipx": [Path(os.environ["PIPX_HOME"]) / "venvs"] if os.environ.get("PIPX_HOME") else [],
+             "uv": [Path(os.environ["UV_TOOL_DIR"])] if os.environ.get("UV_TOOL_DIR") else []}
+    if prefix.parent in homes["pipx"] or (prefix.parent.name == "venvs" and "pipx" in prefix.parts):
+        return f"pipx install --force {spec}{where}"
+    if prefix.parent in homes["uv"] or (prefix.parent.name == "tools" and prefix.parent.parent.name == "uv"):
+        return f"uv tool install --force {spec}{where}"
+    return f"{shlex.quote(sys.executable)} -m pip install {'-e ' if editable else ''}{spec}{where}"
 
 
 def check_notebook(program: Path, args: list[str], collective: bool = False, wrap: bool = False) -> None:
@@ -45,7 +84,7 @@ def check_notebook(program: Path, args: list[str], collective: bool = False, wra
         except ImportError:
             missing.append(module)
     if missing:
-        raise UsageError(f"running a notebook needs {' and '.join(missing)}: {INSTALL}")
+        raise UsageError(f"running a notebook needs {' and '.join(missing)}, the notebook extra: {notebook_install()}")
     try:
         json.loads(program.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -60,10 +99,12 @@ def saved_path(notebook: Path, output: Path) -> Path:
 
 def kernel_spec(where: Path) -> Path:
     """A kernel spec directory (under `where`) for dtf.notebook.kernel on this Python."""
+    from dtf.program.runner import python_m
+
     spec = where / "kernels" / "dtf"
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "dtf.notebook.kernel", "-f", "{connection_file}"],
+        "argv": python_m("dtf.notebook.kernel", "-f", "{connection_file}"),
         "display_name": "dtf", "language": "python", "interrupt_mode": "signal"}))
     return where / "kernels"
 

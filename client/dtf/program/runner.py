@@ -6,6 +6,15 @@ lives there), then runs PROGRAM as `__main__` exactly as `python PROGRAM ARGS` w
 sys.argv, sys.path[0] the program's directory, `__file__` set. A module runner rather than a
 `sitecustomize` on the program's path: that would shadow the user's own sitecustomize.
 
+dtf starts it, and every Python of its own that imports dtf first (a notebook's run, its kernel),
+with `python_m`, not `python -m`: `-m` puts the working directory first on sys.path, and a folder
+there named `dtf` that is not the package (the clone's own folder, seen from the folder that holds
+it; any empty `dtf` folder) is then imported as a namespace package `dtf` (PEP 420): the import
+system takes it before the finder of an editable install (`pip install -e`), which setuptools puts
+after the path's own. Nothing of dtf's then works (`module 'dtf' has no attribute 'under_dtf'`).
+Without the working directory on sys.path, `import dtf` finds the installed package; the program's
+own directory, put first afterwards as `python PROGRAM` puts it, comes after dtf is imported.
+
 With DTF_EXIT_STATUS_FILE set (by `dtf train`, and by a copy's supervisor in collective mode), it
 writes there the exit code the program ended with, after every atexit function has run: the last
 thing Python does before its runtime is torn down. TensorFlow can crash in that teardown
@@ -41,6 +50,18 @@ def exit_code(code: object) -> int:
     return 1  # a message: printed to stderr, exit code 1
 
 
+# `python -m MODULE ARGS` less the working directory on sys.path (see the module's docstring): the
+# empty first entry of `python -c` removed, then runpy runs the module as `-m` would.
+_BOOT = ("import runpy, sys\n"
+         "if sys.path[:1] == ['']: del sys.path[0]\n"
+         "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
+def python_m(module: str, *args: str, python: str = sys.executable) -> list[str]:
+    """The command that runs `python -m MODULE ARGS` without the working directory on sys.path."""
+    return [python, "-c", _BOOT, module, *args]
+
+
 _DTF_DIR = os.path.dirname(os.path.abspath(__file__))  # dtf.program: this runner and the hooks
 _RUNPY = {os.path.abspath(runpy.__file__), "<frozen runpy>"}
 _NO_FILE = re.compile(r"(\S+?)\s*[;:]?\s*No such file or directory")
@@ -62,7 +83,10 @@ def _trim(exc: traceback.TracebackException) -> None:
             continue
         seen.add(id(e))
         if e.stack and not _dtf_frame(e.stack[-1]):
-            e.stack = traceback.StackSummary.from_list([f for f in e.stack if not _dtf_frame(f)])
+            frames = list(e.stack)
+            if len(frames) > 1 and frames[0].filename == "<string>" and _dtf_frame(frames[1]):
+                frames = frames[1:]  # python_m's bootstrap, which runpy's frames follow
+            e.stack = traceback.StackSummary.from_list([f for f in frames if not _dtf_frame(f)])
         todo += [c for c in (e.__cause__, e.__context__) if c is not None]
 
 
@@ -133,7 +157,11 @@ def main() -> None:
     hooks.on_import("tensorflow", _quiet_missing_files)
     sys.excepthook = excepthook
     sys.argv = [program, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(program))
+    # The program's directory first, as `python PROGRAM` has it; under `python -m` (by hand), in
+    # place of the working directory.
+    if sys.path[:1] == [os.getcwd()]:
+        del sys.path[0]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(program)))
     try:
         try:
             runpy.run_path(program, run_name="__main__")

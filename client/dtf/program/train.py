@@ -257,9 +257,11 @@ def tunnel_to(stack: contextlib.ExitStack, record: Record, connect_timeout: floa
 def program_argv(program: str, args: list[str]) -> list[str]:
     """The command that runs the program: a script through dtf.program.runner, a notebook (.ipynb)
     through dtf.notebook.execute (in a Jupyter kernel)."""
+    from dtf.program.runner import python_m
+
     if program.endswith(".ipynb"):
-        return [sys.executable, "-m", "dtf.notebook.execute", program, *args]
-    return [sys.executable, "-m", "dtf.program.runner", program, *args]
+        return python_m("dtf.notebook.execute", program, *args)
+    return python_m("dtf.program.runner", program, *args)
 
 
 class NoFigures:

@@ -112,6 +112,10 @@ def check_keras() -> None:
     if os.environ.get("TF_USE_LEGACY_KERAS", "").lower() not in ("1", "true"):
         fail(f"tf.keras is Keras 3 ({version}), whose Model.fit cannot train under ParameterServerStrategy: "
              f"leave TF_USE_LEGACY_KERAS=1 (dtf train sets it) so that tf.keras is tf-keras")
+    from dtf.program import tfkeras
+
+    if tfkeras.keras3_from_tensorflow():
+        return  # TensorFlow's own import of it, before dtf chose tf-keras: not the program's
     warn("keras3", f"the program imported Keras 3 (keras {version}): models made with it cannot fit under "
                    f"ParameterServerStrategy; use tf.keras (tf-keras under dtf train) or `import tf_keras`")
 

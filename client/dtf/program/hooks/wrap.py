@@ -32,6 +32,16 @@ evaluate):
 A program that makes a ParameterServerStrategy of its own before its first layer is left alone;
 any other strategy of its own would train on this machine, and dtf.program.hooks.oncluster refuses it
 when it is made.
+
+A model built under `dtf.strategy()` (without --wrap: under `dtf train`, in a notebook, or run with
+plain `python`) gets the part of this that concerns arrays, which tf-keras under this strategy
+takes only with step counts and trains on the workers (`adapt_fit`, called when dtf.strategy() makes
+the strategy): `fit` on arrays without `steps_per_epoch` counts an epoch from their length and
+`batch_size`, `validation_split` is made here, validation on arrays (from the split, or
+`validation_data=(x, y)` without `validation_steps`) and `evaluate`/`predict` on arrays run here, on
+the coordinator, every example once. Datasets are left as tf-keras takes them (a dataset's files
+may be on the workers only); a dict or list of arrays, which tf-keras does not take under this
+strategy, is refused in one line. Each change is said once (`dtf: fit: ...`).
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ import inspect
 import math
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -113,10 +124,10 @@ class _Wrap:
         if what not in self.changes:
             self.changes.append(what)
 
-    def report(self) -> None:
+    def report(self, prefix: str = "--wrap: ") -> None:
         """One line with every change not yet reported."""
         if len(self.changes) > self.reported:
-            say("--wrap: " + "; ".join(self.changes[self.reported:]))
+            say(prefix + "; ".join(self.changes[self.reported:]))
             self.reported = len(self.changes)
 
 
@@ -125,6 +136,8 @@ def say(message: str) -> None:
 
 
 _wrap = _Wrap()
+_arrays = _Wrap()  # what fit on arrays changed for models of dtf.strategy() (no --wrap): `dtf: fit: ...`
+_patched = False
 
 
 def install() -> None:
@@ -132,6 +145,12 @@ def install() -> None:
         if os.environ.get("TF_CONFIG"):  # under `dtf train`: the cluster is known before any op
             hooks.on_import("tensorflow", _connect_at_start)
         hooks.on_import("tf_keras", _patch)
+
+
+def adapt_fit() -> None:
+    """Arrays in fit, evaluate and predict for the models of dtf.strategy() (see the module's
+    docstring): tf-keras patched now, or when the program imports it."""
+    hooks.on_import("tf_keras", _patch)
 
 
 def _connect_at_start(_: ModuleType) -> None:
@@ -194,6 +213,12 @@ def _is_dataset(x: Any) -> bool:
 _ON_COORDINATOR = object()  # fit's validation input, as far as fit knows: run by patched_evaluate
 
 
+def _nested_arrays(x: Any) -> bool:
+    """A dict, list or tuple of arrays (a model of several inputs)."""
+    return isinstance(x, (dict, list, tuple)) and bool(x) and all(
+        _examples(v) is not None for v in (x.values() if isinstance(x, dict) else x))
+
+
 def _examples(x: Any) -> int | None:
     """How many examples arrays (numpy, tensors, dataframes) hold; None for anything else."""
     if x is None or isinstance(x, (dict, list, tuple)) or _is_dataset(x):
@@ -218,7 +243,81 @@ def _split(a: dict[str, Any]) -> int:
     return _examples(data_adapter.unpack_x_y_sample_weight(a["validation_data"])[0]) or 0
 
 
+class ArraysError(SystemExit):
+    """What fit cannot do with arrays under dtf.strategy(): one line, exit code 2, no traceback."""
+
+    def __init__(self, message: str) -> None:
+        print(f"dtf: error: {message}{_program_line()}", file=sys.stderr, flush=True)
+        super().__init__(2)
+
+
+def _program_line() -> str:
+    from dtf.program.hooks.guards import program_line
+
+    return program_line()
+
+
+def _off_strategy(call: Any) -> Any:
+    """call() outside every strategy scope: in a thread of its own, whose strategy, variable
+    creator and device scopes (TensorFlow keeps them per thread) are the defaults. fit has entered
+    its strategy's scope, which its validation cannot leave otherwise."""
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, call()))
+        except BaseException as e:  # handed to the caller's thread
+            box.append((False, e))
+
+    thread = threading.Thread(target=run, name="dtf-on-coordinator", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)  # in short waits: Ctrl-C still reaches the caller
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+@contextlib.contextmanager
+def _plain(model: Any) -> Iterator[None]:
+    """The model as tf-keras' own predict has it under this strategy (see _Wrap.on_coordinator),
+    for a call made outside every strategy scope (_off_strategy)."""
+    saved = (model._distribution_strategy, model._cluster_coordinator, model.test_function,
+             model.predict_function, model._pss_evaluation_shards)
+    model._distribution_strategy = model._cluster_coordinator = None
+    model.test_function = model.predict_function = None
+    model._pss_evaluation_shards = 0
+    try:
+        yield
+    finally:
+        (model._distribution_strategy, model._cluster_coordinator, model.test_function,
+         model.predict_function, model._pss_evaluation_shards) = saved
+
+
+def _on_coordinator(model: Any, call: Any) -> Any:
+    def plain() -> Any:
+        with _plain(model):
+            return call()
+
+    return _off_strategy(plain)
+
+
+def _inputs(validation: Any) -> Any:
+    """The inputs of fit's validation_data: the first of a tuple (x, y[, sample_weight])."""
+    return validation[0] if isinstance(validation, tuple) and validation else validation
+
+
+def _arrays_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    x = args[0] if args else kwargs.get("x")
+    return _examples(x) is not None
+
+
 def _patch(_: ModuleType) -> None:
+    global _patched
+    if _patched:  # --wrap and dtf.strategy() both ask for it
+        return
+    _patched = True
     from tf_keras.src.engine import base_layer, training
 
     layer_init, model_init = base_layer.Layer.__init__, training.Model.__init__
@@ -236,7 +335,57 @@ def _patch(_: ModuleType) -> None:
     def ours(model: Any) -> bool:
         return _wrap.strategy is not None and model.distribute_strategy is _wrap.strategy
 
+    def dtfs(model: Any) -> bool:
+        """A model of dtf.strategy()'s ParameterServerStrategy, without --wrap."""
+        import dtf
+
+        return (dtf._strategy is not None and not ours(model) and not dtf.collective_mode()
+                and model.distribute_strategy is dtf._strategy)
+
+    def fit_arrays(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """fit of a dtf.strategy() model: arrays as --wrap has them; the rest as tf-keras does."""
+        bound = fit_signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        for what in ("x", "validation_data"):
+            data = a[what] if what == "x" else _inputs(a[what])
+            if _nested_arrays(data):
+                raise ArraysError(
+                    f"model.fit with {what} a {type(data).__name__} of arrays (a model of several inputs): "
+                    f"under ParameterServerStrategy tf-keras takes a single array for x and for y; pass "
+                    f"tf.data.Dataset.from_tensor_slices((x, y)).batch(N) and steps_per_epoch instead")
+        examples = _examples(a["x"])
+        validation = _inputs(a["validation_data"])
+        if not (examples is not None and (a["steps_per_epoch"] is None or a["validation_split"])) and not (
+                validation is not None and _examples(validation) is not None and a["validation_steps"] is None):
+            return fit(self, *args, **kwargs)  # nothing of arrays to change: as the program called it
+        held_out = _split(a)
+        examples = _examples(a["x"])
+        if a["steps_per_epoch"] is None and examples is not None:
+            batch = a["batch_size"] or 32
+            a["steps_per_epoch"] = math.ceil(examples / batch)
+            _arrays.change(f"fit: steps_per_epoch={a['steps_per_epoch']} ({examples} examples in batches of {batch}"
+                           + (f"; {held_out} held out by validation_split)" if held_out else ")"))
+        validation = a["validation_data"]
+        here = (validation is not None and a["validation_steps"] is None and not _is_dataset(validation)
+                and _examples(_inputs(validation)) is not None)
+        if here:
+            _arrays.change("fit's validation on arrays runs here, on the coordinator (every example once)")
+        _arrays.report(prefix="")
+        # By name: the other hooks that wrap fit read its arguments so (guards: validation_data).
+        named = {k: v for k, v in a.items() if k != "self"}
+        if not here:
+            return fit(self, **named)
+        self._eval_data_handler = _ON_COORDINATOR  # as under --wrap: patched_evaluate runs it here
+        try:
+            return fit(self, **named)
+        finally:
+            if getattr(self, "_eval_data_handler", None) is _ON_COORDINATOR:
+                del self._eval_data_handler
+
     def patched_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if dtfs(self):
+            return fit_arrays(self, *args, **kwargs)
         if not ours(self):
             return fit(self, *args, **kwargs)
         bound = fit_signature.bind(self, *args, **kwargs)
@@ -286,6 +435,13 @@ def _patch(_: ModuleType) -> None:
                 del self._eval_data_handler
 
     def patched_evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if dtfs(self):
+            if kwargs.get("_use_cached_eval_dataset") and getattr(self, "_eval_data_handler", None) is _ON_COORDINATOR:
+                kwargs.pop("_use_cached_eval_dataset")  # fit's validation on arrays: here
+                return _on_coordinator(self, lambda: evaluate(self, *args, **kwargs))
+            if _arrays_in(args, kwargs) and kwargs.get("steps") is None:
+                return _on_coordinator(self, lambda: evaluate(self, *args, **kwargs))
+            return evaluate(self, *args, **kwargs)
         if not ours(self):
             return evaluate(self, *args, **kwargs)
         if kwargs.pop("_use_cached_eval_dataset", False):  # fit's validation
@@ -300,6 +456,8 @@ def _patch(_: ModuleType) -> None:
             return evaluate(self, *args, **kwargs)
 
     def patched_predict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if dtfs(self) and _arrays_in(args, kwargs):  # tf-keras' own takes a dataset only here
+            return _on_coordinator(self, lambda: predict(self, *args, **kwargs))
         if not ours(self):
             return predict(self, *args, **kwargs)
         # tf-keras' own predict under this strategy takes a dataset only (it iterates it here):
