@@ -24,7 +24,8 @@ from pathlib import Path
 
 from common import REPO  # noqa: F401  (puts tests/ on the path)
 from dtf.cluster.inventory import HostSpec
-from dtf.hosts.masters import Master, ssh_binary
+from dtf.hosts.masters import Master
+from dtf.hosts.openssh import ssh_binary
 from lab import Lab
 
 PORT = 7070

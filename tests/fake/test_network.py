@@ -21,7 +21,8 @@ import pytest
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts import control
 from dtf.hosts.control import host_path
-from dtf.hosts.masters import Master, ssh_binary
+from dtf.hosts.masters import Master
+from dtf.hosts.openssh import ssh_binary
 from dtf.hosts.proxy import PythonRoute
 from helpers import Interruptible, assert_one_line_error, fake_server, ssh_processes, status_json, wait_until, within
 from lab import Lab

@@ -14,7 +14,8 @@ import pytest
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.base import Conversation, Transport
 from dtf.hosts.control import ControlTransport, host_path
-from dtf.hosts.masters import Master, ssh_binary
+from dtf.hosts.masters import Master
+from dtf.hosts.openssh import ssh_binary
 from dtf.hosts.paramikossh import ParamikoTransport
 from dtf.hosts.transport import HostError
 from helpers import ssh_processes

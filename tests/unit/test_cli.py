@@ -256,7 +256,8 @@ def test_an_ssh_inventorys_addresses_are_openssh_s_and_up_does_not_import_parami
         from pathlib import Path
         from dtf.cluster.inventory import load
         from dtf.hostops.lifecycle import load_plan
-        from dtf.hosts.masters import Master, ssh_binary
+        from dtf.hosts.masters import Master
+        from dtf.hosts.openssh import ssh_binary
         plan = load_plan(load(Path({str(inv)!r})))
         print(" ".join(t.address for t in plan.tasks()))
         assert "paramiko" not in sys.modules, "paramiko imported"
