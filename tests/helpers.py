@@ -175,15 +175,52 @@ def stop_train(proc: subprocess.Popen, timeout: float = 60) -> None:
             proc.wait()
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it, from one look at /proc (a child in a session of its own
+    included: a laptop asleep stops them all)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[list[int]]:
+    """Every process of the tree under `pid` stopped (SIGSTOP) while inside, as a laptop that
+    sleeps stops them, then continued (SIGCONT), also when the caller fails: the processes stopped."""
+    tree = process_tree(pid)
+    for p in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGSTOP)
+    try:
+        yield tree
+    finally:
+        for p in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+
+
 class Train:
     """`dtf train ...` running in the background; stdout and stderr in one file, as a user sees."""
 
-    def __init__(self, home: Path, out: Path, *args: str, cwd: Path | None = None) -> None:
+    def __init__(self, home: Path, out: Path, *args: str, cwd: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.path = out
         self.file = open(out, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dtf.cli", "train", *args],
-            env={**os.environ, "DTF_HOME": str(home)}, stdout=self.file, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {}), "DTF_HOME": str(home)}, stdout=self.file, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, cwd=cwd, preexec_fn=as_in_a_terminal)
 
     def text(self) -> str:

@@ -636,6 +636,23 @@ class Lab:
         finally:
             _sh(["nft", "delete", "table", "inet", table], check=False)
 
+    @contextlib.contextmanager
+    def laptop_cut(self) -> Iterator[None]:
+        """This machine (the laptop) cut off from the lab's hosts, as a dropped Wi-Fi does: every
+        packet between it and the lab's subnet dropped, both ways, SSH's included; the hosts still
+        reach each other (their traffic crosses the bridge, never this machine's own input and
+        output). A rule in this machine's own namespace, removed on exit."""
+        if self.mode != "netns":
+            raise LabUnsupported(f"cutting the laptop off needs network namespaces (lab mode {self.mode})")
+        table = f"{self.name}_cut"
+        self.nft(None, f"table inet {table} {{\n"
+                       f" chain out {{\n  type filter hook output priority 0;\n  ip daddr {self.subnet}.0/24 drop\n }}\n"
+                       f" chain in {{\n  type filter hook input priority 0;\n  ip saddr {self.subnet}.0/24 drop\n }}\n}}\n")
+        try:
+            yield
+        finally:
+            _sh(["nft", "delete", "table", "inet", table], check=False)
+
     def laptop_bytes(self) -> int:
         """Bytes this machine (the laptop) has sent into the lab so far: the TX counter of the
         lab's bridge, the laptop's own port on it. Traffic from host to host is forwarded by the

@@ -181,6 +181,10 @@ def train(
                                       "new allocation) and runs the program again (it resumes from "
                                       "its last checkpoint)."),
     ps_wait: float = typer.Option(120.0, "--ps-wait", help="Seconds to wait for a lost ps to serve again."),
+    network_wait: float = typer.Option(600.0, "--network-wait",
+                                       help="Seconds to wait for the cluster to answer this machine again once "
+                                            "none of its tasks does (a dropped network, a laptop that slept); "
+                                            "the program then runs again from its last checkpoint."),
     allocation_wait: float = typer.Option(600.0, "--slurm-wait",
                                      help="Slurm: seconds the new allocation that replaces an ended job "
                                           "may pend before dtf cancels it and ends the run."),
@@ -236,7 +240,7 @@ def train(
     code = run_program(lifecycle.recorded(cluster), str(program), list(args or []),
                        str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
                        connect_timeout=connect_timeout, verbose=verbose, hook_env=hook_env,
-                       allocation_wait=allocation_wait,
+                       allocation_wait=allocation_wait, network_wait=network_wait,
                        report=lambda shares: ui.show_shares(shares, time.monotonic() - started))
     raise typer.Exit(code)
 

@@ -90,13 +90,45 @@ def test_files_gone_make_every_task_of_the_host_dead():
     assert "dtf's files are gone" in str(m.restarts[0][1]["worker:0"])
 
 
-def test_a_host_silent_past_the_timeout_is_lost_and_one_that_answered_is_not():
+def looks(m: Recorded, clock: list[float], seconds: float, answering: list[str], every: float = 2.0) -> None:
+    """The mender's looks every `every` seconds for `seconds` of `clock` (its time.monotonic()),
+    each host in `answering` sending a sample before each look."""
+    end = clock[0] + seconds
+    while clock[0] < end:
+        clock[0] += every
+        for host in answering:
+            sample(m, host, {"ps:0": ALIVE} if host == "a" else {"worker:0": ALIVE, "worker:1": ALIVE}, at=clock[0])
+        m.look()
+
+
+def test_a_host_silent_past_the_timeout_while_another_answers_is_lost(monkeypatch):
+    clock = [time.monotonic()]
+    monkeypatch.setattr(repair.time, "monotonic", lambda: clock[0])
     m = Recorded(plan())
-    long_ago = time.monotonic() - 31
-    m.answered = {"a": long_ago, "b": long_ago}
-    sample(m, "a", {"ps:0": ALIVE})  # a's sample came now; b has said nothing since
-    m.look()
+    looks(m, clock, 20, answering=["a", "b"])
+    looks(m, clock, 20, answering=["a"])  # b silent 20s: under the timeout
+    assert m.moves == []
+    looks(m, clock, 12, answering=["a"])  # 32s
     assert m.moves == ["b"] and m.restarts == []
+
+
+def test_this_machines_own_silence_is_no_hosts(monkeypatch):
+    """Every host silent at once (this machine's network dropped), or no look for a while (this
+    machine asleep, its processes stopped): no host is blamed, and each host's count starts anew
+    once this machine hears from any host again."""
+    clock = [time.monotonic()]
+    monkeypatch.setattr(repair.time, "monotonic", lambda: clock[0])
+    m = Recorded(plan())
+    looks(m, clock, 10, answering=["a", "b"])
+    looks(m, clock, 300, answering=[])  # nothing heard for ten timeouts (the first 6s of it count)
+    assert m.moves == []
+    looks(m, clock, 20, answering=["a"])  # a back at once, b still reconnecting: counted from here
+    assert m.moves == []
+    clock[0] += 600  # asleep: no look for ten minutes, then the samples that were waiting
+    looks(m, clock, 2, answering=["a"])
+    assert m.moves == []
+    looks(m, clock, 12, answering=["a"])  # b silent 28s + 12s while this machine listened
+    assert m.moves and set(m.moves) == {"b"}
 
 
 def test_a_slurm_node_silent_past_the_timeout_is_never_moved():

@@ -5,9 +5,13 @@ brings back what is lost.
   started again on its host, as `dtf up` again would, without touching the tasks that serve. A
   worker comes back at its address and the coordinator takes it back; a ps restarted so makes
   the program's next attempt (dtf.program.train) resume from its last checkpoint.
-- A host that has not answered for the plan's `host_timeout` is lost for good: its tasks move
-  to the first spare (the inventory's `spares:`) that starts them, on the same ports; the
-  cluster's record holds the new placement. ParameterServerStrategy cannot change a task's
+- A host that has not answered for the plan's `host_timeout` while the others did is lost for
+  good: its tasks move to the first spare (the inventory's `spares:`) that starts them, on the same
+  ports; the cluster's record holds the new placement. A host's silence counts only while this
+  machine listens: while some host answers it, and while the mender itself runs (its looks come
+  on time). When every host is silent at once, or the looks stop coming, the silence is this
+  machine's (its network dropped, it slept, or its processes were stopped), and no host is blamed
+  for it: each host's count starts again from zero once this machine hears anything again. ParameterServerStrategy cannot change a task's
   address inside a run, so the program is stopped and its next attempt resumes from its last
   checkpoint. No spare left: `lost` says so in one line, and the run ends.
 
@@ -38,6 +42,9 @@ from dtf.hostops.watch import HostFeed, Watch
 from dtf.providers.choose import provider_for
 
 WATCH_EVERY = 2.0  # seconds between two samples of a host's task states
+# A host answered "lately" (and so this machine listens) when its last sample is at most this many
+# samples old: a sample may come a little late without a host's silence counting.
+STALE_AFTER = 3
 # A task in one of these states has nothing on its host that brings it back: dtf starts it again.
 NEEDS_START = ("dead", "failed")
 
@@ -139,6 +146,11 @@ class Mender:
         self.lost: str | None = None  # a host lost with no spare left: the line the run ends with
         now = time.monotonic()
         self.answered = {hp.name: now for hp in record.plan.hosts}  # host -> when it last answered
+        # Seconds this machine has listened since the start (`listen`), and each host's count of
+        # them when it last answered: its silence while this machine listened is the difference.
+        self.listened = 0.0
+        self.marks: dict[str, float] = {hp.name: 0.0 for hp in record.plan.hosts}
+        self.looked = now  # when the last look ran
         self.read: dict[str, float] = {}  # host -> when the last sample acted upon came
         self.repairing: set[str] = set()  # hosts whose tasks are being started again
         self.failed = False  # a repair raised (a bug): said once
@@ -192,11 +204,13 @@ class Mender:
         with self.lock:
             plan = self.plan
             feeds = self.watch.feeds()
+            self.listen(time.monotonic())
             for hp in plan.hosts:
                 feed = feeds.get(hp.name)
                 if feed is None or feed.at is None or feed.at <= self.read.get(hp.name, 0.0):
                     continue
                 self.answered[hp.name] = max(self.answered.get(hp.name, 0.0), feed.at)
+                self.marks[hp.name] = self.listened
                 if hp.name in self.repairing:
                     continue  # a sample from before the repair ended: the next one says
                 self.read[hp.name] = feed.at
@@ -207,11 +221,19 @@ class Mender:
                                      name=f"dtf-mender-{hp.name}", daemon=True).start()
             if self.lost is not None or self.watch.ops.provider.ends:
                 return  # hosts whose allocation can end are lost with it: replaced as a whole
-            now = time.monotonic()
             for hp in plan.hosts:
-                waited = now - self.answered.get(hp.name, now)
+                waited = self.listened - self.marks.get(hp.name, self.listened)
                 if waited > plan.host_timeout and not self.stopped.is_set():
                     self._move(hp, waited)
+
+    def listen(self, now: float) -> None:
+        """Count the time since the last look as listened, where this machine listened meanwhile:
+        its look came on time (it was not stopped or asleep) and some host answered it lately (its
+        network is up)."""
+        elapsed, self.looked = now - self.looked, now
+        fresh = STALE_AFTER * self.every
+        if elapsed <= fresh and any(now - at <= fresh for at in self.answered.values()):
+            self.listened += elapsed
 
     def _repair(self, hp: HostPlan, gone: dict[str, str | None]) -> None:
         try:
@@ -281,8 +303,10 @@ class Mender:
         if not self.restart:
             pids = {}
         self.answered.pop(lost.name, None)
+        self.marks.pop(lost.name, None)
         self.read.pop(lost.name, None)
         self.answered[spare.name] = time.monotonic()
+        self.marks[spare.name] = self.listened
         self.watch.follow(HostOps(new, connect_timeout=self.connect_timeout))
         self._save(new, pids, {name: moved_note(lost.name, spare.name, waited) for name in only_names},
                    gone=only_names)

@@ -25,11 +25,18 @@ What the program raises and does not catch is printed as Python would print it, 
 frames (this runner, runpy, the hooks' wrappers): the program's traceback is the program's. Ctrl-C
 (KeyboardInterrupt) prints none: the program still ends by SIGINT, and `dtf train` says it was
 interrupted. A worker's missing file is said in one line: the workers read their own disks.
+
+With DTF_ERROR_FILE set (by `dtf train`), an error of TensorFlow's that says a connection to the
+cluster failed (`connection_error`: UnavailableError and its kin, a lost ps or a lost network) is
+written there, traceback and all, instead of to stderr: `dtf train` decides whether it was the
+program's (then it prints it) or the cluster's or the network's (then one line says what happened,
+and the program runs again from its last checkpoint).
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import re
@@ -62,6 +69,13 @@ def python_m(module: str, *args: str, python: str = sys.executable) -> list[str]
     return [python, "-c", _BOOT, module, *args]
 
 
+ERROR_FILE_ENV = "DTF_ERROR_FILE"
+# TensorFlow's error codes (tensorflow/core/protobuf/error_codes.proto) that say a connection to a
+# task failed, not the program: UNAVAILABLE (a task or its network gone), DEADLINE_EXCEEDED (a call
+# no answer came to), ABORTED (a call a restarted task dropped).
+CONNECTION_CODES = {14: "UNAVAILABLE", 4: "DEADLINE_EXCEEDED", 10: "ABORTED"}
+
+_error_file: list[str | None] = [None]  # where a connection error goes (ERROR_FILE_ENV, read at the start)
 _DTF_DIR = os.path.dirname(os.path.abspath(__file__))  # dtf.program: this runner and the hooks
 _RUNPY = {os.path.abspath(runpy.__file__), "<frozen runpy>"}
 _NO_FILE = re.compile(r"(\S+?)\s*[;:]?\s*No such file or directory")
@@ -117,12 +131,34 @@ def _quiet_missing_files(_: ModuleType) -> None:
     logging.getLogger("tensorflow").addFilter(_MissingOnWorker())
 
 
+def connection_error(value: BaseException) -> bool:
+    """Whether `value`, or an exception it was raised from, is TensorFlow's word that a connection
+    to a task failed (CONNECTION_CODES)."""
+    seen: set[int] = set()
+    e: BaseException | None = value
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__module__.startswith("tensorflow") and getattr(e, "error_code", None) in CONNECTION_CODES:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
     """sys.excepthook for the program: see the module's docstring."""
     if issubclass(kind, KeyboardInterrupt):
         return
     exc = traceback.TracebackException(kind, value, tb)
     _trim(exc)
+    error_file = _error_file[0]
+    if error_file and connection_error(value):
+        first = (str(value).strip().splitlines() or [""])[0]
+        try:
+            with open(error_file, "w") as f:
+                json.dump({"error": f"{kind.__name__}: {first}", "traceback": "".join(exc.format())}, f)
+            return
+        except OSError:
+            pass  # said here, as without the file
     line = missing_on_worker(value)
     if line is not None:
         where = [f for f in exc.stack if os.path.abspath(f.filename) == os.path.abspath(sys.argv[0])]
@@ -148,6 +184,7 @@ def main() -> None:
     program, args = sys.argv[1], sys.argv[2:]
     outcome: dict[str, int | None] = {"code": 1}  # an uncaught exception, unless we learn otherwise
     status_path = os.environ.pop(EXIT_STATUS_ENV, None)  # not the program's children's business
+    _error_file[0] = os.environ.pop(ERROR_FILE_ENV, None)
     if status_path:
         atexit.register(_write_status, status_path, outcome)  # registered first: runs last
     from dtf.program import hooks

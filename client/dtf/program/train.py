@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from dtf.hostops.parallel import HostOps
 from dtf.hostops.status import TaskState, states
 from dtf.hosts.netutil import CONNECT_TIMEOUT, listen_port
 from dtf.program import figures, noise
+from dtf.program.runner import ERROR_FILE_ENV
 from dtf.providers.choose import provider_for
 from dtf_server.procs import EXIT_STATUS_ENV, ended_before_crash, exit_reason
 
@@ -38,6 +40,9 @@ if TYPE_CHECKING:
 INTERRUPT_STEPS = (3.0, 10.0, 15.0)
 TGKILL = {"x86_64": 234, "aarch64": 131}  # syscall numbers (Linux)
 DOWN_POLL = 0.5  # how often a running `dtf train` looks whether `dtf down` began
+# Seconds `dtf train` waits for the cluster to answer this machine again once none of its tasks do
+# (`--network-wait`): a dropped Wi-Fi, a VPN reconnecting, a laptop that slept.
+NETWORK_WAIT = 600.0
 DOWN_KILL_AFTER = 5.0  # seconds a program gets after TERM when its cluster is taken down
 
 
@@ -106,14 +111,18 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
                 attempts: int = 3, ps_wait: float = 120.0,
                 connect_timeout: float = CONNECT_TIMEOUT, verbose: bool = False,
                 hook_env: dict[str, str] | None = None, allocation_wait: float = realloc.ALLOCATION_WAIT,
-                report: Callable[[figures.Shares], None] | None = None) -> int:
+                report: Callable[[figures.Shares], None] | None = None, network_wait: float = NETWORK_WAIT) -> int:
     """Run `python PROGRAM ARGS` as the cluster's chief; return its exit code.
 
     While it runs, the cluster's lease is renewed. If the program fails because a ps was lost
     (its server died and its supervisor restarted it, or it cannot be reached), dtf waits up to
     `ps_wait` seconds for every task to serve again and runs the program again, up to `attempts`
     runs in all: the program resumes from its last checkpoint (a lost ps loses its variables).
-    A failure with every ps intact is the program's own: its exit code is returned at once.
+    A failure with every ps intact is the program's own: its exit code is returned at once; but
+    one where the program lost its connection to the cluster (no task answered this machine, or it
+    died of TensorFlow's connection error with the cluster intact: this machine's network dropped,
+    or it slept) runs it again too, once every task answers this machine (waited for up to
+    `network_wait` seconds).
     Meanwhile a `repair.Mender` starts again each task whose supervisor is gone, and moves the
     tasks of a host unanswered past `host_timeout` to a spare: the program is then stopped and
     runs again on the new placement (ClusterDown, in one line, where no spare is left).
@@ -127,7 +136,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     """
     shares = figures.Shares()
     code = _attempts(record, program, args, output, attempts, ps_wait, connect_timeout, verbose, hook_env,
-                     allocation_wait, shares)
+                     allocation_wait, shares, network_wait)
     if report is not None and code == 0:
         report(shares)
     return code
@@ -135,77 +144,159 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
 
 def _attempts(record: Record, program: str, args: list[str], output: str | None, attempts: int, ps_wait: float,
               connect_timeout: float, verbose: bool, hook_env: dict[str, str] | None, allocation_wait: float,
-              shares: figures.Shares) -> int:
+              shares: figures.Shares, network_wait: float = NETWORK_WAIT) -> int:
     """run_program's attempts; each one's figures added to `shares`."""
-    plan = record.plan
-    ops = serving(record, connect_timeout)
-    with contextlib.ExitStack() as stack:
-        run = stack.enter_context(RunFigures(plan.cluster, attempts, shares=shares))
-        held = stack.enter_context(contextlib.ExitStack())  # what one allocation's run keeps: hold()
-        tunnels = stack.enter_context(contextlib.ExitStack())  # opened again when tasks move
-        tunnel, mender = hold(held, tunnels, record, connect_timeout)
-        attempt = 1
-        while True:
-            run.update(attempt=attempt, job=record.plan.allocation.job if record.plan.allocation else None)
-            before = ps_incarnations(ops)
-            changes = mender.changes
-            code, interrupted = run_once(record, program, args, output, attempt, tunnel, verbose, hook_env,
-                                         stop_if=functools.partial(mender.stop_reason, changes))
-            run.collect(record.plan)
-            if code == 0 or interrupted:
-                return code
-            ended = job_ended(record, connect_timeout)
-            if ended is None:
-                if mender.lost is not None:
-                    raise ClusterDown(mender.lost)
-                moved = [f"{t.name} (moved to {t.host})" for t in mender.plan.tasks()
-                         if (was := plan.task(t.name)) is not None and was.host != t.host]
-                # The ps as placed now: a host lost for good is not asked again (it would not answer).
-                now = ops if not moved else HostOps(mender.plan, connect_timeout=connect_timeout)
-                lost = moved + [x for x in lost_ps(now, before, record.network)
-                                if x.split(" ")[0] not in {m.split(" ")[0] for m in moved}]
-                if not lost:
+    return Attempts(record, program, args, output, attempts=attempts, ps_wait=ps_wait, network_wait=network_wait,
+                    allocation_wait=allocation_wait, connect_timeout=connect_timeout, verbose=verbose,
+                    hook_env=hook_env, shares=shares).run()
+
+
+class Attempts:
+    """The program's attempts on the cluster, and what keeps the cluster while they run (the lease,
+    the mender, the route to the tasks: `hold`). After an attempt that failed, `after` decides what
+    comes next: the program's own failure ends the run with its exit code; a ps lost, tasks moved
+    to a spare, the connection between this machine and the cluster lost, or the allocation ended
+    (replaced by a new one) make the next attempt, which resumes from the last checkpoint."""
+
+    def __init__(self, record: Record, program: str, args: list[str], output: str | None, *, attempts: int,
+                 ps_wait: float, network_wait: float, allocation_wait: float, connect_timeout: float,
+                 verbose: bool, hook_env: dict[str, str] | None, shares: figures.Shares) -> None:
+        self.record, self.program, self.args, self.output = record, program, args, output
+        self.attempts, self.ps_wait, self.network_wait = attempts, ps_wait, network_wait
+        self.allocation_wait, self.connect_timeout = allocation_wait, connect_timeout
+        self.verbose, self.hook_env, self.shares = verbose, hook_env, shares
+        self.attempt = 1
+        self.ops = serving(record, connect_timeout)
+
+    @property
+    def cluster(self) -> str:
+        return self.record.cluster
+
+    def run(self) -> int:
+        with contextlib.ExitStack() as stack:
+            self.figures = stack.enter_context(RunFigures(self.cluster, self.attempts, shares=self.shares))
+            self.held = stack.enter_context(contextlib.ExitStack())  # what one allocation's run keeps: hold()
+            self.tunnels = stack.enter_context(contextlib.ExitStack())  # opened again when tasks move
+            self.tunnel, self.mender = hold(self.held, self.tunnels, self.record, self.connect_timeout)
+            while True:
+                allocation = self.record.plan.allocation
+                self.figures.update(attempt=self.attempt, job=allocation.job if allocation else None)
+                before = ps_incarnations(self.ops)
+                changes = self.mender.changes
+                code, interrupted, error = run_once(self.record, self.program, self.args, self.output, self.attempt,
+                                                    self.tunnel, self.verbose, self.hook_env,
+                                                    stop_if=functools.partial(self.mender.stop_reason, changes))
+                self.figures.collect(self.record.plan)
+                if code == 0 or interrupted:
                     return code
-                if attempt >= attempts:
-                    say(f"{', '.join(lost)} lost during attempt {attempt}; no attempts left "
-                        f"(--attempts {attempts})")
+                if not self.after(code, before, error):
+                    if error is not None:  # the program's own: its traceback, as Python would have printed it
+                        print(error.traceback, end="", file=sys.stderr, flush=True)
                     return code
-                say(f"{', '.join(lost)} lost during attempt {attempt} of {attempts}; waiting up to "
-                    f"{ps_wait:g}s for every task to serve again")
-                run.update(last_retry=f"{', '.join(lost)} lost during attempt {attempt}", waiting=True)
-                t0 = time.monotonic()
-                watch = realloc.JobWatch(record, connect_timeout, job_ended)  # a Slurm job may end meanwhile
-                still = mender.wait_serving(ps_wait, stop=watch)
-                ended = watch.ended
-                if mender.lost is not None:
-                    raise ClusterDown(mender.lost)
-                if still and ended is None:
-                    raise ClusterDown(f"cluster {plan.cluster!r}: still not serving after {ps_wait:g}s: "
-                                      f"{', '.join(still)} (see `dtf status`, `dtf logs TASK`)")
-            if ended is not None:  # a Slurm job's end: a new allocation, where dtf made the job
-                refused = realloc.refusal(record, ended, attempt, attempts)
-                if refused is not None:
-                    raise ClusterDown(refused)
-                run.update(last_retry=f"{ended} (attempt {attempt})", reallocating=True)
-                tunnels.close()
-                held.close()
-                record = realloc.comeback(record, ended, wait=allocation_wait, connect_timeout=connect_timeout, say=say)
-                plan, ops = record.plan, HostOps(record.plan, connect_timeout=connect_timeout)
-                tunnel, mender = hold(held, tunnels, record, connect_timeout)
-                attempt += 1
-                run.update(reallocating=False)
-                say(f"running the program again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
-                continue
-            if mender.record.plan != plan:  # tasks moved: the next attempt's addresses
-                record = mender.record
-                plan = record.plan
-                ops = HostOps(plan, connect_timeout=connect_timeout)
-                tunnels.close()
-                tunnel = tunnel_to(tunnels, record, connect_timeout)
-            attempt += 1
-            run.update(waiting=False)
-            say(f"cluster serving again after {time.monotonic() - t0:.1f}s; running the program "
-                f"again (attempt {attempt} of {attempts}): it resumes from its last checkpoint")
+
+    def after(self, code: int, before: dict[str, tuple[int, int | None]], error: ProgramError | None) -> bool:
+        """After attempt `self.attempt` failed with `code`: whether the program runs again (the
+        next attempt set up), or not (its own failure, or no attempt left: said in one line).
+        ClusterDown where the cluster cannot go on."""
+        cut = self.wait_for_contact()  # before anything is asked of the hosts
+        plan, mender = self.record.plan, self.mender
+        ended = job_ended(self.record, self.connect_timeout)
+        if ended is not None:  # the allocation's end: a new one, where dtf made it
+            return self.reallocate(ended)
+        if mender.lost is not None:
+            raise ClusterDown(mender.lost)
+        moved = [f"{t.name} (moved to {t.host})" for t in mender.plan.tasks()
+                 if (was := plan.task(t.name)) is not None and was.host != t.host]
+        # The ps as placed now: a host lost for good is not asked again (it would not answer).
+        now = self.ops if not moved else HostOps(mender.plan, connect_timeout=self.connect_timeout)
+        lost = moved + [x for x in lost_ps(now, before, self.record.network)
+                        if x.split(" ")[0] not in {m.split(" ")[0] for m in moved}]
+        if lost:
+            what = f"{', '.join(lost)} lost during attempt {self.attempt}"
+        elif cut is not None or error is not None:
+            # The cluster is intact: the program lost its connection to it (this machine's network).
+            why = f"no task answered this machine for {cut:.0f}s" if cut is not None else error.error  # type: ignore[union-attr]
+            what = f"the program lost its connection to cluster {self.cluster!r} during attempt {self.attempt} ({why})"
+        else:
+            return False
+        if self.attempt >= self.attempts:
+            say(f"{what}; no attempts left (--attempts {self.attempts})")
+            return False
+        if not lost:
+            say(f"{what}; the cluster is intact")
+            self.figures.update(last_retry=what)
+            return self.again()
+        say(f"{what} of {self.attempts}; waiting up to {self.ps_wait:g}s for every task to serve again")
+        self.figures.update(last_retry=what, waiting=True)
+        t0 = time.monotonic()
+        watch = realloc.JobWatch(self.record, self.connect_timeout, job_ended)  # the allocation may end meanwhile
+        still = mender.wait_serving(self.ps_wait, stop=watch)
+        if watch.ended is not None:
+            return self.reallocate(watch.ended)
+        if mender.lost is not None:
+            raise ClusterDown(mender.lost)
+        if still:
+            raise ClusterDown(f"cluster {plan.cluster!r}: still not serving after {self.ps_wait:g}s: "
+                              f"{', '.join(still)} (see `dtf status`, `dtf logs TASK`)")
+        return self.again(f"cluster serving again after {time.monotonic() - t0:.1f}s; ")
+
+    def wait_for_contact(self) -> float | None:
+        """Where no task answers this machine (its network dropped, or it woke from a sleep with its
+        connections gone), wait until every task does again, up to `network_wait` seconds: how long
+        that took (None: they answered at once). ClusterDown past the wait."""
+        plan = self.mender.plan
+        dead = reach.unreachable(HostOps(plan, connect_timeout=self.connect_timeout), self.record.network,
+                                 reach.PROBE_TIMEOUT)
+        if len(dead) < len(plan.tasks()):
+            return None
+        t0 = time.monotonic()
+        since = time.strftime("%H:%M:%S")
+        say(f"no task of cluster {self.cluster!r} answers this machine (its network?): waiting up to "
+            f"{self.network_wait:g}s for them (--network-wait)")
+        self.figures.update(network_lost_since=since, waiting=True)
+        still = self.mender.wait_serving(self.network_wait)
+        if self.mender.lost is not None:
+            raise ClusterDown(self.mender.lost)
+        if still:
+            raise ClusterDown(f"cluster {self.cluster!r}: no task answered this machine for {self.network_wait:g}s "
+                              f"(--network-wait): {', '.join(still)}; the cluster runs on until its lease lapses, "
+                              f"and `dtf train` again resumes from the last checkpoint")
+        waited = time.monotonic() - t0
+        self.figures.update(network_lost_since=None, waiting=False)
+        say(f"cluster {self.cluster!r} answers again after {waited:.0f}s")
+        return waited
+
+    def again(self, said: str = "") -> bool:
+        """The next attempt, on the cluster as the mender has it now (tasks moved: new addresses)."""
+        mender = self.mender
+        if mender.record.plan != self.record.plan:  # tasks moved: the next attempt's addresses
+            self.record = mender.record
+            self.ops = HostOps(self.record.plan, connect_timeout=self.connect_timeout)
+            self.tunnels.close()
+            self.tunnel = tunnel_to(self.tunnels, self.record, self.connect_timeout)
+        self.attempt += 1
+        self.figures.update(waiting=False)
+        say(f"{said}running the program again (attempt {self.attempt} of {self.attempts}): it resumes from its "
+            f"last checkpoint")
+        return True
+
+    def reallocate(self, ended: str) -> bool:
+        """The allocation ended (`ended`: why): a new one, and the next attempt on it."""
+        refused = realloc.refusal(self.record, ended, self.attempt, self.attempts)
+        if refused is not None:
+            raise ClusterDown(refused)
+        self.figures.update(last_retry=f"{ended} (attempt {self.attempt})", reallocating=True)
+        self.tunnels.close()
+        self.held.close()
+        self.record = realloc.comeback(self.record, ended, wait=self.allocation_wait,
+                                       connect_timeout=self.connect_timeout, say=say)
+        self.ops = HostOps(self.record.plan, connect_timeout=self.connect_timeout)
+        self.tunnel, self.mender = hold(self.held, self.tunnels, self.record, self.connect_timeout)
+        self.attempt += 1
+        self.figures.update(reallocating=False)
+        say(f"running the program again (attempt {self.attempt} of {self.attempts}): it resumes from its last "
+            f"checkpoint")
+        return True
 
 
 def serving(record: Record, connect_timeout: float) -> HostOps:
@@ -368,11 +459,21 @@ def taken_down(record: Record) -> bool:
     return now.taking_down or now.created != record.created
 
 
+@dataclass(frozen=True)
+class ProgramError:
+    """What the program raised that says a connection to the cluster failed (dtf.program.runner's
+    connection_error), kept for `dtf train` to print where the failure turns out the program's own."""
+
+    error: str  # its type and first line
+    traceback: str
+
+
 def run_once(record: Record, program: str, args: list[str], output: str | None,
              attempt: int, tunnel: Tunnel | None = None, verbose: bool = False,
              hook_env: dict[str, str] | None = None,
-             stop_if: Callable[[], str | None] = lambda: None) -> tuple[int, bool]:
-    """One run of the program: (exit code, stopped on purpose: Ctrl-C, or `dtf down`).
+             stop_if: Callable[[], str | None] = lambda: None) -> tuple[int, bool, ProgramError | None]:
+    """One run of the program: (exit code, stopped on purpose: Ctrl-C, or `dtf down`, the error
+    that says its connection to the cluster failed: ProgramError, not printed).
 
     Ctrl-C reaches the program (it is in our terminal's process group) and stops it; dtf waits
     for it and leaves the cluster up. SIGTERM sent to dtf alone is passed on to the program.
@@ -417,6 +518,8 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
     status = tempfile.NamedTemporaryFile(prefix="dtf-exit-", delete=False)
     status.close()
     env[EXIT_STATUS_ENV] = status.name
+    error_file = status.name + ".error"
+    env[ERROR_FILE_ENV] = error_file
     try:
         proc = subprocess.Popen(program_argv(program, args), env=env,
                                 stderr=None if verbose else subprocess.PIPE)
@@ -432,13 +535,31 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
         ended = proc.returncode if proc is not None else None
         finished = ended_before_crash(ended, status.name) if ended is not None else None
         os.unlink(status.name)
+        error = _read_error(error_file)
     if finished is not None and interrupted_at is None and not down:
         say(f"the program ended with exit code {finished}, then was {exit_reason(code)} while Python "
             f"shut down (TensorFlow's runtime, after the program's work was done): exit code {finished} stands")
         code = finished
     if interrupted_at is not None and not down:
         say(f"program interrupted; cluster {plan.cluster!r} is still up (`dtf down` stops it)")
-    return (128 - code if code < 0 else code), interrupted_at is not None or down
+    stopped = interrupted_at is not None or down
+    if error is not None and stopped:  # stopped on purpose: its error is said as Python would
+        print(error.traceback, end="", file=sys.stderr, flush=True)
+        error = None
+    return (128 - code if code < 0 else code), stopped, error
+
+
+def _read_error(path: str) -> ProgramError | None:
+    """The connection error the program's runner wrote to `path` (then removed); None if none."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return ProgramError(str(data["error"]), str(data["traceback"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _wait(proc: subprocess.Popen[bytes], interrupted_at: Callable[[], float | None],
