@@ -11,9 +11,10 @@ brings back what is lost.
   machine listens: while some host answers it, and while the mender itself runs (its looks come
   on time). When every host is silent at once, or the looks stop coming, the silence is this
   machine's (its network dropped, it slept, or its processes were stopped), and no host is blamed
-  for it: each host's count starts again from zero once this machine hears anything again. ParameterServerStrategy cannot change a task's
-  address inside a run, so the program is stopped and its next attempt resumes from its last
-  checkpoint. No spare left: `lost` says so in one line, and the run ends.
+  for it: every host's count pauses until this machine hears from a host again.
+  ParameterServerStrategy cannot change a task's address inside a run, so the program is stopped
+  and its next attempt resumes from its last checkpoint. No spare left: `lost` says so in one
+  line, and the run ends.
 
 The hosts are not asked: the mender reads a `Watch` (dtf.hostops.watch, as `dtf top` does), one
 SSH session per host for the whole run on which the launcher's `top --states-only` pushes every
