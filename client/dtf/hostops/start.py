@@ -24,8 +24,9 @@ from dtf_server.procs import tf_version
 from dtf_server.protocol import CheckReply, FenceReply, StartReply
 
 CHECK_TIMEOUT = 30.0  # seconds for the launcher's upload and its check (a python start and a look around)
-# How often a host waiting for the others looks at Ctrl-C (an arrival wakes it at once): seldom,
-# as a hundred hosts may wait at the same time on the laptop.
+# How often a host waiting for the others looks at Ctrl-C (the meeting's outcome wakes it at once:
+# the last host's arrival, or a failure): seldom, as a hundred hosts may wait at the same time on
+# the laptop.
 GATE_POLL = 0.5
 
 
@@ -321,7 +322,11 @@ class _Gate:
         with self._changed:
             self._left -= 1
             self._all_ok = self._all_ok and ok
-            self._changed.notify_all()
+            # Only the outcome wakes the hosts waiting in all_serve (every host arrived, or one
+            # failed): a wake-up of every waiting host at each arrival is one per host and arrival,
+            # so each host's share of the laptop's CPU would grow with the number of hosts.
+            if self._left <= 0 or not ok:
+                self._changed.notify_all()
 
     def all_serve(self) -> bool:
         deadline = time.monotonic() + self.wait
