@@ -257,8 +257,9 @@ class Barrier:
             kill_server(home, "ps:0")      # the program waits at "epoch 2/6 done" meanwhile
     """
 
-    def __init__(self, where: Path, pattern: str) -> None:
-        self.dir, self.pattern = where, pattern
+    def __init__(self, where: Path, pattern: str, attempt: int = 1) -> None:
+        """`attempt`: the run's attempt it holds in (its first, unless said)."""
+        self.dir, self.pattern = where, pattern if attempt == 1 else f"@{attempt}:{pattern}"
         where.mkdir(parents=True, exist_ok=True)
 
     def argv(self, program: Path | str, *args: str, then: tuple[Barrier, ...] = ()) -> list[str]:

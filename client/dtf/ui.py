@@ -301,6 +301,15 @@ def show_up_result(result: UpResult) -> None:
         say(f"cluster {cluster} is already up: {result.serving} tasks serving{lease}")
     for report in result.synced:
         say(report.line())
+    for host, why in result.retired.items():
+        console(stderr=True).print(f"[yellow]dtf: warning:[/] {escape(retired_line(host, why))}")
+
+
+def retired_line(host: str, why: str) -> str:
+    """A host whose tasks moved to a spare, whose old tasks could not be stopped now."""
+    return (f"{host} (its tasks moved to a spare) cannot be reached to stop what it still runs ({why}): kept "
+            f"in the record; `dtf up` and `dtf down` try again, and its old tasks stop themselves once their "
+            f"lease lapses")
 
 
 def status_rows(states: list[TaskState], recovered: dict[str, str] | None = None) -> list[dict[str, Any]]:

@@ -138,6 +138,76 @@ def test_a_worker_host_lost_for_good_moves_to_a_spare(lab, write_inventory, home
     assert r.returncode == 0 and "already up: 2 tasks serving" in r.stdout, (r.stdout, r.stderr)
 
 
+def test_a_host_that_answers_again_after_its_tasks_moved_has_them_stopped(lab, write_inventory, home, tmp_path):
+    """h1 cut off (its processes alive): its worker moves to the spare; h1 answers again while the
+    run goes on, and `dtf train` stops the worker it still runs there (which held its port, and
+    would have run on until its lease lapsed); after `dtf down`, nothing of the cluster is left on
+    it."""
+    if lab.mode != "netns":
+        pytest.skip("cutting one host off needs network namespaces (lab in loopback mode)")
+    ps, w0 = lab.ports(2)
+    inv = with_spares(write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}]), lab, ["h2"])
+    r = dtf("up", str(inv), home=home, timeout=120)
+    assert r.returncode == 0, r.stderr
+    epochs, steps = 4, 30
+    # The cut lands after epoch 2 of attempt 1; the next attempt (on the spare) waits at its last
+    # epoch until h1 is clean.
+    cut = Barrier(tmp_path / "cut", rf"^epoch 2/{epochs} done")
+    end = Barrier(tmp_path / "end", rf"^epoch {epochs}/{epochs} done", attempt=2)
+    run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"),
+                *cut.argv(EXAMPLES / "mnist_fit.py", "--epochs", str(epochs), "--steps-per-epoch", str(steps),
+                          "--no-export", then=(end,)))
+    try:
+        with cut.held(run):
+            lab.link_down("h1")
+        run.wait_for(r"worker:0 moved to spare h2", timeout=HOST_TIMEOUT + 120)
+        assert lab.processes("h1") != []  # its old worker runs on, cut off
+        lab.link_up("h1")
+        end.wait(run)
+        run.wait_for(r"host h1 answers again: the tasks it ran before they moved to spare h2 are stopped",
+                     timeout=120)
+        assert lab.processes("h1") == []
+        end.release()
+        code, text = run.finish(timeout=400)
+    finally:
+        lab.link_up("h1")
+        end.release()
+    assert code == 0, text[-5000:]
+    record = json.loads((home / "state" / "lab.json").read_text())
+    assert record["plan"]["retired"] == []  # clean: no longer kept
+    assert dtf("down", home=home, timeout=120).returncode == 0
+    assert lab.processes("h1") == [] and not Path(lab.host("h1").workdir, "lab").exists()
+
+
+def test_down_stops_what_a_host_whose_tasks_moved_still_runs(lab, write_inventory, home, tmp_path):
+    """The same host back only once the run has ended: `dtf down` stops its old worker; and while
+    it does not answer, `dtf down` keeps it in the record and says so."""
+    if lab.mode != "netns":
+        pytest.skip("cutting one host off needs network namespaces (lab in loopback mode)")
+    ps, w0 = lab.ports(2)
+    inv = with_spares(write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}]), lab, ["h2"])
+    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    epochs, steps = 3, 20
+    cut = Barrier(tmp_path / "cut", rf"^epoch 1/{epochs} done")
+    run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"),
+                *cut.argv(EXAMPLES / "mnist_fit.py", "--epochs", str(epochs), "--steps-per-epoch", str(steps),
+                          "--no-export"))
+    try:
+        with cut.held(run):
+            lab.link_down("h1")
+        code, text = run.finish(timeout=400)
+        assert code == 0 and "worker:0 moved to spare h2" in text, text[-5000:]
+        assert lab.processes("h1") != []
+        r = dtf("down", home=home, timeout=120)
+        assert r.returncode != 0 and "h1:" in r.stderr and "kept in the record" in r.stderr, r.stderr
+        lab.link_up("h1")
+        r = dtf("down", home=home, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        lab.link_up("h1")
+    assert lab.processes("h1") == [] and not (home / "state" / "lab.json").exists()
+
+
 def test_a_ps_host_lost_for_good_moves_to_a_spare(lab, write_inventory, home, tmp_path):
     if lab.mode != "netns":
         pytest.skip("cutting one host off needs network namespaces (lab in loopback mode)")

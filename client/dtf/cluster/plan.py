@@ -293,6 +293,9 @@ class Plan:
     spares: tuple[HostPlan, ...] = ()
     host_timeout: float = DEFAULT_HOST_TIMEOUT
     moved: tuple[tuple[str, str], ...] = ()
+    # Hosts whose tasks moved to a spare, as they were (their old tasks may run on there, where the
+    # host answers again): kept until their tasks are stopped and their files removed.
+    retired: tuple[HostPlan, ...] = ()
 
     def ssh_config_position(self, inventory: str) -> Position:
         """Where `inventory`, the file this plan was made from, names ssh_config."""
@@ -376,7 +379,8 @@ class Plan:
                    ssh_config_line=data.get("ssh_config_line", 0), ssh_config_column=data.get("ssh_config_column", 0),
                    spares=tuple(_host_from_dict(h) for h in data.get("spares", ())),
                    host_timeout=float(data.get("host_timeout", DEFAULT_HOST_TIMEOUT)),
-                   moved=tuple((str(a), str(b)) for a, b in data.get("moved", ()))).fenced()
+                   moved=tuple((str(a), str(b)) for a, b in data.get("moved", ())),
+                   retired=tuple(_host_from_dict(h) for h in data.get("retired", ()))).fenced()
 
     def spare(self, name: str) -> HostPlan | None:
         return next((sp for sp in self.spares if sp.name == name), None)
@@ -384,7 +388,8 @@ class Plan:
     def moved_to(self, lost: str, spare: str) -> Plan:
         """This plan with host `lost`'s tasks on spare `spare` (same jobs, indexes and ports; the
         spare's address, python and workdir), the spare in the lost host's place, gone from
-        `spares`; the lost host is no longer in the plan (ValueError: no such host or spare)."""
+        `spares`; the lost host is no longer one of the plan's hosts, but one of its `retired`
+        (ValueError: no such host or spare)."""
         hp = next((h for h in self.hosts if h.name == lost), None)
         sp = self.spare(spare)
         if hp is None or sp is None:
@@ -403,7 +408,12 @@ class Plan:
                                   ttl=hp.ttl, server=hp.server)
         return dataclasses.replace(self, hosts=tuple(new if h.name == lost else h for h in self.hosts),
                                    spares=tuple(s for s in self.spares if s.name != spare),
-                                   moved=(*self.moved, (lost, spare))).fenced()
+                                   moved=(*self.moved, (lost, spare)),
+                                   retired=(*self.retired, dataclasses.replace(hp, fence=()))).fenced()
+
+    def without_retired(self, names: Collection[str]) -> Plan:
+        """This plan with the retired hosts named cleaned: no longer kept."""
+        return dataclasses.replace(self, retired=tuple(h for h in self.retired if h.name not in names))
 
     def with_moves(self, moves: Collection[tuple[str, str]]) -> Plan:
         """This plan (an inventory's) with the moves a running cluster made, where they still apply:

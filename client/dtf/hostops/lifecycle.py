@@ -76,6 +76,8 @@ class UpResult:
     serving: int = 0  # tasks that were serving and were left alone
     new_ttl: float | None = None  # the lease's new idle timeout, when `up` changed it
     synced: list[sync.Report] = field(default_factory=list)  # the inventory's `sync:`, sent or found
+    # Hosts whose tasks moved to a spare and whose old tasks could not be stopped (host -> why).
+    retired: dict[str, str] = field(default_factory=dict)
 
 
 def up(plan: Plan, *, ttl: float | None = None, replace: bool = False,
@@ -91,11 +93,16 @@ def up(plan: Plan, *, ttl: float | None = None, replace: bool = False,
     """
     with state.locked():
         running = state.load(plan.cluster) if plan.cluster in state.names() else None
+        retired: dict[str, str] = {}
+        if running is not None and running.plan.retired and not replace:
+            running, retired = clean_retired(running, connect_timeout, view)
         if running is not None and running.plan.moved:  # tasks moved to spares (dtf.hostops.repair)
             plan = plan.with_moves(running.plan.moved)
         changes = differences(running.plan, plan) if running is not None else []
         if running is not None and not changes:
-            return repair(running, plan, ttl, packs, connect_timeout, view)
+            result = repair(running, plan, ttl, packs, connect_timeout, view)
+            result.retired = retired
+            return result
         if running is not None:
             if not replace:
                 raise ClusterChanged(plan.cluster, running.inventory, plan.inventory, changes)
@@ -261,6 +268,20 @@ def repair(record: Record, plan: Plan, ttl: float | None, packs: Sequence[sync.P
     return result
 
 
+def clean_retired(record: Record, connect_timeout: float, view: ProgressView = no_view
+                  ) -> tuple[Record, dict[str, str]]:
+    """Stop what still runs on the record's retired hosts (their tasks moved to a spare while
+    they did not answer): the record without those now clean (saved), and those that could
+    not be (host -> why), kept in it."""
+    ops = HostOps(record.plan, connect_timeout=connect_timeout, view=view)
+    with ops.shown(f"dtf up {record.cluster}: the hosts whose tasks moved to a spare", record.plan.retired):
+        cleaned, failed = stop.clean_retired(ops)
+    if cleaned:
+        record = record.replace(plan=record.plan.without_retired(cleaned))
+        state.save(record)
+    return record, failed
+
+
 def restart_dead(ops: HostOps, record: Record, inventory_path: Path) -> UpResult:
     """Restart the tasks of the running cluster that are not serving (and save their new pids)."""
     states = status.states(ops)
@@ -369,8 +390,9 @@ def down(name: str | None, *, keep_logs: bool, grace: float, connect_timeout: fl
 def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: float,
              view: ProgressView = no_view, purge: bool = False,
              say: Callable[[str], None] = lambda line: None) -> dict[str, Outcome[HostStopped]]:
-    """Stop every task and remove the files; forget the cluster, or keep the hosts that failed
-    in the record so that a later `dtf down` retries them."""
+    """Stop every task and remove the files, on the plan's hosts and on those whose tasks moved
+    to a spare (their old tasks may run on there); forget the cluster, or keep the hosts that
+    failed in the record so that a later `dtf down` retries them."""
     plan = record.plan
     record = record.replace(taking_down=True)
     state.save(record)  # a `dtf train` on this cluster sees it and stops its program
@@ -383,8 +405,9 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
         provider.close()
         state.remove(plan.cluster)
         return {}
-    with ops.shown(f"dtf down {plan.cluster}"):
-        outcomes = stop.down(ops, keep_logs=keep_logs, grace=grace, purge=purge)
+    hosts = (*plan.hosts, *plan.retired)
+    with ops.shown(f"dtf down {plan.cluster}", hosts):
+        outcomes = stop.down(ops, keep_logs=keep_logs, grace=grace, purge=purge, hosts=hosts)
     failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
     # Over the provider's connections still (no new handshake); then every one is closed.
     released = provider.release(say)
@@ -397,7 +420,8 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
         failures = {}
     if failures:
         kept = tuple(hp for hp in plan.hosts if hp.name in failures)
-        state.save(record.replace(plan=dataclasses.replace(plan, hosts=kept)))
+        state.save(record.replace(plan=dataclasses.replace(plan, hosts=kept).without_retired(
+            [hp.name for hp in plan.retired if hp.name not in failures])))
         raise HostFailure("dtf down", {h: f"{r} (kept in the record: run `dtf down` again)"
                                        for h, r in failures.items()})
     state.remove(plan.cluster)

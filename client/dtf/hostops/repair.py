@@ -5,6 +5,9 @@ brings back what is lost.
   started again on its host, as `dtf up` again would, without touching the tasks that serve. A
   worker comes back at its address and the coordinator takes it back; a ps restarted so makes
   the program's next attempt (dtf.program.train) resume from its last checkpoint.
+- A host whose tasks moved away (a `retired` host of the plan) and that answers again has the old
+  tasks it still runs stopped, and its files removed: they would hold its ports for the lease's
+  life. Tried every RETIRED_EVERY seconds while the run goes on.
 - A host that has not answered for the plan's `host_timeout` while the others did is lost for
   good: its tasks move to the first spare (the inventory's `spares:`) that starts them, on the same
   ports; the cluster's record holds the new placement. A host's silence counts only while this
@@ -46,6 +49,7 @@ WATCH_EVERY = 2.0  # seconds between two samples of a host's task states
 # A host answered "lately" (and so this machine listens) when its last sample is at most this many
 # samples old: a sample may come a little late without a host's silence counting.
 STALE_AFTER = 3
+RETIRED_EVERY = 10.0  # seconds between two tries at a retired host's old tasks
 # A task in one of these states has nothing on its host that brings it back: dtf starts it again.
 NEEDS_START = ("dead", "failed")
 
@@ -152,6 +156,8 @@ class Mender:
         self.listened = 0.0
         self.marks: dict[str, float] = {hp.name: 0.0 for hp in record.plan.hosts}
         self.looked = now  # when the last look ran
+        self.retiring: threading.Thread | None = None  # stopping what the retired hosts still run
+        self.retired_tried = 0.0  # when it last began
         self.read: dict[str, float] = {}  # host -> when the last sample acted upon came
         self.repairing: set[str] = set()  # hosts whose tasks are being started again
         self.failed = False  # a repair raised (a bug): said once
@@ -220,6 +226,13 @@ class Mender:
                     self.repairing.add(hp.name)
                     threading.Thread(target=self._guarded, args=(lambda hp=hp, gone=gone: self._repair(hp, gone),),
                                      name=f"dtf-mender-{hp.name}", daemon=True).start()
+            if plan.retired and self.restart and not self.stopped.is_set() and (
+                    self.retiring is None or not self.retiring.is_alive()) and (
+                    time.monotonic() - self.retired_tried >= RETIRED_EVERY):
+                self.retired_tried = time.monotonic()
+                self.retiring = threading.Thread(target=self._guarded, args=(self._clean_retired,),
+                                                 name="dtf-mender-retired", daemon=True)
+                self.retiring.start()
             if self.lost is not None or self.watch.ops.provider.ends:
                 return  # hosts whose allocation can end are lost with it: replaced as a whole
             for hp in plan.hosts:
@@ -276,6 +289,23 @@ class Mender:
             why = next(iter(gone.values()))
             self._save(plan, outcome.value.pids, {name: restarted_note(gone[name]) for name in gone})
             self.say(f"{names} on {hp.name} started again ({why or 'not running'})")
+
+    def _clean_retired(self) -> None:
+        """Stop what the retired hosts that answer still run (stop.clean_retired); say it once each."""
+        with self.lock:
+            plan = self.plan
+        if not plan.retired or self.going_down():
+            return
+        cleaned, _ = stop.clean_retired(HostOps(plan, connect_timeout=self.connect_timeout))
+        if not cleaned:
+            return
+        with self.lock:
+            self.record = self.record.replace(plan=self.record.plan.without_retired(cleaned))
+            self._save(self.record.plan, {}, {})
+        moved = dict(plan.moved)
+        for host in cleaned:
+            self.say(f"host {host} answers again: the tasks it ran before they moved to spare "
+                     f"{moved.get(host, '?')} are stopped")
 
     def _move(self, lost: HostPlan, waited: float) -> None:
         """Move the lost host's tasks to the first spare that starts them; `lost` if none does."""

@@ -55,6 +55,13 @@ def down(ops: HostOps, keep_logs: bool = False, grace: float = STOP_GRACE,
     return ops.each_host(lambda hp: stop_host(ops, hp, keep_logs, grace, purge=purge), hosts, turns=ops.turns())
 
 
+def clean_retired(ops: HostOps) -> tuple[list[str], dict[str, str]]:
+    """Stop the old tasks of the plan's retired hosts (their tasks moved to a spare) and remove
+    dtf's files there: the hosts cleaned, and those that could not be (host -> why)."""
+    done = down(ops, hosts=ops.plan.retired)
+    return [h for h, o in done.items() if o.ok], {h: o.reason for h, o in done.items() if not o.ok}
+
+
 def remove_launcher(ops: HostOps, hosts: Sequence[HostPlan]) -> dict[str, Outcome[CleanReply]]:
     """Undo an upload that no start followed: remove dtf's files unless tasks (another
     dtf's) run there."""

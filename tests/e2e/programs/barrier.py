@@ -12,8 +12,9 @@ put in place at one point and taken away at a later one). A relative PROGRAM is 
 program's directory to the hosts: copy both there). DIR must be seen by the program and the test
 alike (the lab's hosts share this machine's filesystem, except /srv).
 
-It holds only once: a later attempt of the run (DTF_ATTEMPT > 1, after a lost ps or copy) and any
-line after the release run through. If no release comes within DEADLINE, it says so on stderr
+It holds only once, and in the run's first attempt: a later attempt (DTF_ATTEMPT > 1, after a
+lost ps or copy) and any line after the release run through. A PATTERN written `@N:PATTERN` holds
+in attempt N instead. If no release comes within DEADLINE, it says so on stderr
 and goes on: a test that failed never leaves a program hanging.
 """
 
@@ -32,21 +33,21 @@ class HeldStdout:
 
     def __init__(self, stream, barriers):
         self._stream, self._line = stream, ""
-        self._barriers = [(where, re.compile(pattern)) for where, pattern in barriers]
+        self._barriers = [(where, *_attempt_and(pattern)) for where, pattern in barriers]
 
     def write(self, text):
         n = self._stream.write(text)
         self._line += text
         while "\n" in self._line:
             line, self._line = self._line.split("\n", 1)
-            for where, pattern in self._barriers:
+            for where, attempt, pattern in self._barriers:
                 if pattern.search(line):
-                    self._hold(where, line)
+                    self._hold(where, line, attempt)
         return n
 
-    def _hold(self, where, line):
+    def _hold(self, where, line, attempt):
         release = os.path.join(where, "release")
-        if os.environ.get("DTF_ATTEMPT", "1") != "1" or os.path.exists(release):
+        if os.environ.get("DTF_ATTEMPT", "1") != attempt or os.path.exists(release):
             return
         self._stream.flush()  # the line is out before the test hears of it
         name = f"reached-{socket.gethostname()}-{os.getpid()}"
@@ -63,6 +64,12 @@ class HeldStdout:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+def _attempt_and(pattern):
+    """The attempt a barrier holds in ("1" unless PATTERN is written @N:...), and its pattern."""
+    m = re.match(r"@(\d+):(.*)$", pattern, re.S)
+    return (m.group(1), re.compile(m.group(2))) if m else ("1", re.compile(pattern))
 
 
 def main():
