@@ -289,12 +289,15 @@ def status(
 
     Each task's host, role, index, address, pid, state and uptime, checked live.
     """
+    from dtf import top as view
     from dtf import ui
     from dtf.hostops.status import cluster_status
+    from dtf.program import figures
 
     found = cluster_status(cluster, connect_timeout=connect_timeout)
     rows = ui.status_rows(found.states, found.record.recovered)
-    ui.show_status(found.record, rows, json_out, found.report)
+    training = view.training(figures.live_dir(state.home(), found.record.cluster))
+    ui.show_status(found.record, rows, json_out, found.report, training)
     if found.ended is not None:
         raise found.ended_error()
     if any(r["state"] != "alive" for r in rows):

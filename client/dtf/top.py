@@ -53,7 +53,8 @@ def training(live: Path) -> dict[str, Any] | None:
     doc: dict[str, Any] = {"mode": run.get("kind"), "attempt": run.get("attempt"), "attempts": run.get("attempts"),
                            "last_retry": run.get("last_retry"), "waiting_for_ps": bool(run.get("waiting")),
                            "started": run.get("started"), "slurm_job": run.get("job"),
-                           "reallocating": bool(run.get("reallocating"))}
+                           "reallocating": bool(run.get("reallocating")),
+                           "network_lost_since": run.get("network_lost_since")}
     if run.get("kind") == "collective":
         copies = run.get("copies") or {}
         doc["copies"] = copies
@@ -61,8 +62,8 @@ def training(live: Path) -> dict[str, Any] | None:
         return doc
     program = figures.read(live / figures.TRAIN)
     if program is not None and _alive(program.get("pid")):
-        doc.update({k: program.get(k) for k in ("steps", "steps_per_s", "closures", "in_flight",
-                                                "steps_per_closure", "packing", "last_failure", "retries")})
+        doc.update({k: program.get(k) for k in ("steps", "steps_per_s", "closures", "in_flight", "steps_per_closure",
+                                                "packing", "last_failure", "retries", "resumed_at_step")})
         doc["workers"] = program.get("workers") or {}
     return doc
 
@@ -161,6 +162,10 @@ def training_lines(train: dict[str, Any] | None) -> list[str]:
         head += ", waiting for a new Slurm allocation"
     if train.get("waiting_for_ps"):
         head += ", waiting for the ps to serve again"
+    if train.get("network_lost_since"):
+        head += f", waiting for the network since {train['network_lost_since']}"
+    if train.get("resumed_at_step"):
+        head += f", resumed at step {train['resumed_at_step']}"
     if train["mode"] == "collective":
         copies = train.get("copies") or {}
         parts = [f"{name} {c.get('state')}" + (f" {c['steps_per_s']:.1f} steps/s" if c.get("steps_per_s") is not None

@@ -334,14 +334,16 @@ def status_rows(states: list[TaskState], recovered: dict[str, str] | None = None
 
 
 def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool,
-                report: AllocationReport | None = None) -> None:
+                report: AllocationReport | None = None, training: dict[str, Any] | None = None) -> None:
     """The status table (or JSON); `report`: the hosts' allocation where a scheduler lends them
     (dtf.providers): its line above the table; while it no longer runs the JSON says why, and the
-    table is not shown (the caller says the line as its error)."""
+    table is not shown (the caller says the line as its error). `training`: what a `dtf train` on
+    the cluster from this machine does now (dtf.top.training), its line below the table."""
     plan = record.plan
     if as_json:
         console().print_json(json.dumps({"schema": STATUS_SCHEMA, "cluster": plan.cluster,
                                          "network": record.network, "firewall": plan.firewall, "tasks": rows,
+                                         "training": training,
                                          **({report.key: report.doc} if report is not None else {})}))
         return
     if report is not None and report.ended is not None:
@@ -365,6 +367,10 @@ def show_status(record: Record, rows: list[dict[str, Any]], as_json: bool,
     for r in rows:
         if r.get("recovered"):
             say(f"{r['task']}: {r['recovered']}")
+    if training is not None:
+        from dtf import top
+
+        say(top.training_lines(training)[0])
     for r in rows:
         if r["error"] and r["state"] != "unknown":
             say(f"{r['task']} ({r['host']}): {r['error']}", stderr=True)

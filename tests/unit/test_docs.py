@@ -494,7 +494,7 @@ def test_the_json_documents_shown_have_every_field_the_code_writes(tmp_path: Pat
     plan = make_plan(loads("cluster: c\nhosts: [{host: h, ps: 1, workers: 1}]\n", "i.yaml"),
                      resolve=lambda spec: spec.host, server="fake")
     rows = ui.status_rows([TaskState(task, "alive", None, None) for task in plan.tasks()])
-    assert set(status) == {"schema", "cluster", "network", "firewall", "tasks"}
+    assert set(status) == {"schema", "cluster", "network", "firewall", "tasks", "training"}
     assert set(status["tasks"][0]) == set(rows[0])
     assert set(slurm_status) == set(status) | {"slurm"}
     from dtf.providers.slurm.provider import SlurmProvider

@@ -79,6 +79,7 @@ class Figures:
         self.packing: str | None = None  # how the steps per closure were chosen
         self.last_failure: str | None = None
         self.retries = 0
+        self.resumed_at_step: int | None = None  # the step a fit restored from its backup resumes at
         self.in_flight: Callable[[], int | None] = lambda: None
         self._previous: tuple[float, dict[int, int]] | None = None
         self._rates: dict[int, float] = {}
@@ -127,7 +128,7 @@ class Figures:
                                      "busy_s": round(busy.get(w, 0.0), 3)}
                             for w, n in sorted(steps.items())},
                 "in_flight": in_flight, "steps_per_closure": self.steps_per_closure, "packing": self.packing,
-                "last_failure": failure, "retries": retries}
+                "last_failure": failure, "retries": retries, "resumed_at_step": self.resumed_at_step}
 
     def publish(self) -> None:
         try:

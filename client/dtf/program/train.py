@@ -253,7 +253,7 @@ class Attempts:
         since = time.strftime("%H:%M:%S")
         say(f"no task of cluster {self.cluster!r} answers this machine (its network?): waiting up to "
             f"{self.network_wait:g}s for them (--network-wait)")
-        self.figures.update(network_lost_since=since, waiting=True)
+        self.figures.update(network_lost_since=since)
         still = self.mender.wait_serving(self.network_wait)
         if self.mender.lost is not None:
             raise ClusterDown(self.mender.lost)
@@ -262,7 +262,7 @@ class Attempts:
                               f"(--network-wait): {', '.join(still)}; the cluster runs on until its lease lapses, "
                               f"and `dtf train` again resumes from the last checkpoint")
         waited = time.monotonic() - t0
-        self.figures.update(network_lost_since=None, waiting=False)
+        self.figures.update(network_lost_since=None)
         say(f"cluster {self.cluster!r} answers again after {waited:.0f}s")
         return waited
 

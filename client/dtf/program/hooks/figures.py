@@ -157,3 +157,24 @@ def _patch_keras() -> None:
             figures.next_steps, figures.told = 1, False
 
     handler_cls.steps = patched_steps
+
+    # Where fit resumes from a backup (BackupAndRestore, dtf's included: it restores in
+    # on_train_begin, the optimizer's iterations with the model): the step it resumes at.
+    from tf_keras.src.callbacks import BackupAndRestore
+
+    on_train_begin = BackupAndRestore.on_train_begin
+
+    def patched_on_train_begin(self: Any, logs: Any = None) -> Any:
+        result = on_train_begin(self, logs)
+        f = figures.current()
+        optimizer = getattr(self.model, "optimizer", None)
+        if f is not None and optimizer is not None:
+            try:
+                step = int(optimizer.iterations.numpy())
+            except Exception:  # no step to read: nothing to say
+                step = 0
+            if step > 0:
+                f.resumed_at_step = step
+        return result
+
+    BackupAndRestore.on_train_begin = patched_on_train_begin
