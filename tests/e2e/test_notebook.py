@@ -61,10 +61,11 @@ print("loop done", closures + 40, "steps, w =", float(w.numpy()))
 class Kernel:
     """A Jupyter kernel (ipykernel's python3, as a user's notebook has) in `cwd`, with DTF_HOME."""
 
-    def __init__(self, home: Path, cwd: Path) -> None:
+    def __init__(self, home: Path, cwd: Path, env: dict[str, str] | None = None) -> None:
         # Not pytest's PYTEST_CURRENT_TEST: with it ipykernel leaves fd 1 and 2 alone (iostream.py),
         # and what TensorFlow's C++ side writes there would not reach the cells as in Jupyter.
-        env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}, "DTF_HOME": str(home)}
+        env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}, **(env or {}),
+               "DTF_HOME": str(home)}
         self.km, self.kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(cwd), startup_timeout=120)
         self.outputs: list[str] = []
 
@@ -128,8 +129,8 @@ class Kernel:
 
 
 @contextlib.contextmanager
-def kernel(home: Path, cwd: Path) -> Iterator[Kernel]:
-    k = Kernel(home, cwd)
+def kernel(home: Path, cwd: Path, env: dict[str, str] | None = None) -> Iterator[Kernel]:
+    k = Kernel(home, cwd, env)
     try:
         yield k
     finally:
@@ -286,6 +287,41 @@ def test_a_lost_ps_ends_the_cell_with_one_clear_error(direct, lab):
                          f"{checkpoints} (dtf.checkpoint_dir())"], text[-3000:]
         assert k.error("cluster.coordinator")[0].startswith(f"dtf: error: cluster '{CLUSTER}': ps:0 (")
     serving_again(direct, "ps:0", killed)
+
+
+def test_a_dropped_network_ends_the_cell_in_one_line_and_the_next_cell_trains(direct, lab):
+    """This machine cut off from the hosts during a cell (a Wi-Fi drop): the cell ends with one line
+    saying the cluster is intact (or goes on), and the next cell trains without connecting again.
+    The kernel's gRPC keepalive is short (its own environment's TF_GRPC_DEFAULT_OPTIONS), so that
+    the cut connections are found dead within seconds, as within a minute with dtf's defaults."""
+    laptop = lab.laptop_dir("nb-network")
+    keepalive = {"TF_GRPC_DEFAULT_OPTIONS": "grpc.keepalive_time_ms=1000,grpc.keepalive_timeout_ms=2000"}
+    with kernel(direct, laptop, keepalive) as k:
+        k.ok("import dtf\ncluster = dtf.connect()")
+        cell = k.start(LOOP.format(started=laptop / "started", stop=laptop / "stop"))
+        wait_until(lambda: (laptop / "started").exists(), timeout=300)
+        with lab.laptop_cut():
+            time.sleep(15)
+        (laptop / "stop").write_text("")
+        status, text, error = k.finish(cell, timeout=900)
+        if status == "error":
+            assert len(error) == 1 and error[0].startswith(
+                f"dtf: error: cluster '{CLUSTER}': this cell lost its connection to the cluster ("), text[-3000:]
+            assert error[0].endswith("the cluster is intact and this kernel still attached, but TensorFlow may have "
+                                     "dropped the variables it made there when it reconnected: run the cells that "
+                                     "build the model again, then this one (a fit with dtf.BackupAndRestore() "
+                                     "resumes from its last backup)"), error
+            assert "Traceback" not in text, text[-3000:]
+        else:
+            assert "loop done" in text, text[-3000:]
+        print(f"the cut cell: {status}: {(error or [text.strip()[-200:]])[0]}")
+        # The next cells train, on the same connection: the model's cells again, then the training.
+        after = k.ok("with strategy.scope():\n    w = tf.Variable(0.0)\n"
+                     "@tf.function\ndef step():\n    w.assign_add(1.0)\n    return w.read_value()\n"
+                     "for _ in range(20):\n    coordinator.schedule(step)\ncoordinator.join()\n"
+                     "print('after', float(w.numpy()))")
+        assert after.strip().splitlines()[-1] == "after 20.0", after
+        assert "attached" in k.ok("cluster")
 
 
 def test_dtf_train_runs_the_notebook(direct, lab):

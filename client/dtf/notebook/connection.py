@@ -46,10 +46,11 @@ if TYPE_CHECKING:
     from dtf.hostops.parallel import HostOps
     from dtf.hostops.status import TaskState
 
-__all__ = ["ClusterGone", "ConnectError", "Connection", "Status", "connect"]
+__all__ = ["ClusterGone", "ConnectError", "Connection", "ConnectionLost", "Status", "connect"]
 
 WATCH_EVERY = 1.0  # seconds between two looks at whether `dtf down` began
 PS_WAIT = 120.0  # seconds a lost ps gets to serve again before the error says it did not
+NETWORK_WAIT = 600.0  # seconds a call that lost the cluster waits for it to answer this machine again
 
 
 class ConnectError(DtfError):
@@ -67,6 +68,12 @@ class ConnectError(DtfError):
 class ClusterGone(ConnectError):
     """The cluster went away under a coordinator call (`fit`, `schedule`, `join`): `dtf down` from a
     terminal, or a lost ps. The message says how to go on."""
+
+
+class ConnectionLost(ConnectError):
+    """A coordinator call failed because this machine lost its connection to the cluster (its network
+    dropped, it slept), while the cluster stayed intact: the process stays attached, and the cell
+    can run again."""
 
 
 _connection: Connection | None = None
@@ -289,9 +296,13 @@ class Connection:
                 if self.calls > 0:
                     interrupt_main_thread(os.getpid())
 
-    def explain(self, error: BaseException) -> ClusterGone | None:
+    def explain(self, error: BaseException) -> ConnectError | None:
         """A coordinator call failed with `error`: the one clear error to raise instead, if the
-        cluster went away (`dtf down`) or a ps was lost; None if it is the program's own."""
+        cluster went away (`dtf down`), a ps was lost, or this machine lost its connection to the
+        cluster (waited for, up to NETWORK_WAIT seconds, before anything is asked of the hosts);
+        None if it is the program's own."""
+        from dtf.hostops import reach
+        from dtf.program.runner import connection_error, error_line
         from dtf.program.train import lost_ps, taken_down, wait_serving
 
         if self.gone is None and taken_down(self.record):
@@ -300,12 +311,30 @@ class Connection:
             return ClusterGone(self.gone)
         if isinstance(error, KeyboardInterrupt):
             return None
+        network = self.record.network
+        tasks = self.record.plan.tasks()
+        waited: float | None = None
         try:
-            lost = lost_ps(self.ops, self.incarnations, self.record.network)
+            if len(reach.unreachable(self.ops, network, reach.PROBE_TIMEOUT)) == len(tasks):
+                t0 = time.monotonic()
+                still = wait_serving(self.ops, network, NETWORK_WAIT)
+                if still:
+                    return ConnectionLost(
+                        f"cluster {self.cluster!r}: no task answered this machine for {NETWORK_WAIT:g}s (its "
+                        f"network?): run the cell again once it is back; this kernel is still attached")
+                waited = time.monotonic() - t0
+            lost = lost_ps(self.ops, self.incarnations, network)
         except DtfError:
             return None
         if not lost:
-            return None
+            if waited is None and not connection_error(error):
+                return None
+            why = f"no task answered this machine for {waited:.0f}s" if waited is not None else error_line(error)
+            return ConnectionLost(
+                f"cluster {self.cluster!r}: this cell lost its connection to the cluster ({why}); the cluster is "
+                f"intact and this kernel still attached, but TensorFlow may have dropped the variables it made "
+                f"there when it reconnected: run the cells that build the model again, then this one (a fit with "
+                f"dtf.BackupAndRestore() resumes from its last backup)")
         still = wait_serving(self.ops, self.record.network, self.ps_wait)
         import dtf
 

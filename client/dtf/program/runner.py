@@ -74,6 +74,11 @@ ERROR_FILE_ENV = "DTF_ERROR_FILE"
 # task failed, not the program: UNAVAILABLE (a task or its network gone), DEADLINE_EXCEEDED (a call
 # no answer came to), ABORTED (a call a restarted task dropped).
 CONNECTION_CODES = {14: "UNAVAILABLE", 4: "DEADLINE_EXCEEDED", 10: "ABORTED"}
+# INVALID_ARGUMENT with these words: a task's eager context was made anew under the program (the
+# coordinator reconnects to the cluster after it took workers for lost, as it does once this machine's
+# network comes back), and the ps no longer knows the program's variables. ClusterCoordinator counts it
+# as a ps failure too (cluster_coordinator.py: _is_ps_failure).
+CONTEXT_GONE = ("Unable to find the relevant tensor remote_handle", "unknown device")
 
 _error_file: list[str | None] = [None]  # where a connection error goes (ERROR_FILE_ENV, read at the start)
 _DTF_DIR = os.path.dirname(os.path.abspath(__file__))  # dtf.program: this runner and the hooks
@@ -138,10 +143,22 @@ def connection_error(value: BaseException) -> bool:
     e: BaseException | None = value
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if type(e).__module__.startswith("tensorflow") and getattr(e, "error_code", None) in CONNECTION_CODES:
-            return True
+        if type(e).__module__.startswith("tensorflow"):
+            code = getattr(e, "error_code", None)
+            if code in CONNECTION_CODES or (code == 3 and any(w in str(e) for w in CONTEXT_GONE)):
+                return True
         e = e.__cause__ or e.__context__
     return False
+
+
+def error_line(value: BaseException) -> str:
+    """`value` in one line: its type and the first line of its message that says something
+    (TensorFlow's begin with "Graph execution error:" and where the op was defined)."""
+    for line in str(value).splitlines():
+        line = line.strip()
+        if line and line != "Graph execution error:" and not line.startswith(("Detected at node", "File ")):
+            return f"{type(value).__name__}: {line[:200].split('. ')[0].rstrip('.')}"
+    return type(value).__name__
 
 
 def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
@@ -152,10 +169,9 @@ def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackTyp
     _trim(exc)
     error_file = _error_file[0]
     if error_file and connection_error(value):
-        first = (str(value).strip().splitlines() or [""])[0]
         try:
             with open(error_file, "w") as f:
-                json.dump({"error": f"{kind.__name__}: {first}", "traceback": "".join(exc.format())}, f)
+                json.dump({"error": error_line(value), "traceback": "".join(exc.format())}, f)
             return
         except OSError:
             pass  # said here, as without the file
