@@ -91,3 +91,24 @@ def test_a_laptop_asleep_blames_no_host(lab, cluster, home, tmp_path):
         time.sleep(FAULT)
     code, text = run.finish(timeout=600)
     check_every_epoch_once_nothing_moved(home, code, text)
+
+
+def test_a_laptop_that_no_longer_reaches_the_tf_ports_directly_goes_through_ssh(lab, cluster, home, tmp_path):
+    """A laptop that wakes on another network, whose new address the hosts' firewall refuses (here,
+    the same seen from the laptop: its own firewall drops every packet to the TF ports from then
+    on, SSH left open): the next attempt carries the training's connections through SSH."""
+    if lab.mode != "netns":
+        pytest.skip("blocking the laptop needs network namespaces (lab in loopback mode)")
+    assert status_json(home)["network"] == "direct"  # network: auto, and up reached the tasks directly
+    barrier = Barrier(tmp_path / "barrier", rf"^epoch 2/{EPOCHS} done")
+    run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"),
+                *barrier.argv(EXAMPLES / "mnist_fit.py", "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS),
+                              "--no-export"), env=KEEPALIVE)
+    with contextlib.ExitStack() as blocked:
+        with barrier.held(run):
+            blocked.enter_context(lab.laptop_blocked(drop=True))
+        code, text = run.finish(timeout=600)
+        done = check_every_epoch_once_nothing_moved(home, code, text)
+        assert "answers this machine through SSH only now" in text, text[-3000:]
+        assert {a for _, a in done} == {1, 2}
+        assert status_json(home)["network"] == "ssh"

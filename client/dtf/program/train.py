@@ -43,6 +43,7 @@ DOWN_POLL = 0.5  # how often a running `dtf train` looks whether `dtf down` bega
 # Seconds `dtf train` waits for the cluster to answer this machine again once none of its tasks do
 # (`--network-wait`): a dropped Wi-Fi, a VPN reconnecting, a laptop that slept.
 NETWORK_WAIT = 600.0
+REROUTE_EVERY = 5.0  # seconds between two looks, while no task answers directly, at whether SSH reaches them
 DOWN_KILL_AFTER = 5.0  # seconds a program gets after TERM when its cluster is taken down
 
 
@@ -243,28 +244,67 @@ class Attempts:
     def wait_for_contact(self) -> float | None:
         """Where no task answers this machine (its network dropped, or it woke from a sleep with its
         connections gone), wait until every task does again, up to `network_wait` seconds: how long
-        that took (None: they answered at once). ClusterDown past the wait."""
+        that took (None: they answered at once). A cluster that answers again through SSH only (a
+        new address, refused by the hosts' firewall) is reached so from then on (`reroute`).
+        ClusterDown past the wait."""
         plan = self.mender.plan
-        dead = reach.unreachable(HostOps(plan, connect_timeout=self.connect_timeout), self.record.network,
-                                 reach.PROBE_TIMEOUT)
-        if len(dead) < len(plan.tasks()):
+        ops = HostOps(plan, connect_timeout=self.connect_timeout)
+        if len(reach.unreachable(ops, self.record.network, reach.PROBE_TIMEOUT)) < len(plan.tasks()):
             return None
         t0 = time.monotonic()
-        since = time.strftime("%H:%M:%S")
+        if self.reroute(ops):
+            return 0.0
         say(f"no task of cluster {self.cluster!r} answers this machine (its network?): waiting up to "
             f"{self.network_wait:g}s for them (--network-wait)")
-        self.figures.update(network_lost_since=since)
-        still = self.mender.wait_serving(self.network_wait)
-        if self.mender.lost is not None:
-            raise ClusterDown(self.mender.lost)
-        if still:
-            raise ClusterDown(f"cluster {self.cluster!r}: no task answered this machine for {self.network_wait:g}s "
-                              f"(--network-wait): {', '.join(still)}; the cluster runs on until its lease lapses, "
-                              f"and `dtf train` again resumes from the last checkpoint")
+        self.figures.update(network_lost_since=time.strftime("%H:%M:%S"))
+        deadline = t0 + self.network_wait
+        rerouted_at = time.monotonic()
+        while True:
+            if self.mender.lost is not None:
+                raise ClusterDown(self.mender.lost)
+            ops = HostOps(self.mender.plan, connect_timeout=self.connect_timeout)
+            still = reach.unreachable(ops, self.record.network, reach.PROBE_TIMEOUT)
+            if not still:
+                break
+            if len(still) == len(ops.plan.tasks()) and time.monotonic() - rerouted_at >= REROUTE_EVERY:
+                rerouted_at = time.monotonic()
+                if self.reroute(ops):
+                    break
+            if time.monotonic() >= deadline:
+                raise ClusterDown(
+                    f"cluster {self.cluster!r}: no task answered this machine for {self.network_wait:g}s "
+                    f"(--network-wait): {', '.join(f'{t.name} ({t.host}, {t.address})' for t in still)}; the "
+                    f"cluster runs on until its lease lapses, and `dtf train` again resumes from the last checkpoint")
+            time.sleep(1.0)
         waited = time.monotonic() - t0
         self.figures.update(network_lost_since=None)
         say(f"cluster {self.cluster!r} answers again after {waited:.0f}s")
         return waited
+
+    def reroute(self, ops: HostOps) -> bool:
+        """Where this machine reaches the tasks directly (network: direct, as `up` decided), and no
+        longer does, but SSH to their hosts reaches them (a new address: another Wi-Fi, refused by
+        the hosts' firewall, which lets in the address this machine had at `dtf up`): from now on,
+        through SSH (True), where the inventory leaves the network to dtf (auto); ClusterDown where
+        it says direct."""
+        if self.record.network == "ssh" or reach.unreachable(ops, "ssh", reach.PROBE_TIMEOUT):
+            return False
+        if self.record.plan.network == "direct":
+            raise ClusterDown(f"cluster {self.cluster!r}: its tasks serve, but this machine no longer reaches their "
+                              f"ports directly (a new address? the hosts' firewall lets in the one it had at `dtf "
+                              f"up`), and the inventory says network: direct: set network: auto (then dtf goes "
+                              f"through SSH) or ssh, and `dtf up --replace INVENTORY`")
+        self.record = self.record.replace(network="ssh")
+        self.mender.record = self.mender.record.replace(network="ssh")
+        with state.locked(wait=30), contextlib.suppress(DtfError):
+            now = state.load(self.cluster)
+            if not now.taking_down and now.created == self.record.created:
+                state.save(now.replace(network="ssh"))
+        self.tunnels.close()
+        self.tunnel = tunnel_to(self.tunnels, self.record, self.connect_timeout)
+        say(f"cluster {self.cluster!r} answers this machine through SSH only now (a new address, or a firewall "
+            f"on the way): the training's connections go through SSH from now on")
+        return True
 
     def again(self, said: str = "") -> bool:
         """The next attempt, on the cluster as the mender has it now (tasks moved: new addresses)."""
