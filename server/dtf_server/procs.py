@@ -252,6 +252,15 @@ def expand_home(argv: list[str]) -> list[str]:
     return [os.path.expanduser(a) if a == "~" or a.startswith("~/") else a for a in argv]
 
 
+def variables(pairs: list[str]) -> dict[str, str]:
+    """NAME=VALUE pairs (a command's `--env`) as a mapping."""
+    found: dict[str, str] = {}
+    for pair in pairs:
+        name, value = pair.split("=", 1)
+        found[name] = value
+    return found
+
+
 def launcher() -> str:
     """This launcher's file (the zipapp python was asked to run)."""
     return os.path.abspath(sys.argv[0])

@@ -33,6 +33,7 @@ from dtf_server.procs import (
     expand_home,
     leave,
     log_line,
+    name_process,
     ours,
     proc_start_ticks,
     read_json,
@@ -329,3 +330,20 @@ class Supervisor:
             if not running_tasks(self.root):
                 fence.remove(self.root)  # the TF ports' firewall rules go with the cluster
                 shutil.rmtree(self.root, ignore_errors=True)
+
+
+def keep() -> None:
+    """`start --keep`: this launcher is a Slurm node's job step (dtf.providers.slurm.steps: start_servers),
+    which lasts as long as its main process: Slurm would end the step, the supervisors forked here
+    with it, if this one exited. It stays, silent (the reply was its last word: the login host
+    reads until then), until every supervisor it forked has ended (`down`, the lease, a failed
+    start's rollback); Slurm signals it with the rest of the step when the job ends."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    name_process("dtf step")
+    while True:
+        try:
+            os.wait()  # (a signal's EINTR is retried by Python itself: PEP 475)
+        except ChildProcessError:
+            return
