@@ -4,6 +4,7 @@ each command has its function, and a command line it does not understand is one 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import os
@@ -29,6 +30,7 @@ from dtf_server.protocol import (
     TaskSpec,
 )
 
+CLIENT = Path(__file__).resolve().parents[2] / "client" / "dtf"
 SPEC = TaskSpec("worker", 1, 2223, ["/usr/bin/python3", "/r/launcher-0.pyz", "serve", "--job", "worker"])
 
 
@@ -136,3 +138,24 @@ def test_a_command_line_the_launcher_does_not_understand_is_one_line_and_exit_64
     assert (r.returncode, r.stdout) == (protocol.EXIT_USAGE, "")
     assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("launcher") and ": error: " in r.stderr, r.stderr
 
+
+def test_the_client_writes_no_launcher_option_by_hand():
+    """Every launcher command line of the client is a request's args(): no string of the client is
+    one of the launcher's options, but dtf's own (cli.py: Typer's) and sbatch's (the inventory's)."""
+    names: set[str] = set()
+
+    def collect(kind: type[Options]) -> None:
+        for f in dataclasses.fields(kind):
+            if "group" in f.metadata:
+                collect(f.metadata["group"])
+            else:
+                names.add(f.metadata["option"].name or "--" + f.name.replace("_", "-"))
+
+    for kind in REQUESTS:
+        collect(kind)
+    others = {CLIENT / "cli.py", CLIENT / "cluster" / "inventory" / "values.py"}
+    written = [f"{p.relative_to(CLIENT)}:{n.lineno}: {n.value}"
+               for p in sorted(CLIENT.rglob("*.py")) if p not in others
+               for n in ast.walk(ast.parse(p.read_text()))
+               if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names]
+    assert not written

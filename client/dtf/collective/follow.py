@@ -21,6 +21,7 @@ from dtf.cluster.plan import HostPlan, Plan, TaskPlan
 from dtf.hostops.parallel import HostOps
 from dtf.hosts.transport import HostError, Transport
 from dtf_server import program as host_program
+from dtf_server.protocol import FollowRequest
 
 BEAT = 2.0  # seconds between the host's beats
 SILENT = 2.5 * BEAT  # seconds without a word: the host may be lost (TensorFlow often knows first)
@@ -67,7 +68,7 @@ Event = Line | Joined | Silent | Heard | Ended | Lost
 
 
 def follow_argv(hp: HostPlan, task: TaskPlan, beat: float = BEAT) -> list[str]:
-    return hp.launcher_argv("follow", "--dir", hp.root, "--task", task.name, "--beat", f"{beat:g}")
+    return hp.launcher_argv(FollowRequest(dir=hp.root, task=task.name, beat=beat))
 
 
 def node_transport(plan: Plan, hp: HostPlan, connect_timeout: float) -> Transport:
