@@ -9,39 +9,29 @@ import subprocess
 import sys
 import time
 
-from dtf_server import layout, program
-from dtf_server.layout import parse_name
-from dtf_server.procs import (
-    exit_reason,
-    launcher,
-    log_line,
-    ours,
-    proc_start_ticks,
-    read_json,
-    tail,
-    variables,
-    write_json,
-)
+from dtf_server import program
+from dtf_server.procs import launcher, log_line, ours, proc_start_ticks, read_json, tail, variables, write_json
 from dtf_server.protocol import (
+    Defaults,
     FollowRequest,
+    Layout,
     RunRequest,
     RunStepRequest,
     StartReply,
     SuperviseProgramRequest,
     TaskSpec,
     TaskStarted,
+    exit_reason,
 )
 from dtf_server.start import READY_POLL, fresh_task_dir, record_supervisor
 from dtf_server.supervisor import renew
-
-RUN_STEP_WAIT = 60.0  # seconds a Slurm job step of program copies gets to start them (srun, imports)
 
 
 def spawn_supervisor(root: str, task: TaskSpec, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     """Start a program copy's supervisor (collective mode: `supervise-program`) detached, logging
     to the task's log, and record it in pid.json."""
     tdir = fresh_task_dir(root, task)
-    with open(os.path.join(tdir, layout.LOG), "ab") as log:
+    with open(os.path.join(tdir, Layout.LOG), "ab") as log:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tdir,
             start_new_session=True,  # its own session: survives the SSH session, one group to kill
@@ -63,12 +53,12 @@ def cmd_run(request: RunRequest) -> StartReply:
     pending: dict[str, subprocess.Popen[bytes] | _Step] = {}
     if request.spawned:  # Slurm: one job step runs every copy (`run-step`); wait for this host's
         for task in tasks:
-            pending[task.name] = _Step(layout.task_dir(request.dir, task.job, task.index), request.spawned)
+            pending[task.name] = _Step(Layout.task_dir(request.dir, task.job, task.index), request.spawned)
         tasks = []
     if request.clear_output:
         program.clear_outputs(request.dir, tasks)
     for task in tasks:
-        record = read_json(layout.in_task(request.dir, task.job, task.index, layout.PID))
+        record = read_json(Layout.in_task(request.dir, task.job, task.index, Layout.PID))
         if ours(record):
             assert record is not None
             results[task.name] = TaskStarted(ok=False, pid=record["pid"],
@@ -76,18 +66,18 @@ def cmd_run(request: RunRequest) -> StartReply:
             continue
         argv = [sys.executable, launcher(), *SuperviseProgramRequest(dir=request.dir, task=task).args()]
         pending[task.name] = spawn_supervisor(request.dir, task, argv, env)
-    wait = RUN_STEP_WAIT if request.spawned else 10
+    wait = Defaults.RUN_STEP_WAIT if request.spawned else 10
     deadline = time.monotonic() + wait
     while pending and time.monotonic() < deadline:
         for name, proc in list(pending.items()):
-            job, index = parse_name(name)
-            state = (read_json(layout.in_task(request.dir, job, index, layout.SUPERVISOR)) or {}).get("state")
+            job, index = Layout.parse_name(name)
+            state = (read_json(Layout.in_task(request.dir, job, index, Layout.SUPERVISOR)) or {}).get("state")
             if isinstance(proc, _Step) and not proc.seen:
                 state = None  # an earlier run's
             code = proc.poll()
             if code is not None and state is None:
                 results[name] = TaskStarted(ok=False, pid=proc.pid, reason=f"supervisor {exit_reason(code)}",
-                                            log_tail=tail(layout.in_task(request.dir, job, index, layout.LOG)))
+                                            log_tail=tail(Layout.in_task(request.dir, job, index, Layout.LOG)))
                 del pending[name]
             elif state is not None:
                 results[name] = TaskStarted(ok=True, pid=proc.pid)
@@ -107,7 +97,7 @@ def _foreground_in(tdir: str) -> None:
     """Become a task's supervisor in the foreground (a Slurm job step): output to the task's log,
     working directory the task's, one process group to kill, as a detached supervisor has (`stop`
     signals it)."""
-    log = os.open(os.path.join(tdir, layout.LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(os.path.join(tdir, Layout.LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.chdir(tdir)
@@ -129,17 +119,17 @@ def cmd_run_step(request: RunStepRequest) -> None:
         print(f"dtf run-step: SLURM_PROCID {rank} is not one of the {len(tasks)} copies", file=sys.stderr)
         sys.exit(2)
     task = tasks[rank]
-    tdir = layout.task_dir(request.dir, task.job, task.index)
+    tdir = Layout.task_dir(request.dir, task.job, task.index)
     os.makedirs(tdir, exist_ok=True)
     if request.clear_output:
         program.clear_outputs(request.dir, [task])
-    if os.path.exists(os.path.join(tdir, layout.SUPERVISOR)):  # an earlier run's
-        os.unlink(os.path.join(tdir, layout.SUPERVISOR))
+    if os.path.exists(os.path.join(tdir, Layout.SUPERVISOR)):  # an earlier run's
+        os.unlink(os.path.join(tdir, Layout.SUPERVISOR))
     _foreground_in(tdir)
     node = os.environ.get("SLURMD_NODENAME", "")
     if request.host and node and request.host[rank] != node:
         log_line(f"{task.name}: warning: Slurm ran this copy on {node}, dtf planned it on {request.host[rank]}")
-    write_json(os.path.join(tdir, layout.PID),
+    write_json(os.path.join(tdir, Layout.PID),
                {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid()), "job": task.job,
                 "index": task.index, "port": task.port, "started": time.time(), "token": request.token})
     program.ProgramSupervisor(request.dir, task, launcher()).run()
@@ -150,7 +140,7 @@ def cmd_supervise_program(request: SuperviseProgramRequest) -> None:
 
 
 def cmd_follow(request: FollowRequest) -> None:
-    job, index = parse_name(request.task)
+    job, index = Layout.parse_name(request.task)
     program.follow(request.dir, job, index, request.beat)
 
 
@@ -164,7 +154,7 @@ class _Step:
         self.seen = False
 
     def poll(self) -> int | None:
-        record = read_json(os.path.join(self.tdir, layout.PID))
+        record = read_json(os.path.join(self.tdir, Layout.PID))
         if record is None or record.get("token") != self.token:
             return None  # not started yet
         self.pid, self.seen = record["pid"], True

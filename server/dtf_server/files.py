@@ -9,6 +9,7 @@ import sys
 
 from dtf_server import envs, receive
 from dtf_server.protocol import (
+    Defaults,
     EnvReply,
     EnvRequest,
     FetchReply,
@@ -61,7 +62,7 @@ def cmd_sync(request: SyncRequest) -> SyncReply:
             relay = None  # the port was taken meanwhile: the children fail, and the laptop sends to them
     complete = False
     try:
-        wait = receive.ACCEPT_WAIT if request.wait is None else request.wait
+        wait = Defaults.RELAY_WAIT if request.wait is None else request.wait
         source = receive.connect(request.source, token, wait=wait) if request.source else sys.stdin.buffer
         if relay is not None:
             relay.accept(wait=wait)

@@ -16,12 +16,12 @@ import sys
 import time
 from typing import IO, Any
 
-from dtf_server import fence, layout, sample, tflog
-from dtf_server.layout import parse_name
+from dtf_server import fence, sample, tflog
 from dtf_server.procs import ours, port_open, proc_start_ticks, read_json, server_record, write_json
 from dtf_server.protocol import (
     CleanReply,
     CleanRequest,
+    Layout,
     LogRequest,
     RenewReply,
     RenewRequest,
@@ -40,11 +40,11 @@ from dtf_server.supervisor import read_lease, renew, running_tasks
 
 
 def task_status(root: str, job: str, index: int) -> TaskStatus:
-    tdir = layout.task_dir(root, job, index)
-    record = read_json(os.path.join(tdir, layout.PID))
+    tdir = Layout.task_dir(root, job, index)
+    record = read_json(os.path.join(tdir, Layout.PID))
     if record is None:
         return TaskStatus.dead("never started")
-    sup = read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}
+    sup = read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {}
     alive = ours(record)  # the supervisor
     server_alive = alive and ours(server_record(sup))
     port = record.get("port")
@@ -64,7 +64,7 @@ def task_status(root: str, job: str, index: int) -> TaskStatus:
 
 def cmd_status(request: StatusRequest) -> StatusReply:
     lease = renew(request.dir, None) if request.renew else read_lease(request.dir)
-    return StatusReply(tasks={t: task_status(request.dir, *parse_name(t)) for t in request.task}, lease=lease)
+    return StatusReply(tasks={t: task_status(request.dir, *Layout.parse_name(t)) for t in request.task}, lease=lease)
 
 
 def cmd_top(request: TopRequest) -> None:
@@ -73,8 +73,8 @@ def cmd_top(request: TopRequest) -> None:
     seconds passed. It never renews the
     lease: a view left open does not keep an abandoned cluster alive. `--states-only` (dtf train's
     mender, which needs only each task's state): no /proc scan, no `ss`, no training figures."""
-    tasks = [(t, *parse_name(t)) for t in request.task]
-    record = os.path.join(request.dir, f"{layout.TOP_PREFIX}{os.getpid()}.json")
+    tasks = [(t, *Layout.parse_name(t)) for t in request.task]
+    record = os.path.join(request.dir, f"{Layout.TOP_PREFIX}{os.getpid()}.json")
     if os.path.isdir(request.dir):  # `clean` (`dtf down`) ends the streams it finds so recorded
         write_json(record, {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid())})
     try:
@@ -100,7 +100,7 @@ def stream_samples(request: TopRequest, tasks: list[tuple[str, str, int]]) -> No
                 samples[name] = TaskSample(status)
                 continue
             cpu, net_in, net_out = sample.rates(before.get(name), u, now - then)
-            train = read_json(layout.in_task(request.dir, *parse_name(name), layout.TRAIN))
+            train = read_json(Layout.in_task(request.dir, *Layout.parse_name(name), Layout.TRAIN))
             samples[name] = TaskSample(status, cpu=cpu, rss=u.rss, net_in=net_in, net_out=net_out,
                                        train=train if status.alive else None)
         before, then = now_usage, now
@@ -136,8 +136,8 @@ def cmd_log(request: LogRequest) -> None:
     depends on the lines before it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C of a local `dtf logs` ends it without a traceback
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as `tail`: a reader gone ends it
-    tdir = layout.task_dir(request.dir, *parse_name(request.task))
-    path = os.path.join(tdir, layout.LOG)
+    tdir = Layout.task_dir(request.dir, *Layout.parse_name(request.task))
+    path = os.path.join(tdir, Layout.LOG)
     try:
         log = open(path, "rb")
     except FileNotFoundError:
@@ -205,9 +205,9 @@ def cmd_stop(request: StopRequest) -> StopReply:
     # supervisor and server.
     groups: dict[str, tuple[int, list[dict[str, Any]]]] = {}
     for t in request.task:
-        tdir = layout.task_dir(request.dir, *parse_name(t))
-        record = read_json(os.path.join(tdir, layout.PID))
-        server = server_record(read_json(os.path.join(tdir, layout.SUPERVISOR)) or {})
+        tdir = Layout.task_dir(request.dir, *Layout.parse_name(t))
+        record = read_json(os.path.join(tdir, Layout.PID))
+        server = server_record(read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {})
         members = [r for r in (record, server) if r is not None and ours(r)]
         if record and members:
             groups[t] = (record["pid"], members)
@@ -252,7 +252,7 @@ def end_streams(root: str) -> None:
     `dtf train`), and wait until they are gone."""
     streams: list[dict[str, Any]] = []
     for name in os.listdir(root):
-        record = read_json(os.path.join(root, name)) if name.startswith(layout.TOP_PREFIX) else None
+        record = read_json(os.path.join(root, name)) if name.startswith(Layout.TOP_PREFIX) else None
         if record is not None and ours(record):
             streams.append(record)
     for r in streams:
@@ -273,17 +273,17 @@ def cmd_clean(request: CleanRequest) -> CleanReply:
     if request.if_unused and running_tasks(request.dir):
         return CleanReply(removed=removed, in_use=True)  # another dtf's tasks live here: not ours
     end_streams(request.dir)
-    if os.path.exists(os.path.join(request.dir, layout.FENCE)):  # the firewall rules first: they outlive no cluster
+    if os.path.exists(os.path.join(request.dir, Layout.FENCE)):  # the firewall rules first: they outlive no cluster
         fenced = fence.remove(request.dir)
         if fenced.error:
             raise SystemExit(f"cannot remove the TF ports' firewall rules: {fenced.error}")
     for name in sorted(os.listdir(request.dir)):
         path = os.path.join(request.dir, name)
         if os.path.isdir(path) and not os.path.islink(path) and name != "__pycache__":
-            if ours(read_json(os.path.join(path, layout.PID))):
+            if ours(read_json(os.path.join(path, Layout.PID))):
                 raise SystemExit(f"refusing to clean {path}: its server is still running")
             for entry in os.listdir(path):
-                if request.keep_logs and entry == layout.LOG:
+                if request.keep_logs and entry == Layout.LOG:
                     continue
                 target = os.path.join(path, entry)
                 if os.path.isdir(target) and not os.path.islink(target):
@@ -293,8 +293,8 @@ def cmd_clean(request: CleanRequest) -> CleanReply:
                 removed.append(target)
             if not os.listdir(path):
                 os.rmdir(path)
-        elif (layout.is_launcher(name) or layout.is_helpers(name) or name in (layout.LEASE, layout.EXPIRE_LOCK)
-              or name.startswith(layout.TOP_PREFIX)
+        elif (Layout.is_launcher(name) or Layout.is_helpers(name) or name in (Layout.LEASE, Layout.EXPIRE_LOCK)
+              or name.startswith(Layout.TOP_PREFIX)
               or ".tmp-" in name):
             os.unlink(path)  # every launcher version (and dtf's package), and uploads that never completed
             removed.append(path)

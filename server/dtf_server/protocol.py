@@ -17,6 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import posixpath
+import signal
+import sys
 from collections.abc import Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, ClassVar, NoReturn, TypeVar
@@ -45,6 +48,105 @@ class Defaults:
     RESTART_MAX_BACKOFF = 60.0
     STABLE_AFTER = 60.0  # a server that ran this long before dying restarts with the base backoff
     TTL = 3600.0  # the lease: seconds without renewal before the tasks stop themselves
+    RUN_STEP_WAIT = 60.0  # seconds a Slurm job step of program copies gets to start them (srun, imports)
+    RELAY_WAIT = 30.0  # seconds a `sync` relay waits for its children to connect, then starts without the others
+    RELAY_STALL = 120.0  # seconds a host-to-host stream may make no progress before it is given up
+
+
+class Layout:
+    """Where dtf's files live on a host: the plan (client) and the launcher (host) both use this.
+
+    Everything of one cluster lives below its root, WORKDIR/CLUSTER:
+
+        ROOT/launcher-<hash>.pyz   the launcher (dtf_server, one zipapp named by its content)
+        ROOT/dtf-<hash>.zip        dtf's own package (collective mode's copies import it)
+        ROOT/lease.json            {ttl, renewed}: see supervisor.py
+        ROOT/.expire-lock          taken by tasks removing their files when the lease lapsed
+        ROOT/fence.json            the TF ports' firewall rules its start set (`firewall: auto`, `members`: fence.py)
+        ROOT/top-<pid>.json        a running `top` stream (its pid and start time): `clean` ends it
+        ROOT/JOB-INDEX/            one per task:
+            log                    the supervisor's and the server's output
+            pid.json               the supervisor's pid and process start time (and its task)
+            supervisor.json        restarts, last exit, the server's pid
+            ready.json             written by the server once it serves
+            crash                  (fake servers only) makes the fake server exit: for tests
+            train.json             collective mode: the program copy's training figures (`top` reads them)
+            out/                   collective mode: the program copy's working and output directory
+
+    What outlives a cluster (kept by `dtf down` as a cache, removed by `dtf down --purge`) lives
+    beside the clusters, below WORKDIR/.cache (a cluster name cannot start with a dot):
+
+        WORKDIR/.cache/env/<hash>/   a managed Python environment, named by a hash of its contents;
+                                     complete once its ENV_MARKER exists (written last)
+        WORKDIR/.cache/wheels/       the wheels dtf sent to build those (a flat directory)
+        WORKDIR/.cache/bin/uv-<hash> the uv binary that builds them
+        WORKDIR/.cache/sync/<hash>/  a tree sent by `dtf sync`, named by a hash of its contents
+
+    Paths are posix paths as the plan writes them (a leading ~/ is the host user's home).
+    """
+
+    LAUNCHER_PREFIX = "launcher-"
+    LAUNCHER_SUFFIX = ".pyz"
+    OLD_LAUNCHER = "launcher.py"  # what dtf before the protocol version uploaded
+    HELPERS_PREFIX, HELPERS_SUFFIX = "dtf-", ".zip"
+    HELPERS_ENV = "DTF_HELPERS"  # the zip's path, in a collective `run`'s environment (its copies' PYTHONPATH)
+    LEASE = "lease.json"
+    EXPIRE_LOCK = ".expire-lock"
+    FENCE = "fence.json"
+    TOP_PREFIX = "top-"  # + pid + ".json": a running `top` stream's record (maintenance.cmd_top)
+    LOG = "log"
+    PID = "pid.json"
+    SUPERVISOR = "supervisor.json"
+    READY = "ready.json"
+    CRASH = "crash"
+    TRAIN = "train.json"  # the name dtf.program.figures writes
+    OUT = "out"  # a program copy's working and output directory, below its task directory
+    CACHE = ".cache"
+    ENV_MARKER = ".dtf-env.json"  # in a managed environment: written last, once it is complete
+
+    @staticmethod
+    def cache_dir(workdir: str, kind: str = "") -> str:
+        """WORKDIR/.cache, or WORKDIR/.cache/KIND ("env", "sync")."""
+        return posixpath.join(workdir, Layout.CACHE, kind) if kind else posixpath.join(workdir, Layout.CACHE)
+
+    @staticmethod
+    def synced_from_task(digest: str, subpath: str = "") -> str:
+        """A synced tree (or the file in it) as a path relative to a task's directory: every server
+        runs there (WORKDIR/CLUSTER/JOB-INDEX), so this one path is right on every host, whatever
+        its WORKDIR or home directory."""
+        return posixpath.join("..", "..", Layout.CACHE, "sync", digest, *filter(None, [subpath]))
+
+    @staticmethod
+    def launcher_name(digest: str) -> str:
+        return f"{Layout.LAUNCHER_PREFIX}{digest}{Layout.LAUNCHER_SUFFIX}"
+
+    @staticmethod
+    def helpers_name(digest: str) -> str:
+        """dtf's own package, zipped (collective mode's copies import it), beside the launcher."""
+        return f"{Layout.HELPERS_PREFIX}{digest}{Layout.HELPERS_SUFFIX}"
+
+    @staticmethod
+    def is_helpers(filename: str) -> bool:
+        return filename.startswith(Layout.HELPERS_PREFIX) and filename.endswith(Layout.HELPERS_SUFFIX)
+
+    @staticmethod
+    def is_launcher(filename: str) -> bool:
+        return filename == Layout.OLD_LAUNCHER or (filename.startswith(Layout.LAUNCHER_PREFIX)
+                                                   and filename.endswith(Layout.LAUNCHER_SUFFIX))
+
+    @staticmethod
+    def task_dir(root: str, job: str, index: int) -> str:
+        return posixpath.join(root, f"{job}-{index}")
+
+    @staticmethod
+    def in_task(root: str, job: str, index: int, filename: str) -> str:
+        return posixpath.join(Layout.task_dir(root, job, index), filename)
+
+    @staticmethod
+    def parse_name(text: str) -> tuple[str, int]:
+        """A task's name, JOB:INDEX, as its job and index."""
+        job, index = text.split(":")
+        return job, int(index)
 
 
 class ProtocolMismatch(Exception):
@@ -53,6 +155,77 @@ class ProtocolMismatch(Exception):
     def __init__(self, found: object) -> None:
         super().__init__(f"the launcher there speaks protocol {found!r}, this dtf speaks {PROTOCOL}")
         self.found = found
+
+
+# -- what both sides say and read the same way ------------------------------------------------
+def exit_reason(code: int) -> str:
+    """What a Popen returncode means, in words."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+# Where dtf.program.runner writes the exit code the program ended with, once Python has run its atexit
+# functions: TensorFlow's runtime can still crash after that (SIGABRT, "terminate called after
+# throwing ...", seen after a worker was lost and came back), with the program's work all done.
+EXIT_STATUS_ENV = "DTF_EXIT_STATUS_FILE"
+
+
+def ended_before_crash(code: int, status_path: str) -> int | None:
+    """The program's own exit code when it ended (dtf.program.runner wrote it to `status_path`) and then
+    died of a signal (`code` < 0) while Python shut down; None otherwise."""
+    if code >= 0:
+        return None
+    try:
+        with open(status_path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+TF_DISTRIBUTIONS = ("tensorflow", "tensorflow_cpu")  # as dist-info directories spell them
+
+
+def tf_version() -> str | None:
+    """The TensorFlow version of this python, from package metadata (any build: tensorflow,
+    tensorflow-cpu); importing TensorFlow would take seconds. The check's `tensorflow` on a host,
+    and what the laptop compares it with.
+
+    First from the names of the `NAME-VERSION.dist-info` directories on sys.path, as
+    importlib.metadata finds them (the first name, then the first path entry that has it): what
+    pip, uv and conda install. importlib.metadata itself (eggs, zips) only where that finds none:
+    its import (email, zipfile, csv) would be most of the check's own work."""
+    listings: dict[str, list[str]] = {}
+    for name in TF_DISTRIBUTIONS:
+        for entry in sys.path:
+            if entry not in listings:
+                try:
+                    listings[entry] = os.listdir(entry or ".")
+                except OSError:
+                    listings[entry] = []
+            for item in listings[entry]:
+                stem, _, suffix = item.rpartition(".")
+                dist, dash, version = stem.partition("-")
+                if (suffix == "dist-info" and dash and version
+                        and dist.lower().replace(".", "_") == name):
+                    return version
+    from importlib import metadata
+
+    for name in TF_DISTRIBUTIONS:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+# `follow`'s stream (dtf_server.program.follow): on stderr, besides the copy's output, these lines.
+BEAT_EVENT = "dtf-beat"  # every --beat seconds: the host is there
+JOINED_EVENT = "dtf-joined"  # the copy's strategy has joined the others
+EXIT_EVENT = "dtf-exit "  # + {"code": ..., "reason": ...}: the copy has ended
 
 
 # -- what a request carries ----------------------------------------------------------------------

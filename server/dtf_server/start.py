@@ -14,11 +14,10 @@ import time
 import traceback
 from collections.abc import Callable
 
-from dtf_server import envs, fake, fence, layout
+from dtf_server import envs, fake, fence
 from dtf_server.network import reach
 from dtf_server.procs import (
     die_with_parent,
-    exit_reason,
     launcher,
     leave,
     nvidia_gpus,
@@ -30,7 +29,6 @@ from dtf_server.procs import (
     read_json,
     settle_child,
     tail,
-    tf_version,
     variables,
     write_json,
 )
@@ -41,13 +39,16 @@ from dtf_server.protocol import (
     FakeRequest,
     Fence,
     FenceReply,
+    Layout,
     ServeRequest,
     StartReply,
     StartRequest,
     TaskSpec,
     TaskStarted,
     encode,
+    exit_reason,
     parse,
+    tf_version,
 )
 from dtf_server.supervisor import ForkedProcess, Supervisor, read_lease, running_tasks, write_lease
 
@@ -97,9 +98,9 @@ def cmd_check_start(request: CheckStartRequest) -> StartReply | None:
 
 def fresh_task_dir(root: str, task: TaskSpec) -> str:
     """The task's directory, without what an earlier run of it left that a start waits on."""
-    tdir = layout.task_dir(root, task.job, task.index)
+    tdir = Layout.task_dir(root, task.job, task.index)
     os.makedirs(tdir, exist_ok=True)
-    for stale in (layout.READY, layout.SUPERVISOR):  # left by an earlier run
+    for stale in (Layout.READY, Layout.SUPERVISOR):  # left by an earlier run
         if os.path.exists(os.path.join(tdir, stale)):
             os.unlink(os.path.join(tdir, stale))
     return tdir
@@ -107,7 +108,7 @@ def fresh_task_dir(root: str, task: TaskSpec) -> str:
 
 def record_supervisor(tdir: str, task: TaskSpec, pid: int) -> None:
     """The task's pid.json: its supervisor, as `ours` knows it again."""
-    write_json(os.path.join(tdir, layout.PID),
+    write_json(os.path.join(tdir, Layout.PID),
                {"pid": pid, "start_ticks": proc_start_ticks(pid), "job": task.job,
                 "index": task.index, "port": task.port, "started": time.time()})
 
@@ -169,7 +170,7 @@ def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: 
     site tracks processes by group (proctrack/pgid), and a supervisor has a session of its own."""
     tdir = fresh_task_dir(root, task)
     parent = os.getpid()
-    log = os.open(os.path.join(tdir, layout.LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    log = os.open(os.path.join(tdir, Layout.LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -209,9 +210,9 @@ def cmd_start(request: StartRequest) -> StartReply:
     results: dict[str, TaskStarted] = {}
     pending: dict[str, tuple[TaskSpec, ForkedProcess, str]] = {}
     for task in request.task:
-        tdir = layout.task_dir(request.dir, task.job, task.index)
+        tdir = Layout.task_dir(request.dir, task.job, task.index)
         os.makedirs(tdir, exist_ok=True)
-        record = read_json(os.path.join(tdir, layout.PID))
+        record = read_json(os.path.join(tdir, Layout.PID))
         if record is not None and ours(record) and record.get("port") == task.port:
             results[task.name] = TaskStarted(ok=True, pid=record["pid"], already=True,
                                              server_pid=_server_pid(tdir))
@@ -230,20 +231,20 @@ def cmd_start(request: StartRequest) -> StartReply:
     while pending and time.monotonic() < deadline:
         for name, (task, waited, tdir) in list(pending.items()):
             code = waited.poll()
-            died = (read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}).get("last_exit")
+            died = (read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {}).get("last_exit")
             if code is not None or died:
                 reason = f"server {died}" if died else f"supervisor {exit_reason(code or 0)}"
                 results[name] = TaskStarted(ok=False, pid=waited.pid, reason=reason,
-                                            log_tail=tail(os.path.join(tdir, layout.LOG)))
+                                            log_tail=tail(os.path.join(tdir, Layout.LOG)))
                 del pending[name]
-            elif os.path.exists(os.path.join(tdir, layout.READY)) and port_open(task.port):
+            elif os.path.exists(os.path.join(tdir, Layout.READY)) and port_open(task.port):
                 results[name] = TaskStarted(ok=True, pid=waited.pid, server_pid=_server_pid(tdir))
                 del pending[name]
         if pending:
             time.sleep(READY_FIRST_POLL if time.monotonic() - begun < READY_FIRST else READY_POLL)
     for name, (_, waited, tdir) in pending.items():
         results[name] = TaskStarted(ok=False, pid=waited.pid, reason=f"not serving after {request.timeout:g}s",
-                                    log_tail=tail(os.path.join(tdir, layout.LOG)))
+                                    log_tail=tail(os.path.join(tdir, Layout.LOG)))
     unreachable = None
     if request.reach and all(r.ok for r in results.values()):
         if request.reach_when_told:
@@ -263,7 +264,7 @@ def cmd_start(request: StartRequest) -> StartReply:
 
 def _server_pid(tdir: str) -> int | None:
     """The task's server's pid, as its supervisor recorded it (None while it has none)."""
-    pid = (read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}).get("server_pid")
+    pid = (read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {}).get("server_pid")
     return pid if isinstance(pid, int) else None
 
 

@@ -26,10 +26,9 @@ from dataclasses import asdict
 from types import FrameType
 from typing import Any
 
-from dtf_server import fence, layout
+from dtf_server import fence
 from dtf_server.procs import (
     die_with_parent,
-    exit_reason,
     expand_home,
     leave,
     log_line,
@@ -40,7 +39,7 @@ from dtf_server.procs import (
     settle_child,
     write_json,
 )
-from dtf_server.protocol import Defaults, Lease, TaskSpec
+from dtf_server.protocol import Defaults, Layout, Lease, TaskSpec, exit_reason
 
 # Where a server can run in a fork of its supervisor (Supervisor's `in_process`): the server's
 # code (which returns its exit code) and its command's name.
@@ -51,7 +50,7 @@ LEASE_POLL = 1.0  # how often a supervisor reads the lease
 
 
 def lease_path(root: str) -> str:
-    return os.path.join(root, layout.LEASE)
+    return os.path.join(root, Layout.LEASE)
 
 
 def write_lease(root: str, ttl: float, hold: float = 0.0) -> Lease:
@@ -85,7 +84,7 @@ def running_tasks(root: str) -> list[str]:
         return []
     found = []
     for name in sorted(os.listdir(root)):
-        record = read_json(os.path.join(root, name, layout.PID))
+        record = read_json(os.path.join(root, name, Layout.PID))
         if ours(record):
             assert record is not None
             found.append(f"{record['job']}:{record['index']}")
@@ -194,8 +193,8 @@ class Supervisor:
         self.in_process = in_process
         self.limit, self.backoff = limit, backoff
         self.name = task.name
-        self.dir = layout.task_dir(root, task.job, task.index)
-        self.ready = os.path.join(self.dir, layout.READY)
+        self.dir = Layout.task_dir(root, task.job, task.index)
+        self.ready = os.path.join(self.dir, Layout.READY)
         self.stopping = False
         self.server: subprocess.Popen[bytes] | ForkedProcess | None = None
         self.state: dict[str, Any] = {"state": "starting", "restarts": 0, "last_exit": None,
@@ -205,7 +204,7 @@ class Supervisor:
 
     def save(self, **changes: object) -> None:
         self.state.update(changes)
-        write_json(os.path.join(self.dir, layout.SUPERVISOR), self.state)
+        write_json(os.path.join(self.dir, Layout.SUPERVISOR), self.state)
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
@@ -321,7 +320,7 @@ class Supervisor:
         assert self.lease is not None
         log_line(f"{self.name}: lease lapsed (ttl {self.lease.ttl:g}s): stopping and cleaning up")
         try:
-            lock = open(os.path.join(self.root, layout.EXPIRE_LOCK), "a")
+            lock = open(os.path.join(self.root, Layout.EXPIRE_LOCK), "a")
         except OSError:
             return  # already removed by another task
         with lock:

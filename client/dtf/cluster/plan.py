@@ -19,7 +19,6 @@ from dtf.cluster import gpus
 from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory.model import DEFAULT_HOST_TIMEOUT, DEFAULT_PYTHON, HostSpec, Inventory, Position
 from dtf.files import environment, shipping
-from dtf_server import layout
 from dtf_server.protocol import (
     CheckRequest,
     CheckStartRequest,
@@ -28,6 +27,7 @@ from dtf_server.protocol import (
     EnvRequest,
     FakeRequest,
     Fence,
+    Layout,
     LogRequest,
     PurgeRequest,
     ReachRequest,
@@ -111,7 +111,7 @@ class TaskPlan:
 
     @property
     def log(self) -> str:
-        return posixpath.join(self.dir, layout.LOG)
+        return posixpath.join(self.dir, Layout.LOG)
 
     @property
     def addr_host(self) -> str:
@@ -271,7 +271,7 @@ class HostPlan:
         `receive`: make it from stdin (dtf.files.sync), or from another host's relay at `source`
         (ADDR:PORT), passing it on to `children` hosts from port `serve` (dtf_server.receive)."""
         relay = {"serve": serve, "children": children} if serve and children else {}
-        return self.launcher_argv(SyncRequest(dir=layout.cache_dir(self.spec.workdir, "sync"), hash=digest,
+        return self.launcher_argv(SyncRequest(dir=Layout.cache_dir(self.spec.workdir, "sync"), hash=digest,
                                               receive=receive, free_port=free_port, source=source or None,
                                               token=token, wait=wait or None, **relay))
 
@@ -409,8 +409,8 @@ class Plan:
         launcher = launcher_path(sp.root)
         tasks = []
         for t in hp.tasks:
-            tdir = layout.task_dir(sp.root, t.job, t.index)
-            ready = posixpath.join(tdir, layout.READY)
+            tdir = Layout.task_dir(sp.root, t.job, t.index)
+            ready = posixpath.join(tdir, Layout.READY)
             argv = server_argv(hp.server, sp.python, launcher, t.job, t.index, t.port, ready)
             tasks.append(TaskPlan(job=t.job, index=t.index, host=spare, port=t.port, address=f"{address}:{t.port}",
                                   dir=tdir, serve_argv=task_argv(spec, argv, t.job, t.port)))
@@ -443,7 +443,7 @@ def _host_from_dict(h: dict[str, Any]) -> HostPlan:
     # The serve command is derived again, never read back: it names this dtf's launcher.
     tasks = tuple(TaskPlan(**{**t, "serve_argv": task_argv(host_spec, server_argv(
         server, h["python"], launcher, t["job"], t["index"], t["port"],
-        posixpath.join(t["dir"], layout.READY)), t["job"], t["port"])}) for t in h["tasks"])
+        posixpath.join(t["dir"], Layout.READY)), t["job"], t["port"])}) for t in h["tasks"])
     return HostPlan(
         spec=host_spec, python=h["python"], root=h["root"], tasks=tasks,
         env=tuple((k, v) for k, v in h["env"]), start_timeout=h["start_timeout"],
@@ -500,11 +500,11 @@ def make_plan(
             for port in ports:
                 index = counters[job]
                 counters[job] += 1
-                tdir = layout.task_dir(root, job, index)
+                tdir = Layout.task_dir(root, job, index)
                 tasks.append(TaskPlan(
                     job=job, index=index, host=spec.host, port=port, address=f"{address}:{port}",
                     dir=tdir, serve_argv=task_argv(spec, server_argv(server, python, launcher, job, index, port,
-                                                                     posixpath.join(tdir, layout.READY)), job, port),
+                                                                     posixpath.join(tdir, Layout.READY)), job, port),
                 ))
         hosts.append(HostPlan(spec=spec, python=python, root=root, tasks=tuple(tasks),
                               env=TASK_ENV, start_timeout=start_timeout, ttl=ttl, server=server,

@@ -63,9 +63,7 @@ from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError
 from dtf.program.train import NoFigures, RunFigures
 from dtf.providers.choose import provider_for
-from dtf_server import layout
-from dtf_server import program as host_program
-from dtf_server.protocol import ReachReply, RunRequest, RunStepRequest, StartReply, TaskSpec
+from dtf_server.protocol import Defaults, Layout, ReachReply, RunRequest, RunStepRequest, StartReply, TaskSpec
 
 JOIN_TIMEOUT = 300.0  # seconds every copy gets to import TensorFlow and join the others
 STOP_GRACE = 10.0  # seconds between TERM and KILL when the copies are stopped
@@ -108,7 +106,7 @@ def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt
 
 def run_env(hp: HostPlan) -> list[str]:
     """The variables (NAME=VALUE) of a `run`: the host's, and where dtf's package is (ship)."""
-    return [f"{k}={v}" for k, v in (*hp.env, (layout.HELPERS_ENV, hp.helpers))]
+    return [f"{k}={v}" for k, v in (*hp.env, (Layout.HELPERS_ENV, hp.helpers))]
 
 
 def run_argv(hp: HostPlan, specs: list[TaskSpec], fresh: bool, spawned: str = "") -> list[str]:
@@ -127,14 +125,12 @@ def run_step_argv(hp: HostPlan, specs: list[tuple[str, TaskSpec]], fresh: bool, 
 
 
 def out_dir(hp: HostPlan, task: TaskPlan) -> str:
-    return f"{task.dir}/{host_program.OUT}"
+    return f"{task.dir}/{Layout.OUT}"
 
 
 def host_program_wait() -> float:
     """Seconds the launcher's `run --spawned` waits for a job step's copies."""
-    from dtf_server.collective import RUN_STEP_WAIT
-
-    return RUN_STEP_WAIT
+    return Defaults.RUN_STEP_WAIT
 
 
 def check_plan(plan: Plan) -> list[str]:
