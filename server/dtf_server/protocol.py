@@ -316,9 +316,11 @@ def _text(value: object) -> str:
     return str(value)
 
 
-@dataclass(frozen=True, kw_only=True)
 class Options:
-    """Fields that are a launcher command's options."""
+    """A frozen, keyword-only dataclass whose fields are a launcher command's options (this base
+    has none: not a dataclass itself)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # (a subclass's, as dataclasses.fields reads them)
 
     def args(self) -> list[str]:
         """The options, in the fields' order: a flag when true, a list's every value, a value
@@ -348,7 +350,6 @@ class Options:
 OptionsT = TypeVar("OptionsT", bound=Options)
 
 
-@dataclass(frozen=True, kw_only=True)
 class Request(Options):
     """One launcher command's command line: `args()` is what follows `PYTHON LAUNCHER`."""
 
@@ -646,12 +647,15 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def parser() -> Parser:
-    """The launcher's parser, every command's options read from its request's fields."""
+def parser(command: str | None = None) -> Parser:
+    """The launcher's parser, every command's options read from its request's fields; `command`:
+    that command's alone (a command line needs no other: building them all is most of a parse)."""
     p = Parser(prog="launcher", description="dtf's launcher: one command per call, one JSON reply "
                                             "(dtf_server.protocol).")
     commands = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for kind in REQUESTS:
+        if command is not None and kind.command != command:
+            continue
         doc = " ".join((kind.__doc__ or "").split())
         c = commands.add_parser(kind.command, help=doc, description=doc)
         c.set_defaults(request=kind, parser=c)
@@ -689,7 +693,9 @@ def parse(argv: Sequence[str]) -> Request:
     """The request a launcher command line says (args() read back), a leading ~/ of its paths
     expanded. A usage error (an unknown command or option, a missing or bad value) exits
     EXIT_USAGE with one line on stderr."""
-    namespace, extra = parser().parse_known_args(list(argv))
+    argv = list(argv)
+    known = argv[0] if argv and any(argv[0] == kind.command for kind in REQUESTS) else None
+    namespace, extra = parser(known).parse_known_args(argv)
     if extra:  # said by the command's parser, which names the command
         namespace.parser.error(f"unrecognized arguments: {' '.join(extra)}")
     request: Request = _read(namespace.request, namespace, "")
