@@ -8,23 +8,30 @@ import os
 import subprocess
 import sys
 import time
-from argparse import Namespace
 
-from dtf_server import layout, program
-from dtf_server.layout import parse_name
-from dtf_server.procs import exit_reason, launcher, log_line, ours, proc_start_ticks, read_json, tail, write_json
-from dtf_server.protocol import StartReply, TaskSpec, TaskStarted
+from dtf_server import program
+from dtf_server.procs import launcher, log_line, ours, proc_start_ticks, read_json, tail, variables, write_json
+from dtf_server.protocol import (
+    Defaults,
+    FollowRequest,
+    Layout,
+    RunRequest,
+    RunStepRequest,
+    StartReply,
+    SuperviseProgramRequest,
+    TaskSpec,
+    TaskStarted,
+    exit_reason,
+)
 from dtf_server.start import READY_POLL, fresh_task_dir, record_supervisor
 from dtf_server.supervisor import renew
-
-RUN_STEP_WAIT = 60.0  # seconds a Slurm job step of program copies gets to start them (srun, imports)
 
 
 def spawn_supervisor(root: str, task: TaskSpec, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     """Start a program copy's supervisor (collective mode: `supervise-program`) detached, logging
     to the task's log, and record it in pid.json."""
     tdir = fresh_task_dir(root, task)
-    with open(os.path.join(tdir, layout.LOG), "ab") as log:
+    with open(os.path.join(tdir, Layout.LOG), "ab") as log:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tdir,
             start_new_session=True,  # its own session: survives the SSH session, one group to kill
@@ -34,43 +41,43 @@ def spawn_supervisor(root: str, task: TaskSpec, argv: list[str], env: dict[str, 
     return proc
 
 
-def cmd_run(args: Namespace) -> StartReply:
+def cmd_run(request: RunRequest) -> StartReply:
     """Collective mode: start one supervised program copy per task (see dtf_server.program); a
     task whose server or program still runs is refused. Waits only until each copy has started."""
     env = dict(os.environ)
-    env.update(kv.split("=", 1) for kv in args.env)
-    os.makedirs(args.dir, exist_ok=True)
-    renew(args.dir, None)
-    tasks = [TaskSpec.from_arg(a) for a in args.task]
+    env.update(variables(request.env))
+    os.makedirs(request.dir, exist_ok=True)
+    renew(request.dir, None)
+    tasks = list(request.task)
     results: dict[str, TaskStarted] = {}
     pending: dict[str, subprocess.Popen[bytes] | _Step] = {}
-    if args.spawned:  # Slurm: one job step runs every copy (`run-step`); wait for this host's
+    if request.spawned:  # Slurm: one job step runs every copy (`run-step`); wait for this host's
         for task in tasks:
-            pending[task.name] = _Step(layout.task_dir(args.dir, task.job, task.index), args.spawned)
+            pending[task.name] = _Step(Layout.task_dir(request.dir, task.job, task.index), request.spawned)
         tasks = []
-    if args.clear_output:
-        program.clear_outputs(args.dir, tasks)
+    if request.clear_output:
+        program.clear_outputs(request.dir, tasks)
     for task in tasks:
-        record = read_json(layout.in_task(args.dir, task.job, task.index, layout.PID))
+        record = read_json(Layout.in_task(request.dir, task.job, task.index, Layout.PID))
         if ours(record):
             assert record is not None
             results[task.name] = TaskStarted(ok=False, pid=record["pid"],
                                              reason="its server or program still runs")
             continue
-        argv = [sys.executable, launcher(), "supervise-program", "--dir", args.dir, "--task", task.to_arg()]
-        pending[task.name] = spawn_supervisor(args.dir, task, argv, env)
-    wait = RUN_STEP_WAIT if args.spawned else 10
+        argv = [sys.executable, launcher(), *SuperviseProgramRequest(dir=request.dir, task=task).args()]
+        pending[task.name] = spawn_supervisor(request.dir, task, argv, env)
+    wait = Defaults.RUN_STEP_WAIT if request.spawned else 10
     deadline = time.monotonic() + wait
     while pending and time.monotonic() < deadline:
         for name, proc in list(pending.items()):
-            job, index = parse_name(name)
-            state = (read_json(layout.in_task(args.dir, job, index, layout.SUPERVISOR)) or {}).get("state")
+            job, index = Layout.parse_name(name)
+            state = (read_json(Layout.in_task(request.dir, job, index, Layout.SUPERVISOR)) or {}).get("state")
             if isinstance(proc, _Step) and not proc.seen:
                 state = None  # an earlier run's
             code = proc.poll()
             if code is not None and state is None:
                 results[name] = TaskStarted(ok=False, pid=proc.pid, reason=f"supervisor {exit_reason(code)}",
-                                            log_tail=tail(layout.in_task(args.dir, job, index, layout.LOG)))
+                                            log_tail=tail(Layout.in_task(request.dir, job, index, Layout.LOG)))
                 del pending[name]
             elif state is not None:
                 results[name] = TaskStarted(ok=True, pid=proc.pid)
@@ -90,7 +97,7 @@ def _foreground_in(tdir: str) -> None:
     """Become a task's supervisor in the foreground (a Slurm job step): output to the task's log,
     working directory the task's, one process group to kill, as a detached supervisor has (`stop`
     signals it)."""
-    log = os.open(os.path.join(tdir, layout.LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(os.path.join(tdir, Layout.LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.chdir(tdir)
@@ -98,43 +105,43 @@ def _foreground_in(tdir: str) -> None:
         os.setpgid(0, 0)
 
 
-def cmd_run_step(args: Namespace) -> None:
+def cmd_run_step(request: RunStepRequest) -> None:
     """Slurm, collective mode: one task of the job step that runs every program copy (`srun
     --ntasks=N`), so the copies see Slurm's own step environment (SLURM_PROCID,
     SLURM_STEP_NODELIST...: SlurmClusterResolver reads it). The step's task SLURM_PROCID runs the
     copy of worker task PROCID (`--task` in worker order; block distribution over the nodes in
     Slurm's order puts it on that worker's node), supervised in the foreground as `run` would
     detached; `run --spawned TOKEN` waits for it."""
-    os.environ.update(kv.split("=", 1) for kv in args.env)
-    tasks = [TaskSpec.from_arg(a) for a in args.task]
+    os.environ.update(variables(request.env))
+    tasks = request.task
     rank = int(os.environ.get("SLURM_PROCID", "-1"))
     if not 0 <= rank < len(tasks):
         print(f"dtf run-step: SLURM_PROCID {rank} is not one of the {len(tasks)} copies", file=sys.stderr)
         sys.exit(2)
     task = tasks[rank]
-    tdir = layout.task_dir(args.dir, task.job, task.index)
+    tdir = Layout.task_dir(request.dir, task.job, task.index)
     os.makedirs(tdir, exist_ok=True)
-    if args.clear_output:
-        program.clear_outputs(args.dir, [task])
-    if os.path.exists(os.path.join(tdir, layout.SUPERVISOR)):  # an earlier run's
-        os.unlink(os.path.join(tdir, layout.SUPERVISOR))
+    if request.clear_output:
+        program.clear_outputs(request.dir, [task])
+    if os.path.exists(os.path.join(tdir, Layout.SUPERVISOR)):  # an earlier run's
+        os.unlink(os.path.join(tdir, Layout.SUPERVISOR))
     _foreground_in(tdir)
     node = os.environ.get("SLURMD_NODENAME", "")
-    if args.host and node and args.host[rank] != node:
-        log_line(f"{task.name}: warning: Slurm ran this copy on {node}, dtf planned it on {args.host[rank]}")
-    write_json(os.path.join(tdir, layout.PID),
+    if request.host and node and request.host[rank] != node:
+        log_line(f"{task.name}: warning: Slurm ran this copy on {node}, dtf planned it on {request.host[rank]}")
+    write_json(os.path.join(tdir, Layout.PID),
                {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid()), "job": task.job,
-                "index": task.index, "port": task.port, "started": time.time(), "token": args.token})
-    program.ProgramSupervisor(args.dir, task, launcher()).run()
+                "index": task.index, "port": task.port, "started": time.time(), "token": request.token})
+    program.ProgramSupervisor(request.dir, task, launcher()).run()
 
 
-def cmd_supervise_program(args: Namespace) -> None:
-    program.ProgramSupervisor(args.dir, TaskSpec.from_arg(args.task), launcher()).run()
+def cmd_supervise_program(request: SuperviseProgramRequest) -> None:
+    program.ProgramSupervisor(request.dir, request.task, launcher()).run()
 
 
-def cmd_follow(args: Namespace) -> None:
-    job, index = parse_name(args.task)
-    program.follow(args.dir, job, index, args.beat)
+def cmd_follow(request: FollowRequest) -> None:
+    job, index = Layout.parse_name(request.task)
+    program.follow(request.dir, job, index, request.beat)
 
 
 class _Step:
@@ -147,7 +154,7 @@ class _Step:
         self.seen = False
 
     def poll(self) -> int | None:
-        record = read_json(os.path.join(self.tdir, layout.PID))
+        record = read_json(os.path.join(self.tdir, Layout.PID))
         if record is None or record.get("token") != self.token:
             return None  # not started yet
         self.pid, self.seen = record["pid"], True

@@ -1,6 +1,6 @@
 """Managed environments on a host: a Python environment dtf builds with uv from wheels it sent.
 
-    WORKDIR/.cache/env/<hash>/       the environment (layout.ENV_MARKER in it once complete)
+    WORKDIR/.cache/env/<hash>/       the environment (Layout.ENV_MARKER in it once complete)
     WORKDIR/.cache/env/<hash>.lock   held (flock) while one is built: two `up`s never build one twice
     WORKDIR/.cache/wheels/           the wheels dtf sent (kept: a rebuild sends nothing again)
     WORKDIR/.cache/bin/uv-<hash>     the uv binary for this host's platform
@@ -23,9 +23,8 @@ import subprocess
 import sys
 import time
 
-from dtf_server import layout
 from dtf_server.procs import read_json, write_json
-from dtf_server.protocol import EnvReply, FetchReply, PurgeReply, ServeReply
+from dtf_server.protocol import EnvReply, FetchReply, Layout, PurgeReply, ServeReply
 
 LOCK_WAIT = 900.0  # seconds a build waits for another build of the same environment
 _NO_SPACE = ("No space left on device", "os error 28", "ENOSPC", "Disk quota exceeded")
@@ -37,7 +36,7 @@ def env_python(env: str) -> str:
 
 def ready(env: str) -> bool:
     """Complete (its marker), built on this python's version, and its python is there."""
-    marker = read_json(os.path.join(env, layout.ENV_MARKER))
+    marker = read_json(os.path.join(env, Layout.ENV_MARKER))
     return bool(marker and marker.get("python") == _version() and os.path.exists(env_python(env)))
 
 
@@ -150,7 +149,7 @@ def build(env: str, wheels: str, uv: str, requirements: str) -> EnvReply:
         with open(requirements) as f:
             pinned = [line.strip() for line in f if line.strip() and not line.startswith("#")]
         try:  # last: from here on the environment is complete
-            write_json(os.path.join(env, layout.ENV_MARKER),
+            write_json(os.path.join(env, Layout.ENV_MARKER),
                        {"python": _version(), "executable": sys.executable, "requirements": pinned,
                         "size": size, "built": time.time()})
         except OSError as e:
@@ -169,7 +168,7 @@ def build(env: str, wheels: str, uv: str, requirements: str) -> EnvReply:
 def purge(workdir: str, running: dict[str, list[str]]) -> PurgeReply:
     """Remove WORKDIR/.cache (environments, wheels, uv, synced trees), unless a cluster's tasks
     run in this workdir (`running`: cluster directory -> its live tasks): they use it."""
-    cache = layout.cache_dir(workdir)
+    cache = Layout.cache_dir(workdir)
     busy = {name: tasks for name, tasks in running.items() if tasks}
     if busy:
         names = ", ".join(f"{n} ({', '.join(t)})" for n, t in sorted(busy.items()))

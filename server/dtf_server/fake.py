@@ -22,8 +22,8 @@ import sys
 import threading
 import time
 
-from dtf_server import layout
 from dtf_server.procs import write_json
+from dtf_server.protocol import Layout
 
 CRASH_CODE = 3
 POLL = 0.1
@@ -45,7 +45,7 @@ def echo(conn: socket.socket, first: bytes) -> None:
 
 
 def crash_requested() -> bool:
-    return os.path.exists(layout.CRASH)  # the supervisor runs servers in their task directory
+    return os.path.exists(Layout.CRASH)  # the supervisor runs servers in their task directory
 
 
 def serve(job: str, index: int, port: int, ready: str, ready_delay: float = 0.0,

@@ -31,9 +31,8 @@ import subprocess
 import urllib.parse
 from collections.abc import Callable
 
-from dtf_server import layout
 from dtf_server.procs import read_json, write_json
-from dtf_server.protocol import FenceReply
+from dtf_server.protocol import FenceReply, Layout
 
 TIMEOUT = 20.0
 TOOLS_ENV = "DTF_FIREWALL_TOOLS"  # which tools to try, in order (a host's python wrapper may set it)
@@ -165,14 +164,14 @@ def apply(root: str, ports: list[int], allow: list[str]) -> FenceReply:
     if why:
         return FenceReply(tool=None, error=why)
     name = rules_name(root)
-    old = read_json(os.path.join(root, layout.FENCE))
+    old = read_json(os.path.join(root, Layout.FENCE))
     if old and not (old.get("tool") == tool == "nft" and old.get("name") == name):
         remove(root)  # (an nft table of the same name is replaced in one transaction below)
     members = _addresses(allow)
     v4 = [a for a in members if ipaddress.ip_address(a).version == 4]
     v6 = [a for a in members if ipaddress.ip_address(a).version == 6]
     # Remembered first: whatever part of it gets set is removed again.
-    write_json(os.path.join(root, layout.FENCE), {"tool": tool, "name": name, "ports": ports})
+    write_json(os.path.join(root, Layout.FENCE), {"tool": tool, "name": name, "ports": ports})
     comment = tag(root)
     if tool == "nft":
         error = _run([*sudo, binary, "-f", "-"], stdin=nft_script(name, ports, v4, v6, comment))
@@ -210,7 +209,7 @@ def _drop(tool: str, sudo: list[str], name: str) -> None:
 
 def remove(root: str) -> FenceReply:
     """Remove the rules `apply` set for this cluster directory (nothing if there are none)."""
-    path = os.path.join(root, layout.FENCE)
+    path = os.path.join(root, Layout.FENCE)
     data = read_json(path)
     if not data:
         return FenceReply(tool=None)
@@ -271,7 +270,7 @@ def sweep(root: str, alive: Callable[[str], bool]) -> list[str]:
     """After `apply` set this cluster's rules (with the same tool): remove this user's rule sets
     whose cluster is gone (`alive(root)` False), left by supervisors killed with SIGKILL or on a
     host that lost the cluster's directory. The names removed."""
-    data = read_json(os.path.join(root, layout.FENCE)) or {}
+    data = read_json(os.path.join(root, Layout.FENCE)) or {}
     tool, keep = str(data.get("tool")), str(data.get("name"))
     binary = _binary("nft" if tool == "nft" else "iptables")
     if binary is None:
@@ -283,7 +282,7 @@ def sweep(root: str, alive: Callable[[str], bool]) -> list[str]:
             if name != keep and uid == os.geteuid() and root and not alive(root)}
     for name, root in gone.items():
         _drop(tool, sudo, name)
-        record = os.path.join(root, layout.FENCE)
+        record = os.path.join(root, Layout.FENCE)
         if (read_json(record) or {}).get("name") == name:
             with contextlib.suppress(OSError):  # (its `clean` may be removing it too)
                 os.unlink(record)

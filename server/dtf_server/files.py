@@ -6,28 +6,39 @@ from __future__ import annotations
 
 import os
 import sys
-from argparse import Namespace
 
 from dtf_server import envs, receive
-from dtf_server.protocol import EnvReply, FetchReply, PurgeReply, ServeReply, SyncReply
+from dtf_server.protocol import (
+    Defaults,
+    EnvReply,
+    EnvRequest,
+    FetchReply,
+    FetchWheelsRequest,
+    PurgeReply,
+    PurgeRequest,
+    ServeReply,
+    ServeWheelsRequest,
+    SyncReply,
+    SyncRequest,
+)
 from dtf_server.supervisor import running_tasks
 
 
-def cmd_env(args: Namespace) -> EnvReply:
-    return envs.build(args.env, args.wheels, args.uv, args.requirements)
+def cmd_env(request: EnvRequest) -> EnvReply:
+    return envs.build(request.env, request.wheels, request.uv, request.requirements)
 
 
-def cmd_serve_wheels(args: Namespace) -> ServeReply:
-    return envs.serve(args.dir, args.port, args.file, args.idle, args.limit)
+def cmd_serve_wheels(request: ServeWheelsRequest) -> ServeReply:
+    return envs.serve(request.dir, request.port, request.file, request.idle, request.limit)
 
 
-def cmd_fetch_wheels(args: Namespace) -> FetchReply:
-    files = [tuple(f.rsplit(":", 1)) for f in args.file]
-    return envs.fetch(args.source, args.dir, [(n, h) for n, h in files], args.wait, args.timeout)
+def cmd_fetch_wheels(request: FetchWheelsRequest) -> FetchReply:
+    files = [tuple(f.rsplit(":", 1)) for f in request.file]
+    return envs.fetch(request.source, request.dir, [(n, h) for n, h in files], request.wait, request.timeout)
 
 
-def cmd_purge(args: Namespace) -> PurgeReply:
-    workdir = args.workdir
+def cmd_purge(request: PurgeRequest) -> PurgeReply:
+    workdir = request.workdir
     clusters = [n for n in os.listdir(workdir) if not n.startswith(".")] if os.path.isdir(workdir) else []
     running = {n: running_tasks(os.path.join(workdir, n)) for n in clusters
                if os.path.isdir(os.path.join(workdir, n))}
@@ -35,28 +46,28 @@ def cmd_purge(args: Namespace) -> PurgeReply:
 
 
 
-def cmd_sync(args: Namespace) -> SyncReply:
+def cmd_sync(request: SyncRequest) -> SyncReply:
     """A synced tree: is WORKDIR/.cache/sync/HASH there (`--free-port`: and a port free here);
     with --receive, make it from stdin, or from another host's relay (`--from ADDR:PORT`), and
     pass it on to `--children` hosts as it arrives (`--serve PORT`: see dtf_server.receive)."""
-    if receive.present(args.dir, args.hash) or not args.receive:
-        return SyncReply(present=receive.present(args.dir, args.hash),
-                         port=receive.free_port() if args.free_port else 0)
-    token = args.token
+    if receive.present(request.dir, request.hash) or not request.receive:
+        return SyncReply(present=receive.present(request.dir, request.hash),
+                         port=receive.free_port() if request.free_port else 0)
+    token = request.token
     relay = None
-    if args.serve:
+    if request.serve:
         try:
-            relay = receive.Relay(args.serve, args.children, token)
+            relay = receive.Relay(request.serve, request.children, token)
         except OSError:
             relay = None  # the port was taken meanwhile: the children fail, and the laptop sends to them
     complete = False
     try:
-        wait = receive.ACCEPT_WAIT if args.wait is None else args.wait
-        source = receive.connect(args.source, token, wait=wait) if args.source else sys.stdin.buffer
+        wait = Defaults.RELAY_WAIT if request.wait is None else request.wait
+        source = receive.connect(request.source, token, wait=wait) if request.source else sys.stdin.buffer
         if relay is not None:
             relay.accept(wait=wait)
         try:
-            received = receive.receive(args.dir, args.hash, source, relay.write if relay is not None else None)
+            received = receive.receive(request.dir, request.hash, source, relay.write if relay is not None else None)
         finally:
             source.close()
         complete = True

@@ -14,20 +14,25 @@ import shutil
 import signal
 import sys
 import time
-from argparse import Namespace
 from typing import IO, Any
 
-from dtf_server import fence, layout, sample, tflog
-from dtf_server.layout import parse_name
+from dtf_server import fence, sample, tflog
 from dtf_server.procs import ours, port_open, proc_start_ticks, read_json, server_record, write_json
 from dtf_server.protocol import (
     CleanReply,
+    CleanRequest,
+    Layout,
+    LogRequest,
     RenewReply,
+    RenewRequest,
     StatusReply,
+    StatusRequest,
     StopReply,
+    StopRequest,
     TaskSample,
     TaskStatus,
     TaskStopped,
+    TopRequest,
     TopSample,
     encode,
 )
@@ -35,11 +40,11 @@ from dtf_server.supervisor import read_lease, renew, running_tasks
 
 
 def task_status(root: str, job: str, index: int) -> TaskStatus:
-    tdir = layout.task_dir(root, job, index)
-    record = read_json(os.path.join(tdir, layout.PID))
+    tdir = Layout.task_dir(root, job, index)
+    record = read_json(os.path.join(tdir, Layout.PID))
     if record is None:
         return TaskStatus.dead("never started")
-    sup = read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}
+    sup = read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {}
     alive = ours(record)  # the supervisor
     server_alive = alive and ours(server_record(sup))
     port = record.get("port")
@@ -57,36 +62,36 @@ def task_status(root: str, job: str, index: int) -> TaskStatus:
         restarts=sup.get("restarts", 0), last_exit=sup.get("last_exit"), reason=reason)
 
 
-def cmd_status(args: Namespace) -> StatusReply:
-    lease = renew(args.dir, None) if args.renew else read_lease(args.dir)
-    return StatusReply(tasks={t: task_status(args.dir, *parse_name(t)) for t in args.task}, lease=lease)
+def cmd_status(request: StatusRequest) -> StatusReply:
+    lease = renew(request.dir, None) if request.renew else read_lease(request.dir)
+    return StatusReply(tasks={t: task_status(request.dir, *Layout.parse_name(t)) for t in request.task}, lease=lease)
 
 
-def cmd_top(args: Namespace) -> None:
+def cmd_top(request: TopRequest) -> None:
     """Print one TopSample line every `--interval` seconds until stdout's reader is gone (EPIPE:
     `dtf top` quit, or its SSH connection closed), the cluster's directory is gone, or `--for`
     seconds passed. It never renews the
     lease: a view left open does not keep an abandoned cluster alive. `--states-only` (dtf train's
     mender, which needs only each task's state): no /proc scan, no `ss`, no training figures."""
-    tasks = [(t, *parse_name(t)) for t in args.task]
-    record = os.path.join(args.dir, f"{layout.TOP_PREFIX}{os.getpid()}.json")
-    if os.path.isdir(args.dir):  # `clean` (`dtf down`) ends the streams it finds so recorded
+    tasks = [(t, *Layout.parse_name(t)) for t in request.task]
+    record = os.path.join(request.dir, f"{Layout.TOP_PREFIX}{os.getpid()}.json")
+    if os.path.isdir(request.dir):  # `clean` (`dtf down`) ends the streams it finds so recorded
         write_json(record, {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid())})
     try:
-        stream_samples(args, tasks)
+        stream_samples(request, tasks)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(record)
 
 
-def stream_samples(args: Namespace, tasks: list[tuple[str, str, int]]) -> None:
+def stream_samples(request: TopRequest, tasks: list[tuple[str, str, int]]) -> None:
     before: dict[str, sample.Usage] = {}
     then = sample.clock()
-    end = then + args.for_seconds
+    end = then + request.for_seconds
     while True:
-        statuses = {name: task_status(args.dir, job, index) for name, job, index in tasks}
+        statuses = {name: task_status(request.dir, job, index) for name, job, index in tasks}
         leaders = {name: s.pid for name, s in statuses.items() if s.alive and s.pid is not None}
-        now_usage = {} if args.states_only else sample.usage(leaders)
+        now_usage = {} if request.states_only else sample.usage(leaders)
         now = sample.clock()
         samples = {}
         for name, status in statuses.items():
@@ -95,17 +100,17 @@ def stream_samples(args: Namespace, tasks: list[tuple[str, str, int]]) -> None:
                 samples[name] = TaskSample(status)
                 continue
             cpu, net_in, net_out = sample.rates(before.get(name), u, now - then)
-            train = read_json(layout.in_task(args.dir, *parse_name(name), layout.TRAIN))
+            train = read_json(Layout.in_task(request.dir, *Layout.parse_name(name), Layout.TRAIN))
             samples[name] = TaskSample(status, cpu=cpu, rss=u.rss, net_in=net_in, net_out=net_out,
                                        train=train if status.alive else None)
         before, then = now_usage, now
         try:
-            print(encode(TopSample(tasks=samples, time=time.time(), lease=read_lease(args.dir))), flush=True)
+            print(encode(TopSample(tasks=samples, time=time.time(), lease=read_lease(request.dir))), flush=True)
         except BrokenPipeError:
             return
-        if now >= end or not os.path.isdir(args.dir):  # the cluster is gone (`dtf down`, a lapsed lease)
+        if now >= end or not os.path.isdir(request.dir):  # the cluster is gone (`dtf down`, a lapsed lease)
             return
-        if reader_gone(max(0.0, min(args.interval - (sample.clock() - now), end - now))):
+        if reader_gone(max(0.0, min(request.interval - (sample.clock() - now), end - now))):
             return
 
 
@@ -122,7 +127,7 @@ LOG_POLL = 0.2  # seconds between two looks at a followed log
 PARTIAL_WAIT = 0.5  # a followed line still without its newline after this long is shown as far as it goes
 
 
-def cmd_log(args: Namespace) -> None:
+def cmd_log(request: LogRequest) -> None:
     """A task's log (`dtf logs`): its last `--lines` lines, TensorFlow's own left out unless `--all`
     (dtf_server.tflog); with `--follow`, then its new lines as they come, until stdout's reader is
     gone (`dtf logs` ended: its SSH session's end also hangs up this process) or the task's
@@ -131,22 +136,22 @@ def cmd_log(args: Namespace) -> None:
     depends on the lines before it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C of a local `dtf logs` ends it without a traceback
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as `tail`: a reader gone ends it
-    tdir = layout.task_dir(args.dir, *parse_name(args.task))
-    path = os.path.join(tdir, layout.LOG)
+    tdir = Layout.task_dir(request.dir, *Layout.parse_name(request.task))
+    path = os.path.join(tdir, Layout.LOG)
     try:
         log = open(path, "rb")
     except FileNotFoundError:
-        raise SystemExit(f"dtf: {args.task} has no log on this host ({path})")
+        raise SystemExit(f"dtf: {request.task} has no log on this host ({path})")
     try:
-        shown = tflog.Shown(everything=args.all)
-        last: collections.deque[bytes] = collections.deque(maxlen=max(0, args.lines))
+        shown = tflog.Shown(everything=request.all)
+        last: collections.deque[bytes] = collections.deque(maxlen=max(0, request.lines))
         while data := log.read(1 << 20):
             last.extend(shown.feed(data))
-        if not args.follow and (unended := shown.partial()):
+        if not request.follow and (unended := shown.partial()):
             last.append(unended)  # a last line without its newline counts, as `tail` counts it
         write_out(b"".join(last))
-        if args.follow:
-            follow_log(args.task, tdir, path, log, shown, args.all)
+        if request.follow:
+            follow_log(request.task, tdir, path, log, shown, request.all)
     finally:
         log.close()
 
@@ -191,18 +196,18 @@ def write_out(data: bytes) -> None:
         view = view[os.write(1, view):]
 
 
-def cmd_renew(args: Namespace) -> RenewReply:
-    return RenewReply(lease=renew(args.dir, args.ttl))
+def cmd_renew(request: RenewRequest) -> RenewReply:
+    return RenewReply(lease=renew(request.dir, request.ttl))
 
 
-def cmd_stop(args: Namespace) -> StopReply:
+def cmd_stop(request: StopRequest) -> StopReply:
     # Per running task: its process group (the supervisor's pid) and the processes to see gone,
     # supervisor and server.
     groups: dict[str, tuple[int, list[dict[str, Any]]]] = {}
-    for t in args.task:
-        tdir = layout.task_dir(args.dir, *parse_name(t))
-        record = read_json(os.path.join(tdir, layout.PID))
-        server = server_record(read_json(os.path.join(tdir, layout.SUPERVISOR)) or {})
+    for t in request.task:
+        tdir = Layout.task_dir(request.dir, *Layout.parse_name(t))
+        record = read_json(os.path.join(tdir, Layout.PID))
+        server = server_record(read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {})
         members = [r for r in (record, server) if r is not None and ours(r)]
         if record and members:
             groups[t] = (record["pid"], members)
@@ -227,17 +232,17 @@ def cmd_stop(args: Namespace) -> StopReply:
 
     for t in groups:
         signal_group(t, signal.SIGTERM)
-    wait(args.grace)
+    wait(request.grace)
     for t in groups:
         if alive(t):
             signal_group(t, signal.SIGKILL)
             killed.add(t)
     wait(5)
     stopped = {t: TaskStopped(was_running=t in groups, killed=t in killed, gone=t not in groups or not alive(t))
-               for t in args.task}
+               for t in request.task}
     cleaned = None
-    if args.clean and all(s.gone for s in stopped.values()):
-        cleaned = cmd_clean(Namespace(dir=args.dir, keep_logs=args.keep_logs, if_unused=False))
+    if request.clean and all(s.gone for s in stopped.values()):
+        cleaned = cmd_clean(CleanRequest(dir=request.dir, keep_logs=request.keep_logs))
     return StopReply(tasks=stopped, cleaned=cleaned)
 
 
@@ -247,7 +252,7 @@ def end_streams(root: str) -> None:
     `dtf train`), and wait until they are gone."""
     streams: list[dict[str, Any]] = []
     for name in os.listdir(root):
-        record = read_json(os.path.join(root, name)) if name.startswith(layout.TOP_PREFIX) else None
+        record = read_json(os.path.join(root, name)) if name.startswith(Layout.TOP_PREFIX) else None
         if record is not None and ours(record):
             streams.append(record)
     for r in streams:
@@ -258,27 +263,27 @@ def end_streams(root: str) -> None:
         time.sleep(0.01)
 
 
-def cmd_clean(args: Namespace) -> CleanReply:
+def cmd_clean(request: CleanRequest) -> CleanReply:
     """What `down` ends with on every host (`stop --clean`): the firewall rules first, then the
     tasks' files and the launchers. A directory another dtf's tasks use (`--if-unused`) is left
     alone; a task whose server still runs is refused."""
     removed: list[str] = []
-    if not os.path.isdir(args.dir):
+    if not os.path.isdir(request.dir):
         return CleanReply(removed=removed)
-    if args.if_unused and running_tasks(args.dir):
+    if request.if_unused and running_tasks(request.dir):
         return CleanReply(removed=removed, in_use=True)  # another dtf's tasks live here: not ours
-    end_streams(args.dir)
-    if os.path.exists(os.path.join(args.dir, layout.FENCE)):  # the firewall rules first: they outlive no cluster
-        fenced = fence.remove(args.dir)
+    end_streams(request.dir)
+    if os.path.exists(os.path.join(request.dir, Layout.FENCE)):  # the firewall rules first: they outlive no cluster
+        fenced = fence.remove(request.dir)
         if fenced.error:
             raise SystemExit(f"cannot remove the TF ports' firewall rules: {fenced.error}")
-    for name in sorted(os.listdir(args.dir)):
-        path = os.path.join(args.dir, name)
+    for name in sorted(os.listdir(request.dir)):
+        path = os.path.join(request.dir, name)
         if os.path.isdir(path) and not os.path.islink(path) and name != "__pycache__":
-            if ours(read_json(os.path.join(path, layout.PID))):
+            if ours(read_json(os.path.join(path, Layout.PID))):
                 raise SystemExit(f"refusing to clean {path}: its server is still running")
             for entry in os.listdir(path):
-                if args.keep_logs and entry == layout.LOG:
+                if request.keep_logs and entry == Layout.LOG:
                     continue
                 target = os.path.join(path, entry)
                 if os.path.isdir(target) and not os.path.islink(target):
@@ -288,13 +293,13 @@ def cmd_clean(args: Namespace) -> CleanReply:
                 removed.append(target)
             if not os.listdir(path):
                 os.rmdir(path)
-        elif (layout.is_launcher(name) or layout.is_helpers(name) or name in (layout.LEASE, layout.EXPIRE_LOCK)
-              or name.startswith(layout.TOP_PREFIX)
+        elif (Layout.is_launcher(name) or Layout.is_helpers(name) or name in (Layout.LEASE, Layout.EXPIRE_LOCK)
+              or name.startswith(Layout.TOP_PREFIX)
               or ".tmp-" in name):
             os.unlink(path)  # every launcher version (and dtf's package), and uploads that never completed
             removed.append(path)
-    if os.path.isdir(pycache := os.path.join(args.dir, "__pycache__")):
+    if os.path.isdir(pycache := os.path.join(request.dir, "__pycache__")):
         shutil.rmtree(pycache, ignore_errors=True)
-    if not os.listdir(args.dir):
-        os.rmdir(args.dir)
+    if not os.listdir(request.dir):
+        os.rmdir(request.dir)
     return CleanReply(removed=removed)

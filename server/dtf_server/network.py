@@ -9,10 +9,9 @@ import os
 import select
 import socket
 import time
-from argparse import Namespace
 from typing import Any
 
-from dtf_server.protocol import ReachReply
+from dtf_server.protocol import ReachReply, ReachRequest
 from dtf_server.supervisor import renew
 
 # Connection attempts per second a host's mesh check makes at most while other hosts' tasks refuse
@@ -102,9 +101,9 @@ def connect(sock: socket.socket, address: Any) -> int:
     return sock.connect_ex(address)
 
 
-def cmd_reach(args: Namespace) -> ReachReply:
+def cmd_reach(request: ReachRequest) -> ReachReply:
     """Open a TCP connection to each target (in parallel), each within --timeout seconds."""
-    unreachable = reach(args.to, args.timeout)
-    if args.dir:
-        renew(args.dir, None)  # `up` asks last: whoever asks is using the cluster
+    unreachable = reach(request.to, request.timeout)
+    if request.dir:
+        renew(request.dir, None)  # `up` asks last: whoever asks is using the cluster
     return ReachReply(unreachable=unreachable)

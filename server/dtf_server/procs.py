@@ -153,72 +153,9 @@ def close_inherited() -> None:
                 pass
 
 
-def exit_reason(code: int) -> str:
-    """What a Popen returncode means, in words."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-# Where dtf.program.runner writes the exit code the program ended with, once Python has run its atexit
-# functions: TensorFlow's runtime can still crash after that (SIGABRT, "terminate called after
-# throwing ...", seen after a worker was lost and came back), with the program's work all done.
-EXIT_STATUS_ENV = "DTF_EXIT_STATUS_FILE"
-
-
-def ended_before_crash(code: int, status_path: str) -> int | None:
-    """The program's own exit code when it ended (dtf.program.runner wrote it to `status_path`) and then
-    died of a signal (`code` < 0) while Python shut down; None otherwise."""
-    if code >= 0:
-        return None
-    try:
-        with open(status_path) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-
-
 def log_line(message: str) -> None:
     """One line in the task's log (the supervisor's stdout is the log)."""
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} dtf: {message}", flush=True)
-
-
-TF_DISTRIBUTIONS = ("tensorflow", "tensorflow_cpu")  # as dist-info directories spell them
-
-
-def tf_version() -> str | None:
-    """The TensorFlow version of this python, from package metadata (any build: tensorflow,
-    tensorflow-cpu); importing TensorFlow would take seconds.
-
-    First from the names of the `NAME-VERSION.dist-info` directories on sys.path, as
-    importlib.metadata finds them (the first name, then the first path entry that has it): what
-    pip, uv and conda install. importlib.metadata itself (eggs, zips) only where that finds none:
-    its import (email, zipfile, csv) would be most of the check's own work."""
-    listings: dict[str, list[str]] = {}
-    for name in TF_DISTRIBUTIONS:
-        for entry in sys.path:
-            if entry not in listings:
-                try:
-                    listings[entry] = os.listdir(entry or ".")
-                except OSError:
-                    listings[entry] = []
-            for item in listings[entry]:
-                stem, _, suffix = item.rpartition(".")
-                dist, dash, version = stem.partition("-")
-                if (suffix == "dist-info" and dash and version
-                        and dist.lower().replace(".", "_") == name):
-                    return version
-    from importlib import metadata
-
-    for name in TF_DISTRIBUTIONS:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 # One directory per GPU that the NVIDIA driver knows (its PCI address), whether or not a cgroup
@@ -250,6 +187,15 @@ def platform_info() -> tuple[str, str, str]:
 def expand_home(argv: list[str]) -> list[str]:
     """What a shell does to a leading ~/ (the plan writes host paths that way)."""
     return [os.path.expanduser(a) if a == "~" or a.startswith("~/") else a for a in argv]
+
+
+def variables(pairs: list[str]) -> dict[str, str]:
+    """NAME=VALUE pairs (a command's `--env`) as a mapping."""
+    found: dict[str, str] = {}
+    for pair in pairs:
+        name, value = pair.split("=", 1)
+        found[name] = value
+    return found
 
 
 def launcher() -> str:

@@ -26,34 +26,29 @@ import sys
 import time
 from typing import Any
 
-from dtf_server import layout
-from dtf_server.procs import (
+from dtf_server.procs import die_with_parent, expand_home, log_line, ours, proc_start_ticks, read_json
+from dtf_server.protocol import (
+    BEAT_EVENT,
+    EXIT_EVENT,
     EXIT_STATUS_ENV,
-    die_with_parent,
+    JOINED_EVENT,
+    Defaults,
+    Layout,
+    TaskSpec,
     ended_before_crash,
     exit_reason,
-    expand_home,
-    log_line,
-    ours,
-    proc_start_ticks,
-    read_json,
 )
-from dtf_server.protocol import Defaults, TaskSpec
 from dtf_server.supervisor import Supervisor
 
-OUT = "out"  # a program copy's working and output directory, below its task directory
 JOINED = "joined"  # written by the program (dtf.program.hooks.collective) once its strategy has joined
 EXITED = "exited"  # supervisor.json's state once the program has ended
-ENDED = "ended"  # where dtf.program.runner writes the exit code the program ended with (procs.EXIT_STATUS_ENV)
-BEAT = "dtf-beat"
-JOINED_EVENT = "dtf-joined"
-EXIT_EVENT = "dtf-exit "
+ENDED = "ended"  # where dtf.program.runner writes the exit code the program ended with (protocol.EXIT_STATUS_ENV)
 FOLLOW_POLL = 0.1
 WAIT_START = 30.0  # seconds `follow` waits for the copy's supervisor to have written its state
 
 
 def out_dir(root: str, job: str, index: int) -> str:
-    return os.path.join(layout.task_dir(root, job, index), OUT)
+    return os.path.join(Layout.task_dir(root, job, index), Layout.OUT)
 
 
 class ProgramSupervisor(Supervisor):
@@ -66,7 +61,7 @@ class ProgramSupervisor(Supervisor):
         self.out = out_dir(root, task.job, task.index)
 
     def spawn(self) -> None:
-        for stale in (JOINED, layout.READY, ENDED):
+        for stale in (JOINED, Layout.READY, ENDED):
             path = os.path.join(self.dir, stale)
             if os.path.exists(path):
                 os.unlink(path)
@@ -74,7 +69,7 @@ class ProgramSupervisor(Supervisor):
         env = dict(os.environ)
         # dtf's own package, zipped beside the launcher (the `run` gives its path in HELPERS_ENV),
         # and the launcher, which it imports: `import dtf`, `python -m dtf.program.runner`.
-        helpers = env.pop(layout.HELPERS_ENV, None)
+        helpers = env.pop(Layout.HELPERS_ENV, None)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [helpers, self.launcher, env.get("PYTHONPATH")]))
         env["DTF_OUTPUT_DIR"] = os.path.abspath(self.out)
         env["DTF_JOINED"] = os.path.abspath(os.path.join(self.dir, JOINED))
@@ -92,7 +87,7 @@ class ProgramSupervisor(Supervisor):
             signal.signal(sig, self.on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         # Where this run's output begins in the task's log (it keeps earlier runs'): `follow` starts there.
-        self.save(log_offset=os.path.getsize(os.path.join(self.dir, layout.LOG)))
+        self.save(log_offset=os.path.getsize(os.path.join(self.dir, Layout.LOG)))
         log_line(f"{self.name}: running the program on port {self.task.port}")
         self.spawn()
         server = self.server
@@ -122,17 +117,17 @@ class ProgramSupervisor(Supervisor):
 
 def follow(root: str, job: str, index: int, beat: float) -> int:
     """Stream one program copy's output and events until it has ended (see the module's doc)."""
-    tdir = layout.task_dir(root, job, index)
-    log_path = os.path.join(tdir, layout.LOG)
+    tdir = Layout.task_dir(root, job, index)
+    log_path = os.path.join(tdir, Layout.LOG)
     deadline = time.monotonic() + WAIT_START
     sup: dict[str, Any] = {}
     while "log_offset" not in sup and time.monotonic() < deadline:
-        sup = read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}
+        sup = read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {}
         time.sleep(FOLLOW_POLL)
     if "log_offset" not in sup:
         event(EXIT_EVENT + json.dumps({"code": None, "reason": "its supervisor never started"}))
         return 0
-    record = read_json(os.path.join(tdir, layout.PID))
+    record = read_json(os.path.join(tdir, Layout.PID))
     joined = False
     last_beat = 0.0
     with open(log_path, "rb") as log:
@@ -152,9 +147,9 @@ def follow(root: str, job: str, index: int, beat: float) -> int:
             now = time.monotonic()
             if now - last_beat >= beat:
                 last_beat = now
-                event(BEAT)
+                event(BEAT_EVENT)
             time.sleep(FOLLOW_POLL)
-    sup = read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}
+    sup = read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {}
     if sup.get("state") == EXITED:
         code, reason = sup.get("exit_code"), sup.get("last_exit")
     else:  # its supervisor was killed before it could say (a KILL to the group: `stop`, the OOM killer)

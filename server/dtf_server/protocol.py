@@ -1,8 +1,11 @@
-"""The host protocol: what each launcher command answers, typed once for both sides.
+"""The host protocol: each launcher command's request and reply, typed once for both sides.
 
-The launcher (this package, on a host) prints exactly one JSON document per command: the reply's
-fields and `"protocol": PROTOCOL`. The client (`dtf.hostops.launcher`) decodes it with `decode()`
-into the same frozen dataclasses, so neither side reads raw keys.
+The client runs a command as `PYTHON LAUNCHER *request.args()`, from a frozen dataclass per
+command (`CheckRequest`, `StartRequest`, ...); the launcher reads the same request back with
+`parse()`, its parser built from the same fields. The launcher (this package, on a host) prints
+exactly one JSON document per command: the reply's fields and `"protocol": PROTOCOL`. The client
+(`dtf.hostops.launcher`) decodes it with `decode()` into the same frozen dataclasses, so neither
+side reads raw keys or writes an option by hand.
 A reply of another protocol version is refused (`ProtocolMismatch`), never half-read: the client
 then ships its own launcher and asks again.
 
@@ -11,9 +14,15 @@ Standard library only: this module ships to hosts.
 
 from __future__ import annotations
 
+import argparse
 import json
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, TypeVar
+import os
+import posixpath
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields: a reply of another version
 # is refused, never half-read (what each version changed: this file's git log).
@@ -39,6 +48,105 @@ class Defaults:
     RESTART_MAX_BACKOFF = 60.0
     STABLE_AFTER = 60.0  # a server that ran this long before dying restarts with the base backoff
     TTL = 3600.0  # the lease: seconds without renewal before the tasks stop themselves
+    RUN_STEP_WAIT = 60.0  # seconds a Slurm job step of program copies gets to start them (srun, imports)
+    RELAY_WAIT = 30.0  # seconds a `sync` relay waits for its children to connect, then starts without the others
+    RELAY_STALL = 120.0  # seconds a host-to-host stream may make no progress before it is given up
+
+
+class Layout:
+    """Where dtf's files live on a host: the plan (client) and the launcher (host) both use this.
+
+    Everything of one cluster lives below its root, WORKDIR/CLUSTER:
+
+        ROOT/launcher-<hash>.pyz   the launcher (dtf_server, one zipapp named by its content)
+        ROOT/dtf-<hash>.zip        dtf's own package (collective mode's copies import it)
+        ROOT/lease.json            {ttl, renewed}: see supervisor.py
+        ROOT/.expire-lock          taken by tasks removing their files when the lease lapsed
+        ROOT/fence.json            the TF ports' firewall rules its start set (`firewall: auto`, `members`: fence.py)
+        ROOT/top-<pid>.json        a running `top` stream (its pid and start time): `clean` ends it
+        ROOT/JOB-INDEX/            one per task:
+            log                    the supervisor's and the server's output
+            pid.json               the supervisor's pid and process start time (and its task)
+            supervisor.json        restarts, last exit, the server's pid
+            ready.json             written by the server once it serves
+            crash                  (fake servers only) makes the fake server exit: for tests
+            train.json             collective mode: the program copy's training figures (`top` reads them)
+            out/                   collective mode: the program copy's working and output directory
+
+    What outlives a cluster (kept by `dtf down` as a cache, removed by `dtf down --purge`) lives
+    beside the clusters, below WORKDIR/.cache (a cluster name cannot start with a dot):
+
+        WORKDIR/.cache/env/<hash>/   a managed Python environment, named by a hash of its contents;
+                                     complete once its ENV_MARKER exists (written last)
+        WORKDIR/.cache/wheels/       the wheels dtf sent to build those (a flat directory)
+        WORKDIR/.cache/bin/uv-<hash> the uv binary that builds them
+        WORKDIR/.cache/sync/<hash>/  a tree sent by `dtf sync`, named by a hash of its contents
+
+    Paths are posix paths as the plan writes them (a leading ~/ is the host user's home).
+    """
+
+    LAUNCHER_PREFIX = "launcher-"
+    LAUNCHER_SUFFIX = ".pyz"
+    OLD_LAUNCHER = "launcher.py"  # what dtf before the protocol version uploaded
+    HELPERS_PREFIX, HELPERS_SUFFIX = "dtf-", ".zip"
+    HELPERS_ENV = "DTF_HELPERS"  # the zip's path, in a collective `run`'s environment (its copies' PYTHONPATH)
+    LEASE = "lease.json"
+    EXPIRE_LOCK = ".expire-lock"
+    FENCE = "fence.json"
+    TOP_PREFIX = "top-"  # + pid + ".json": a running `top` stream's record (maintenance.cmd_top)
+    LOG = "log"
+    PID = "pid.json"
+    SUPERVISOR = "supervisor.json"
+    READY = "ready.json"
+    CRASH = "crash"
+    TRAIN = "train.json"  # the name dtf.program.figures writes
+    OUT = "out"  # a program copy's working and output directory, below its task directory
+    CACHE = ".cache"
+    ENV_MARKER = ".dtf-env.json"  # in a managed environment: written last, once it is complete
+
+    @staticmethod
+    def cache_dir(workdir: str, kind: str = "") -> str:
+        """WORKDIR/.cache, or WORKDIR/.cache/KIND ("env", "sync")."""
+        return posixpath.join(workdir, Layout.CACHE, kind) if kind else posixpath.join(workdir, Layout.CACHE)
+
+    @staticmethod
+    def synced_from_task(digest: str, subpath: str = "") -> str:
+        """A synced tree (or the file in it) as a path relative to a task's directory: every server
+        runs there (WORKDIR/CLUSTER/JOB-INDEX), so this one path is right on every host, whatever
+        its WORKDIR or home directory."""
+        return posixpath.join("..", "..", Layout.CACHE, "sync", digest, *filter(None, [subpath]))
+
+    @staticmethod
+    def launcher_name(digest: str) -> str:
+        return f"{Layout.LAUNCHER_PREFIX}{digest}{Layout.LAUNCHER_SUFFIX}"
+
+    @staticmethod
+    def helpers_name(digest: str) -> str:
+        """dtf's own package, zipped (collective mode's copies import it), beside the launcher."""
+        return f"{Layout.HELPERS_PREFIX}{digest}{Layout.HELPERS_SUFFIX}"
+
+    @staticmethod
+    def is_helpers(filename: str) -> bool:
+        return filename.startswith(Layout.HELPERS_PREFIX) and filename.endswith(Layout.HELPERS_SUFFIX)
+
+    @staticmethod
+    def is_launcher(filename: str) -> bool:
+        return filename == Layout.OLD_LAUNCHER or (filename.startswith(Layout.LAUNCHER_PREFIX)
+                                                   and filename.endswith(Layout.LAUNCHER_SUFFIX))
+
+    @staticmethod
+    def task_dir(root: str, job: str, index: int) -> str:
+        return posixpath.join(root, f"{job}-{index}")
+
+    @staticmethod
+    def in_task(root: str, job: str, index: int, filename: str) -> str:
+        return posixpath.join(Layout.task_dir(root, job, index), filename)
+
+    @staticmethod
+    def parse_name(text: str) -> tuple[str, int]:
+        """A task's name, JOB:INDEX, as its job and index."""
+        job, index = text.split(":")
+        return job, int(index)
 
 
 class ProtocolMismatch(Exception):
@@ -49,7 +157,78 @@ class ProtocolMismatch(Exception):
         self.found = found
 
 
-# -- commands' arguments ----------------------------------------------------------------------
+# -- what both sides say and read the same way ------------------------------------------------
+def exit_reason(code: int) -> str:
+    """What a Popen returncode means, in words."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+# Where dtf.program.runner writes the exit code the program ended with, once Python has run its atexit
+# functions: TensorFlow's runtime can still crash after that (SIGABRT, "terminate called after
+# throwing ...", seen after a worker was lost and came back), with the program's work all done.
+EXIT_STATUS_ENV = "DTF_EXIT_STATUS_FILE"
+
+
+def ended_before_crash(code: int, status_path: str) -> int | None:
+    """The program's own exit code when it ended (dtf.program.runner wrote it to `status_path`) and then
+    died of a signal (`code` < 0) while Python shut down; None otherwise."""
+    if code >= 0:
+        return None
+    try:
+        with open(status_path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+TF_DISTRIBUTIONS = ("tensorflow", "tensorflow_cpu")  # as dist-info directories spell them
+
+
+def tf_version() -> str | None:
+    """The TensorFlow version of this python, from package metadata (any build: tensorflow,
+    tensorflow-cpu); importing TensorFlow would take seconds. The check's `tensorflow` on a host,
+    and what the laptop compares it with.
+
+    First from the names of the `NAME-VERSION.dist-info` directories on sys.path, as
+    importlib.metadata finds them (the first name, then the first path entry that has it): what
+    pip, uv and conda install. importlib.metadata itself (eggs, zips) only where that finds none:
+    its import (email, zipfile, csv) would be most of the check's own work."""
+    listings: dict[str, list[str]] = {}
+    for name in TF_DISTRIBUTIONS:
+        for entry in sys.path:
+            if entry not in listings:
+                try:
+                    listings[entry] = os.listdir(entry or ".")
+                except OSError:
+                    listings[entry] = []
+            for item in listings[entry]:
+                stem, _, suffix = item.rpartition(".")
+                dist, dash, version = stem.partition("-")
+                if (suffix == "dist-info" and dash and version
+                        and dist.lower().replace(".", "_") == name):
+                    return version
+    from importlib import metadata
+
+    for name in TF_DISTRIBUTIONS:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+# `follow`'s stream (dtf_server.program.follow): on stderr, besides the copy's output, these lines.
+BEAT_EVENT = "dtf-beat"  # every --beat seconds: the host is there
+JOINED_EVENT = "dtf-joined"  # the copy's strategy has joined the others
+EXIT_EVENT = "dtf-exit "  # + {"code": ..., "reason": ...}: the copy has ended
+
+
+# -- what a request carries ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class TaskSpec:
     """One task as `start` and its supervisor get it: the plan's exact serve command included."""
@@ -71,6 +250,469 @@ class TaskSpec:
         data = json.loads(text)
         return cls(job=str(data["job"]), index=int(data["index"]), port=int(data["port"]),
                    argv=[str(a) for a in data["argv"]])
+
+
+# -- requests: each command's command line, typed ---------------------------------------------
+# The client builds a request and runs `PYTHON LAUNCHER *request.args()`; the launcher reads the
+# same request back (`parse`, with a parser built from the same fields). A field's metadata says
+# how it is written (`option`, `flag`, `many`, `group`): `--` and its name with dashes, unless
+# named otherwise.
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()  # an option without a default: the command line must give it
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one field of a request is written on the command line."""
+
+    kind: type  # str, int, float, TaskSpec (as JSON), or bool (a flag: given or not)
+    name: str = ""  # "--name" ("": the field's name, with dashes)
+    many: bool = False  # given once per value, in order: a list
+    default: Any = REQUIRED  # what the launcher takes when it is not given
+    path: bool = False  # a path on the host: the launcher expands a leading ~/, as a shell would
+    choices: tuple[str, ...] = ()
+
+
+def option(kind: type = str, *, default: Any = REQUIRED, always: bool = False, name: str = "",
+           path: bool = False, choices: tuple[str, ...] = ()) -> Any:
+    """A field given once (`--name VALUE`). Its `default` is the request's too, and args() leaves
+    a value equal to it out (the launcher takes it anyway); `always`: the client gives it every
+    time (the request has no default, the launcher has)."""
+    meta = {"option": Option(kind, name, default=default, path=path, choices=choices)}
+    return field(metadata=meta) if default is REQUIRED or always else field(default=default, metadata=meta)
+
+
+def flag(name: str = "") -> Any:
+    """A bool field: `--name` given, or not."""
+    return field(default=False, metadata={"option": Option(bool, name, default=False)})
+
+
+def many(kind: type = str, name: str = "") -> Any:
+    """A list field: `--name` given once per value (none: an empty list)."""
+    return field(default_factory=list, metadata={"option": Option(kind, name, many=True, default=[])})
+
+
+def group(kind: type[Options]) -> Any:
+    """A field that is options of its own (an Options dataclass), written in its place."""
+    return field(default_factory=kind, metadata={"group": kind})
+
+
+def _name(f: Field[Any]) -> str:
+    return f.metadata["option"].name or "--" + f.name.replace("_", "-")
+
+
+def _text(value: object) -> str:
+    """A value as its option says it: a float as short as it stays exact (90, 0.5)."""
+    if isinstance(value, TaskSpec):
+        return value.to_arg()
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    return str(value)
+
+
+class Options:
+    """A frozen, keyword-only dataclass whose fields are a launcher command's options (this base
+    has none: not a dataclass itself)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # (a subclass's, as dataclasses.fields reads them)
+
+    def args(self) -> list[str]:
+        """The options, in the fields' order: a flag when true, a list's every value, a value
+        unless it is the default (a field with no default always)."""
+        said: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if "group" in f.metadata:
+                said += value.args()
+                continue
+            o: Option = f.metadata["option"]
+            if o.kind is bool:
+                said += [_name(f)] if value else []
+            elif o.many:
+                said += [a for v in value for a in (_name(f), _text(v))]
+            elif value is not None and (f.default is MISSING or value != f.default):
+                said += [_name(f), _text(value)]
+        return said
+
+    @classmethod
+    def kind_of(cls, name: str) -> type:
+        """What field `name`'s option holds: str, int, float, TaskSpec or bool."""
+        kind: type = next(f.metadata["option"].kind for f in fields(cls) if f.name == name)
+        return kind
+
+
+OptionsT = TypeVar("OptionsT", bound=Options)
+
+
+class Request(Options):
+    """One launcher command's command line: `args()` is what follows `PYTHON LAUNCHER`."""
+
+    command: ClassVar[str] = ""
+
+    def args(self) -> list[str]:
+        return [self.command, *super().args()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckRequest(Request):
+    """versions, busy ports, the SSH client's address, the platform; with --env: is that managed
+    environment complete (dtf_server.envs)"""
+
+    command = "check"
+    dir: str | None = option(default=None, path=True)
+    port: list[int] = many(int)
+    env: str | None = option(default=None, path=True)
+    wheels: str | None = option(default=None, path=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvRequest(Request):
+    """build managed environment --env from the sent wheels with uv (dtf_server.envs)"""
+
+    command = "env"
+    env: str = option(path=True)
+    wheels: str = option(path=True)
+    uv: str = option(path=True)
+    requirements: str = option(path=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PurgeRequest(Request):
+    """remove WORKDIR/.cache (environments, wheels, synced trees)"""
+
+    command = "purge"
+    workdir: str = option(path=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeWheelsRequest(Request):
+    """serve those wheels to the other hosts, until no request comes for --idle seconds"""
+
+    command = "serve-wheels"
+    dir: str = option(path=True)
+    port: int = option(int)
+    idle: float = option(float, default=15.0, always=True)
+    limit: float = option(float, default=900.0, always=True)
+    file: list[str] = many()
+
+
+@dataclass(frozen=True, kw_only=True)
+class FetchWheelsRequest(Request):
+    """copy wheels (NAME:SHA256) from another host's serve-wheels"""
+
+    command = "fetch-wheels"
+    source: str = option(name="--from")
+    dir: str = option(path=True)
+    file: list[str] = many()
+    wait: float = option(float, default=30.0)
+    timeout: float = option(float, default=30.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fence(Options):
+    """A start's firewall rules on the TF ports (dtf_server.fence), set before any server starts:
+    closed to all but `allow`, loopback, the SSH client (`client`: the laptop, as the host sees
+    it) and a Slurm step's srun host (`launch_node`)."""
+
+    mode: str = option(default="off", name="--fence", choices=("off", "auto", "members"))
+    ports: list[int] = many(int, name="--fence-port")  # every task port of the host (a repair starts only some)
+    allow: list[str] = many()
+    client: bool = flag("--allow-client")
+    launch_node: bool = flag("--allow-launch-node")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartRequest(Request):
+    """start supervised servers detached (a supervisor forked per task restarts its server when it
+    dies), wait until each serves; --keep (a Slurm job step): then stay until they have ended"""
+
+    command = "start"
+    dir: str = option(path=True)
+    timeout: float = option(float, default=Defaults.START_TIMEOUT, always=True)
+    ttl: float = option(float, default=Defaults.TTL, always=True)
+    restart_limit: int = option(int, default=Defaults.RESTART_LIMIT, always=True)
+    restart_backoff: float = option(float, default=Defaults.RESTART_BACKOFF, always=True)
+    env: list[str] = many()  # NAME=VALUE
+    keep: bool = flag()  # a Slurm node's job step: after the reply, stay until the supervisors forked here end
+    fence: Fence = group(Fence)
+    # `up`'s mesh check in the same call: once these servers serve, the other hosts' tasks
+    # (ADDR:PORT); once told on stdin, waiting that long for it (see start.cmd_start).
+    reach: list[str] = many()
+    reach_when_told: float = option(float, default=0.0)
+    reach_timeout: float = option(float, default=5.0)
+    task: list[TaskSpec] = many(TaskSpec)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckStartRequest(StartRequest):
+    """check, then start if the host passes: its TensorFlow is --tensorflow ("": not compared), the
+    ports are free, with --fresh no task of this cluster runs there, it has the --gpus it is given"""
+
+    command = "check-start"
+    port: list[int] = many(int)
+    tensorflow: str = option(default="")
+    fresh: bool = flag()
+    gpus: int = option(int, default=0)  # GPUs the tasks are given (their highest id + 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerRequest(Request):
+    """What serves one task (the plan's serve command, which its supervisor runs)."""
+
+    job: str = option()
+    index: int = option(int)
+    port: int = option(int)
+    ready: str = option(path=True)  # written once it serves
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeRequest(ServerRequest):
+    """(internal) run one tf.distribute.Server"""
+
+    command = "serve"
+    full: bool = flag()  # `import tensorflow`, not only its server module: see dtf_server.tfserve
+
+
+@dataclass(frozen=True, kw_only=True)
+class FakeRequest(ServerRequest):
+    """(tests) a server without TensorFlow (dtf_server.fake)"""
+
+    command = "fake"
+    ready_delay: float = option(float, default=0.0)
+    ignore_term: bool = flag()
+    ready_file: str | None = option(default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRequest(Request):
+    """collective mode: start one supervised program copy per task"""
+
+    command = "run"
+    dir: str = option(path=True)
+    env: list[str] = many()  # NAME=VALUE
+    clear_output: bool = flag()
+    spawned: str = option(default="")  # Slurm: `run-step` started the copies with this token
+    task: list[TaskSpec] = many(TaskSpec)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStepRequest(Request):
+    """collective mode on Slurm: one task of the job step that runs every copy"""
+
+    command = "run-step"
+    dir: str = option(path=True)
+    env: list[str] = many()
+    clear_output: bool = flag()
+    token: str = option()
+    task: list[TaskSpec] = many(TaskSpec)  # in worker order
+    host: list[str] = many()  # the node each copy is planned on
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuperviseProgramRequest(Request):
+    """(internal) run one program copy once (dtf_server.program)"""
+
+    command = "supervise-program"
+    dir: str = option(path=True)
+    task: TaskSpec = option(TaskSpec)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FollowRequest(Request):
+    """stream a program copy's output and events until it ends"""
+
+    command = "follow"
+    dir: str = option(path=True)
+    task: str = option()  # JOB:INDEX
+    beat: float = option(float, default=2.0, always=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopRequest(Request):
+    """one TopSample line per --interval (status, CPU, memory, network per task) until its reader
+    goes, or for --for seconds; --states-only: the states alone"""
+
+    command = "top"
+    dir: str = option(path=True)
+    interval: float = option(float, default=1.0, always=True)
+    for_seconds: float = option(float, default=24 * 3600.0, name="--for")
+    states_only: bool = flag()
+    task: list[str] = many()  # JOB:INDEX
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogRequest(Request):
+    """a task's last --lines lines, without TensorFlow's own unless --all (dtf_server.tflog);
+    --follow: then new lines as they come, until the reader or the task goes"""
+
+    command = "log"
+    dir: str = option(path=True)
+    task: str = option()  # JOB:INDEX
+    lines: int = option(int, default=100, always=True)
+    follow: bool = flag()
+    all: bool = flag()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenewRequest(Request):
+    """renew the cluster's lease on this host (--ttl: a new one)"""
+
+    command = "renew"
+    dir: str = option(path=True)
+    ttl: float | None = option(float, default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatusRequest(Request):
+    """is each task alive, serving, restarted how often; --renew: and renew the lease"""
+
+    command = "status"
+    dir: str = option(path=True)
+    renew: bool = flag()
+    task: list[str] = many()  # JOB:INDEX
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopRequest(Request):
+    """TERM each task's process group, KILL after --grace seconds; --clean: then clean, once every
+    task is gone (`down` in one call)"""
+
+    command = "stop"
+    dir: str = option(path=True)
+    grace: float = option(float, default=Defaults.STOP_GRACE, always=True)
+    task: list[str] = many()  # JOB:INDEX
+    clean: bool = flag()
+    keep_logs: bool = flag()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CleanRequest(Request):
+    """remove what dtf put in --dir (firewall rules too); --if-unused: not where tasks live"""
+
+    command = "clean"
+    dir: str = option(path=True)
+    keep_logs: bool = flag()
+    if_unused: bool = flag()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReachRequest(Request):
+    """which targets (ADDR:PORT) this host cannot connect to; renews --dir's lease"""
+
+    command = "reach"
+    dir: str | None = option(default=None, path=True)
+    timeout: float = option(float, default=3.0, always=True)
+    to: list[str] = many()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncRequest(Request):
+    """whether --dir/--hash exists (--free-port: and a port free here); --receive: make it from the
+    pack on stdin, or from another host (--from ADDR:PORT), passing it on to --children hosts
+    from port --serve (dtf_server.receive)"""
+
+    command = "sync"
+    dir: str = option(path=True)
+    hash: str = option()
+    receive: bool = flag()
+    free_port: bool = flag()
+    source: str | None = option(default=None, name="--from")
+    serve: int = option(int, default=0)
+    children: int = option(int, default=0)
+    token: str = option(default="")
+    wait: float | None = option(float, default=None)  # for the parent and the children (None: Defaults.RELAY_WAIT)
+
+
+# Every command, in the order the launcher's help lists them.
+REQUESTS: tuple[type[Request], ...] = (
+    CheckRequest, CheckStartRequest, StartRequest, ServeRequest, FakeRequest, StatusRequest, TopRequest, LogRequest,
+    RenewRequest, StopRequest, CleanRequest, ReachRequest, SyncRequest, EnvRequest, PurgeRequest, ServeWheelsRequest,
+    FetchWheelsRequest, RunRequest, RunStepRequest, SuperviseProgramRequest, FollowRequest)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but a usage error exits EXIT_USAGE with one line on stderr (2 means
+    "no launcher there": see EXIT_NO_LAUNCHER), and options are never abbreviated."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{"allow_abbrev": False, **kwargs})
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def parser(command: str | None = None) -> Parser:
+    """The launcher's parser, every command's options read from its request's fields; `command`:
+    that command's alone (a command line needs no other: building them all is most of a parse)."""
+    p = Parser(prog="launcher", description="dtf's launcher: one command per call, one JSON reply "
+                                            "(dtf_server.protocol).")
+    commands = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    for kind in REQUESTS:
+        if command is not None and kind.command != command:
+            continue
+        doc = " ".join((kind.__doc__ or "").split())
+        c = commands.add_parser(kind.command, help=doc, description=doc)
+        c.set_defaults(request=kind, parser=c)
+        _add_options(c, kind, "")
+    return p
+
+
+def _add_options(c: argparse.ArgumentParser, kind: type[Options], prefix: str) -> None:
+    for f in fields(kind):
+        if "group" in f.metadata:
+            _add_options(c, f.metadata["group"], f"{prefix}{f.name}.")
+            continue
+        o: Option = f.metadata["option"]
+        name, dest = _name(f), prefix + f.name
+        metavar = name[2:].upper().replace("-", "_")
+        if o.kind is bool:
+            c.add_argument(name, dest=dest, action="store_true")
+            continue
+        convert = _spec if o.kind is TaskSpec else o.kind
+        if o.many:
+            c.add_argument(name, dest=dest, action="append", default=[], type=convert, metavar=metavar)
+        else:
+            c.add_argument(name, dest=dest, type=convert, metavar=metavar, required=o.default is REQUIRED,
+                           default=None if o.default is REQUIRED else o.default, choices=o.choices or None)
+
+
+def _spec(text: str) -> TaskSpec:
+    try:
+        return TaskSpec.from_arg(text)
+    except (KeyError, TypeError, ValueError) as e:  # (argparse says which option, and the value)
+        raise argparse.ArgumentTypeError(f"not a task spec ({type(e).__name__}: {e}): {text[:200]}") from e
+
+
+def parse(argv: Sequence[str]) -> Request:
+    """The request a launcher command line says (args() read back), a leading ~/ of its paths
+    expanded. A usage error (an unknown command or option, a missing or bad value) exits
+    EXIT_USAGE with one line on stderr."""
+    argv = list(argv)
+    known = argv[0] if argv and any(argv[0] == kind.command for kind in REQUESTS) else None
+    namespace, extra = parser(known).parse_known_args(argv)
+    if extra:  # said by the command's parser, which names the command
+        namespace.parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    request: Request = _read(namespace.request, namespace, "")
+    return request
+
+
+def _read(kind: type[OptionsT], namespace: argparse.Namespace, prefix: str) -> OptionsT:
+    values: dict[str, Any] = {}
+    for f in fields(kind):
+        if "group" in f.metadata:
+            values[f.name] = _read(f.metadata["group"], namespace, f"{prefix}{f.name}.")
+            continue
+        value = getattr(namespace, prefix + f.name)
+        if f.metadata["option"].path and isinstance(value, str):
+            value = os.path.expanduser(value)
+        values[f.name] = value
+    return kind(**values)
 
 
 # -- replies ----------------------------------------------------------------------------------

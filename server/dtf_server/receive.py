@@ -36,11 +36,13 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO
 
+from dtf_server.protocol import Defaults
+
 CHUNK = 1 << 20
 TMP_PREFIX = ".tmp-"  # a receive in progress (or one killed midway): never a tree to use
-ACCEPT_WAIT = 30.0  # seconds a relay waits for its children to connect, then starts without the others
+ACCEPT_WAIT = Defaults.RELAY_WAIT  # seconds a relay waits for its children to connect, then starts without the others
 CONNECT_WAIT = 30.0  # seconds a child keeps trying its parent (refused: it does not listen yet)
-STALL = 120.0  # seconds a host-to-host stream may make no progress before it is given up
+STALL = Defaults.RELAY_STALL  # seconds a host-to-host stream may make no progress before it is given up
 
 
 class ReceiveError(Exception):

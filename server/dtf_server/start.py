@@ -12,17 +12,14 @@ import signal
 import sys
 import time
 import traceback
-from argparse import Namespace
 from collections.abc import Callable
 
-from dtf_server import commands, envs, fake, fence, layout
+from dtf_server import envs, fake, fence
 from dtf_server.network import reach
 from dtf_server.procs import (
     die_with_parent,
-    exit_reason,
     launcher,
     leave,
-    name_process,
     nvidia_gpus,
     ours,
     platform_info,
@@ -32,10 +29,27 @@ from dtf_server.procs import (
     read_json,
     settle_child,
     tail,
-    tf_version,
+    variables,
     write_json,
 )
-from dtf_server.protocol import CheckReply, FenceReply, StartReply, TaskSpec, TaskStarted, encode
+from dtf_server.protocol import (
+    CheckReply,
+    CheckRequest,
+    CheckStartRequest,
+    FakeRequest,
+    Fence,
+    FenceReply,
+    Layout,
+    ServeRequest,
+    StartReply,
+    StartRequest,
+    TaskSpec,
+    TaskStarted,
+    encode,
+    exit_reason,
+    parse,
+    tf_version,
+)
 from dtf_server.supervisor import ForkedProcess, Supervisor, read_lease, running_tasks, write_lease
 
 # A start looks at its servers READY_FIRST_POLL apart for its first READY_FIRST seconds (a server
@@ -44,18 +58,18 @@ READY_POLL = 0.05
 READY_FIRST_POLL, READY_FIRST = 0.01, 1.0
 
 
-def cmd_check(args: Namespace) -> CheckReply:
+def cmd_check(request: CheckRequest) -> CheckReply:
     client = os.environ.get("SSH_CONNECTION", "").split()
     machine, system, libc = platform_info()
     env_ready, wheels, free = None, [], -1
-    if args.env:  # a managed environment's (dtf_server.envs)
-        env_ready = envs.ready(args.env)
+    if request.env:  # a managed environment's (dtf_server.envs)
+        env_ready = envs.ready(request.env)
         if not env_ready:  # what a build would need: only looked at when the environment is not complete
-            wheels, free = envs.wheels_in(args.wheels), envs.free_space(args.wheels)
+            wheels, free = envs.wheels_in(request.wheels), envs.free_space(request.wheels or "")
     return CheckReply(python=sys.version.split()[0], executable=sys.executable, tensorflow=tf_version(),
-                      busy=[p for p in args.port if port_busy(p)],
+                      busy=[p for p in request.port if port_busy(p)],
                       client_address=client[0] if client else None,
-                      running=running_tasks(args.dir) if args.dir else [],
+                      running=running_tasks(request.dir) if request.dir else [],
                       machine=machine, system=system, libc=libc, env_ready=env_ready, gpus=nvidia_gpus(),
                       wheels=wheels, free=free)
 
@@ -69,24 +83,24 @@ def check_passes(check: CheckReply, tensorflow: str, fresh: bool, gpus: int = 0)
             and not (gpus and check.gpus is not None and check.gpus < gpus))
 
 
-def cmd_check_start(args: Namespace) -> StartReply | None:
+def cmd_check_start(request: CheckStartRequest) -> StartReply | None:
     """`up`'s check and start in one launcher call (one python start, one round trip): print the
     CheckReply; if the host passes it (its TensorFlow is `--tensorflow`, the ports are free, with
     `--fresh` no task of this cluster runs there, and it has the `--gpus` it is given), start the
     servers and answer their StartReply (the last line, as every command's reply)."""
-    check = cmd_check(Namespace(dir=args.dir, port=args.port, env=None, wheels=None))
+    check = cmd_check(CheckRequest(dir=request.dir, port=request.port))
     print(encode(check), flush=True)
-    if not check_passes(check, args.tensorflow, args.fresh, args.gpus):
+    if not check_passes(check, request.tensorflow, request.fresh, request.gpus):
         return None
-    return cmd_start(args)
+    return cmd_start(request)
 
 
 
 def fresh_task_dir(root: str, task: TaskSpec) -> str:
     """The task's directory, without what an earlier run of it left that a start waits on."""
-    tdir = layout.task_dir(root, task.job, task.index)
+    tdir = Layout.task_dir(root, task.job, task.index)
     os.makedirs(tdir, exist_ok=True)
-    for stale in (layout.READY, layout.SUPERVISOR):  # left by an earlier run
+    for stale in (Layout.READY, Layout.SUPERVISOR):  # left by an earlier run
         if os.path.exists(os.path.join(tdir, stale)):
             os.unlink(os.path.join(tdir, stale))
     return tdir
@@ -94,7 +108,7 @@ def fresh_task_dir(root: str, task: TaskSpec) -> str:
 
 def record_supervisor(tdir: str, task: TaskSpec, pid: int) -> None:
     """The task's pid.json: its supervisor, as `ours` knows it again."""
-    write_json(os.path.join(tdir, layout.PID),
+    write_json(os.path.join(tdir, Layout.PID),
                {"pid": pid, "start_ticks": proc_start_ticks(pid), "job": task.job,
                 "index": task.index, "port": task.port, "started": time.time()})
 
@@ -125,9 +139,22 @@ def in_process(argv: list[str]) -> tuple[Callable[[], int], str] | None:
             import site
 
             site.main()
-        return commands.main(command)
+        return run_server(command)
 
     return run, command[0]
+
+
+def run_server(argv: list[str]) -> int:
+    """A server's command line (`serve ...` or `fake ...`), run in this process: what a
+    supervisor's fork of itself runs (`in_process`), without the launcher's own command line."""
+    request = parse(argv)
+    if isinstance(request, ServeRequest):
+        cmd_serve(request)
+    elif isinstance(request, FakeRequest):
+        cmd_fake(request)
+    else:
+        raise SystemExit(f"dtf: not a server's command: {request.command}")
+    return 0
 
 
 def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: dict[str, str],
@@ -143,7 +170,7 @@ def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: 
     site tracks processes by group (proctrack/pgid), and a supervisor has a session of its own."""
     tdir = fresh_task_dir(root, task)
     parent = os.getpid()
-    log = os.open(os.path.join(tdir, layout.LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    log = os.open(os.path.join(tdir, Layout.LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -172,88 +199,89 @@ def fork_supervisor(root: str, task: TaskSpec, limit: int, backoff: float, env: 
 
 
 
-def cmd_start(args: Namespace) -> StartReply:
+def cmd_start(request: StartRequest) -> StartReply:
     env = dict(os.environ)
-    env.update(kv.split("=", 1) for kv in args.env)
-    os.makedirs(args.dir, exist_ok=True)
-    write_lease(args.dir, args.ttl, hold=args.timeout)  # before any supervisor reads it (and `in_use`)
-    fenced = close_ports(args)
-    if fenced is not None and fenced.error and args.fence == "members":
+    env.update(variables(request.env))
+    os.makedirs(request.dir, exist_ok=True)
+    write_lease(request.dir, request.ttl, hold=request.timeout)  # before any supervisor reads it (and `in_use`)
+    fenced = close_ports(request.dir, request.fence)
+    if fenced is not None and fenced.error and request.fence.mode == "members":
         return StartReply(tasks={}, fence=fenced, refused=f"firewall: members is not possible there: {fenced.error}")
     results: dict[str, TaskStarted] = {}
     pending: dict[str, tuple[TaskSpec, ForkedProcess, str]] = {}
-    for task in (TaskSpec.from_arg(a) for a in args.task):
-        tdir = layout.task_dir(args.dir, task.job, task.index)
+    for task in request.task:
+        tdir = Layout.task_dir(request.dir, task.job, task.index)
         os.makedirs(tdir, exist_ok=True)
-        record = read_json(os.path.join(tdir, layout.PID))
+        record = read_json(os.path.join(tdir, Layout.PID))
         if record is not None and ours(record) and record.get("port") == task.port:
             results[task.name] = TaskStarted(ok=True, pid=record["pid"], already=True,
                                              server_pid=_server_pid(tdir))
             continue
-        forked = fork_supervisor(args.dir, task, args.restart_limit, args.restart_backoff, env, bound=args.keep)
+        forked = fork_supervisor(request.dir, task, request.restart_limit, request.restart_backoff, env,
+                                 bound=request.keep)
         pending[task.name] = (task, forked, tdir)
 
     if fenced is not None and fenced.error is None:
-        fence.sweep(args.dir, in_use)  # others' stale rules, while the servers start
+        fence.sweep(request.dir, in_use)  # others' stale rules, while the servers start
     # Ready means: the server wrote ready.json once it serves, AND its port accepts a connection.
     # A server that dies first has crashed (its supervisor would restart it, but a server that
     # cannot start is a mistake to report): report its log's last lines.
     begun = time.monotonic()
-    deadline = begun + args.timeout
+    deadline = begun + request.timeout
     while pending and time.monotonic() < deadline:
         for name, (task, waited, tdir) in list(pending.items()):
             code = waited.poll()
-            died = (read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}).get("last_exit")
+            died = (read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {}).get("last_exit")
             if code is not None or died:
                 reason = f"server {died}" if died else f"supervisor {exit_reason(code or 0)}"
                 results[name] = TaskStarted(ok=False, pid=waited.pid, reason=reason,
-                                            log_tail=tail(os.path.join(tdir, layout.LOG)))
+                                            log_tail=tail(os.path.join(tdir, Layout.LOG)))
                 del pending[name]
-            elif os.path.exists(os.path.join(tdir, layout.READY)) and port_open(task.port):
+            elif os.path.exists(os.path.join(tdir, Layout.READY)) and port_open(task.port):
                 results[name] = TaskStarted(ok=True, pid=waited.pid, server_pid=_server_pid(tdir))
                 del pending[name]
         if pending:
             time.sleep(READY_FIRST_POLL if time.monotonic() - begun < READY_FIRST else READY_POLL)
     for name, (_, waited, tdir) in pending.items():
-        results[name] = TaskStarted(ok=False, pid=waited.pid, reason=f"not serving after {args.timeout:g}s",
-                                    log_tail=tail(os.path.join(tdir, layout.LOG)))
+        results[name] = TaskStarted(ok=False, pid=waited.pid, reason=f"not serving after {request.timeout:g}s",
+                                    log_tail=tail(os.path.join(tdir, Layout.LOG)))
     unreachable = None
-    if args.reach and all(r.ok for r in results.values()):
-        if args.reach_when_told:
+    if request.reach and all(r.ok for r in results.values()):
+        if request.reach_when_told:
             # `up` starts its hosts in turns, and says "go" on this command's stdin once every
             # host serves (or anything else: no check). This reply first: the host's turn ends
             # with it, the check comes on the last line (the same reply, with its finding).
             print(encode(StartReply(tasks=results, fence=fenced)), flush=True)
-            if _told(args.reach_when_told):
-                unreachable = reach(args.reach, args.reach_timeout, again=True)
+            if _told(request.reach_when_told):
+                unreachable = reach(request.reach, request.reach_timeout, again=True)
         else:
-            unreachable = reach(args.reach, args.reach_timeout, again=True)
-    if os.path.isdir(args.dir):
+            unreachable = reach(request.reach, request.reach_timeout, again=True)
+    if os.path.isdir(request.dir):
         # The lease counts from when the servers serve, not from before they imported TensorFlow.
-        write_lease(args.dir, args.ttl)
+        write_lease(request.dir, request.ttl)
     return StartReply(tasks=results, unreachable=unreachable, fence=fenced)
 
 
 def _server_pid(tdir: str) -> int | None:
     """The task's server's pid, as its supervisor recorded it (None while it has none)."""
-    pid = (read_json(os.path.join(tdir, layout.SUPERVISOR)) or {}).get("server_pid")
+    pid = (read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {}).get("server_pid")
     return pid if isinstance(pid, int) else None
 
 
-def close_ports(args: Namespace) -> FenceReply | None:
+def close_ports(root: str, rules: Fence) -> FenceReply | None:
     """`--fence auto|members`: close the host's TF ports (`--fence-port`) to all but `--allow`,
     loopback, the SSH client (`--allow-client`: the laptop, as this host sees it) and a Slurm
     step's srun host (`--allow-launch-node`), before any server listens. None: not asked."""
-    if args.fence not in ("auto", "members"):
+    if rules.mode not in ("auto", "members"):
         return None
-    allow = list(args.allow)
+    allow = list(rules.allow)
     client = os.environ.get("SSH_CONNECTION", "").split()
-    if args.allow_client and client:
+    if rules.client and client:
         allow.append(client[0])
-    launcher = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") if args.allow_launch_node else None
+    launcher = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") if rules.launch_node else None
     if launcher:  # the login host whose srun started this step: it carries dtf's connections to the tasks
         allow.append(launcher)
-    return fence.apply(args.dir, sorted(set(args.fence_port)), allow)
+    return fence.apply(root, sorted(set(rules.ports)), allow)
 
 
 def in_use(root: str) -> bool:
@@ -287,29 +315,12 @@ def _told(seconds: float) -> bool:
     return said.strip() == b"go"
 
 
-def cmd_serve(args: Namespace) -> None:
+def cmd_serve(request: ServeRequest) -> None:
     from dtf_server.tfserve import serve  # (TensorFlow's server library: in a server only)
 
-    serve(args.job, args.index, args.port, args.ready, full=args.full)
+    serve(request.job, request.index, request.port, request.ready, full=request.full)
 
 
-def cmd_fake(args: Namespace) -> None:
-    fake.serve(args.job, args.index, args.port, args.ready, ready_delay=args.ready_delay,
-          ignore_term=args.ignore_term, ready_file=args.ready_file)
-
-
-def keep() -> None:
-    """`start --keep`: this launcher is a Slurm node's job step (dtf.hosts.slurmstep.start_kept),
-    which lasts as long as its main process: Slurm would end the step, the supervisors forked here
-    with it, if this one exited. It stays, silent (the reply was its last word: the login host
-    reads until then), until every supervisor it forked has ended (`down`, the lease, a failed
-    start's rollback); Slurm signals it with the rest of the step when the job ends."""
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    name_process("dtf step")
-    while True:
-        try:
-            os.wait()  # (a signal's EINTR is retried by Python itself: PEP 475)
-        except ChildProcessError:
-            return
+def cmd_fake(request: FakeRequest) -> None:
+    fake.serve(request.job, request.index, request.port, request.ready, ready_delay=request.ready_delay,
+               ignore_term=request.ignore_term, ready_file=request.ready_file)

@@ -26,20 +26,20 @@ from dataclasses import asdict
 from types import FrameType
 from typing import Any
 
-from dtf_server import fence, layout
+from dtf_server import fence
 from dtf_server.procs import (
     die_with_parent,
-    exit_reason,
     expand_home,
     leave,
     log_line,
+    name_process,
     ours,
     proc_start_ticks,
     read_json,
     settle_child,
     write_json,
 )
-from dtf_server.protocol import Defaults, Lease, TaskSpec
+from dtf_server.protocol import Defaults, Layout, Lease, TaskSpec, exit_reason
 
 # Where a server can run in a fork of its supervisor (Supervisor's `in_process`): the server's
 # code (which returns its exit code) and its command's name.
@@ -50,7 +50,7 @@ LEASE_POLL = 1.0  # how often a supervisor reads the lease
 
 
 def lease_path(root: str) -> str:
-    return os.path.join(root, layout.LEASE)
+    return os.path.join(root, Layout.LEASE)
 
 
 def write_lease(root: str, ttl: float, hold: float = 0.0) -> Lease:
@@ -84,7 +84,7 @@ def running_tasks(root: str) -> list[str]:
         return []
     found = []
     for name in sorted(os.listdir(root)):
-        record = read_json(os.path.join(root, name, layout.PID))
+        record = read_json(os.path.join(root, name, Layout.PID))
         if ours(record):
             assert record is not None
             found.append(f"{record['job']}:{record['index']}")
@@ -193,8 +193,8 @@ class Supervisor:
         self.in_process = in_process
         self.limit, self.backoff = limit, backoff
         self.name = task.name
-        self.dir = layout.task_dir(root, task.job, task.index)
-        self.ready = os.path.join(self.dir, layout.READY)
+        self.dir = Layout.task_dir(root, task.job, task.index)
+        self.ready = os.path.join(self.dir, Layout.READY)
         self.stopping = False
         self.server: subprocess.Popen[bytes] | ForkedProcess | None = None
         self.state: dict[str, Any] = {"state": "starting", "restarts": 0, "last_exit": None,
@@ -204,7 +204,7 @@ class Supervisor:
 
     def save(self, **changes: object) -> None:
         self.state.update(changes)
-        write_json(os.path.join(self.dir, layout.SUPERVISOR), self.state)
+        write_json(os.path.join(self.dir, Layout.SUPERVISOR), self.state)
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
@@ -320,7 +320,7 @@ class Supervisor:
         assert self.lease is not None
         log_line(f"{self.name}: lease lapsed (ttl {self.lease.ttl:g}s): stopping and cleaning up")
         try:
-            lock = open(os.path.join(self.root, layout.EXPIRE_LOCK), "a")
+            lock = open(os.path.join(self.root, Layout.EXPIRE_LOCK), "a")
         except OSError:
             return  # already removed by another task
         with lock:
@@ -329,3 +329,20 @@ class Supervisor:
             if not running_tasks(self.root):
                 fence.remove(self.root)  # the TF ports' firewall rules go with the cluster
                 shutil.rmtree(self.root, ignore_errors=True)
+
+
+def keep() -> None:
+    """`start --keep`: this launcher is a Slurm node's job step (dtf.providers.slurm.steps: start_servers),
+    which lasts as long as its main process: Slurm would end the step, the supervisors forked here
+    with it, if this one exited. It stays, silent (the reply was its last word: the login host
+    reads until then), until every supervisor it forked has ended (`down`, the lease, a failed
+    start's rollback); Slurm signals it with the rest of the step when the job ends."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    name_process("dtf step")
+    while True:
+        try:
+            os.wait()  # (a signal's EINTR is retried by Python itself: PEP 475)
+        except ChildProcessError:
+            return

@@ -18,7 +18,8 @@ from dtf.cluster.plan import Plan, differences, make_plan
 from dtf.errors import InventoryError
 from dtf.files import environment
 from dtf.files.environment import Target
-from dtf_server import envs, layout
+from dtf_server import envs
+from dtf_server.protocol import Layout
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -176,7 +177,7 @@ def test_build_marks_the_environment_complete_last(tmp_path: Path, fake_uv: Path
     reply = envs.build(env, str(tmp_path), str(fake_uv), str(tmp_path / "req.txt"))
     assert reply.ok and not reply.reused and set(reply.seconds) == {"create", "install"}
     assert envs.ready(env)
-    marker = json.loads(Path(env, layout.ENV_MARKER).read_text())
+    marker = json.loads(Path(env, Layout.ENV_MARKER).read_text())
     assert marker["requirements"] == ["tf-keras==2.21.0"] and marker["python"] == sys.version.split()[0]
     assert envs.build(env, str(tmp_path), str(fake_uv), str(tmp_path / "req.txt")).reused
     assert not Path(env + ".uv-cache").exists()  # uv's cache of one build goes with it
@@ -191,8 +192,8 @@ def test_a_half_built_environment_is_never_used_and_is_rebuilt(tmp_path: Path, f
     assert envs.build(str(env), str(tmp_path), str(fake_uv), str(tmp_path / "req.txt")).ok
     assert not (env / "leftover").exists() and envs.ready(str(env))
     # built on another python version: not this one's
-    marker = json.loads((env / layout.ENV_MARKER).read_text())
-    (env / layout.ENV_MARKER).write_text(json.dumps({**marker, "python": "3.9.0"}))
+    marker = json.loads((env / Layout.ENV_MARKER).read_text())
+    (env / Layout.ENV_MARKER).write_text(json.dumps({**marker, "python": "3.9.0"}))
     assert not envs.ready(str(env))
 
 

@@ -193,9 +193,9 @@ def test_a_server_forked_from_a_launcher_without_site_has_the_sites_packages(tmp
     them). The server's code here prints sys.path instead of serving."""
     launcher = str(_launcher(tmp_path))
     code = ("import sys; sys.path.insert(0, sys.argv[1]); sys.argv = sys.argv[1:]\n"
-            "from dtf_server import commands, start\n"
+            "from dtf_server import start\n"
             "before = list(sys.path)\n"
-            "commands.main = lambda argv: print(sorted(set(sys.path) - set(before))) or 0\n"
+            "start.run_server = lambda argv: print(sorted(set(sys.path) - set(before))) or 0\n"
             "run, name = start.in_process([sys.executable, sys.argv[0], 'serve', '--job', 'ps'])\n"
             "print(name, run())\n")
     bare = subprocess.run([sys.executable, "-S", "-c", code, launcher], capture_output=True, text=True, timeout=60)

@@ -42,7 +42,7 @@ def test_the_launchers_everyday_commands_import_the_standard_library_only(tmp_pa
     """`up`'s check-start (fake servers forked, the mesh check), `status` and `down`'s `stop
     --clean`, run as `up` runs them (control._BOOT, the launcher's bytes on stdin): what they import.
     Without site (whose .pth files import what they like), and a TensorFlow's metadata on
-    PYTHONPATH (the check looks for it: procs.tf_version)."""
+    PYTHONPATH (the check looks for it: protocol.tf_version)."""
     data = shipping.launcher_bytes()
     launcher = tmp_path / shipping.launcher_name()
     root = tmp_path / "cluster"

@@ -1,5 +1,7 @@
-"""The layout of client/dtf: no import cycle between modules, and each subpackage imports only the
-layers below it (what each may import is said in its __init__'s docstring, and encoded here).
+"""The layout of client/dtf and server/dtf_server: no import cycle between modules; in the client,
+each subpackage imports only the layers below it (what each may import is said in its __init__'s
+docstring, and encoded here); on the host side, what the commands use never imports a command's
+module; and the client imports of the host side only its contract (protocol, tflog).
 
 Imports are read with `ast`, not by importing: module-level and inside functions (the deferred
 ones), under TYPE_CHECKING too, relative and absolute. Importing a module's own ancestor package
@@ -13,6 +15,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "client"
+SERVER = ROOT.parent / "server"
 
 # Bottom to top: a group may import itself and the groups before it, and nothing after it.
 # `dtf` itself (client/dtf/__init__.py) is the helper API programs import: the program's layer.
@@ -112,9 +115,54 @@ def layer_of(module: str) -> int:
     raise AssertionError(f"{module} is in no layer: add its package to LAYERS (and say so in its docstring)")
 
 
+# The host side, bottom to top (a module may import its own layer and those before it). Its
+# command line imports each command's module by name (dtf_server.commands.RUNS), not with an
+# import statement: a command imports its own module only.
+SERVER_LAYERS = [
+    # What the client imports too: the commands' requests and replies, the layout on a host, and
+    # which lines of a log are TensorFlow's (dtf.program.noise builds its filter from them).
+    ("the contract", {"dtf_server", "dtf_server.protocol", "dtf_server.tflog"}),
+    ("what the commands use", {"dtf_server.procs", "dtf_server.sample", "dtf_server.receive", "dtf_server.envs",
+                               "dtf_server.fake", "dtf_server.fence", "dtf_server.tfserve", "dtf_server.supervisor",
+                               "dtf_server.program"}),
+    ("the commands", {"dtf_server.start", "dtf_server.network", "dtf_server.maintenance", "dtf_server.files",
+                      "dtf_server.collective"}),
+    ("the command line", {"dtf_server.commands", "dtf_server.__main__"}),
+]
+
+
 def test_no_import_cycle() -> None:
-    found = cycles(imports(modules()))
+    """In the client, on the host side, and between them (the host side never imports dtf:
+    test_the_host_side_never_imports_dtf)."""
+    found = cycles(imports({**modules(), **modules(SERVER)}))
     assert not found, "modules that import each other in a circle: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def server_layer_of(module: str) -> int:
+    for i, (_, group) in enumerate(SERVER_LAYERS):
+        if module in group:
+            return i
+    raise AssertionError(f"{module} is in no layer: add it to SERVER_LAYERS")
+
+
+def test_on_the_host_side_each_layer_imports_only_the_layers_below_it() -> None:
+    wrong = []
+    for m, targets in sorted(imports(modules(SERVER)).items()):
+        for t in sorted(targets):
+            if server_layer_of(t) > server_layer_of(m):
+                wrong.append(f"{m} ({SERVER_LAYERS[server_layer_of(m)][0]}) imports {t} "
+                             f"({SERVER_LAYERS[server_layer_of(t)][0]})")
+    assert not wrong, "lower layers must not import higher ones:\n" + "\n".join(wrong)
+
+
+def test_the_client_imports_of_the_host_side_only_its_contract() -> None:
+    """The client (and the zipapp it builds: dtf.files.shipping finds the package by name) needs of
+    dtf_server only what both sides share; the rest is the host's business."""
+    contract = SERVER_LAYERS[0][1]
+    edges = imports({**modules(), **modules(SERVER)})
+    wrong = [f"{m} imports {t}" for m, targets in sorted(edges.items()) if m == "dtf" or m.startswith("dtf.")
+             for t in sorted(targets) if t.startswith("dtf_server") and t not in contract]
+    assert not wrong, wrong
 
 
 def test_each_layer_imports_only_the_layers_below_it() -> None:

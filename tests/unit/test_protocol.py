@@ -22,7 +22,7 @@ from dtf.cluster.inventory import HostSpec
 from dtf.files import shipping
 from dtf.hosts.netutil import free_ports, listen_ports
 from dtf.hosts.transport import LocalTransport
-from dtf_server import layout, protocol
+from dtf_server import protocol
 from dtf_server.protocol import (
     PROTOCOL,
     CheckReply,
@@ -392,7 +392,7 @@ def test_tf_version_is_read_from_the_dist_info_names_on_sys_path(tmp_path, monke
     sys.path that has it; another package's dist-info is not TensorFlow's."""
     from importlib import metadata
 
-    from dtf_server.procs import tf_version
+    from dtf_server.protocol import tf_version
 
     first, second = tmp_path / "a", tmp_path / "b"
     for d, names in ((first, ["tensorflow_cpu-2.20.0.dist-info", "tensorflow_io_gcs_filesystem-0.37.1.dist-info"]),
@@ -456,7 +456,7 @@ def test_dtfs_own_package_ships_as_a_zip_beside_the_launcher_for_collective_copi
     assert not [n for n in names if n.startswith("dtf_server/")]
     assert [p.suffix for p in (own_launcher_cache / "launchers").iterdir()] == [".zip"]
     name = shipping.helpers_name()
-    assert name.startswith("dtf-") and name.endswith(".zip") and layout.is_helpers(name)
+    assert name.startswith("dtf-") and name.endswith(".zip") and protocol.Layout.is_helpers(name)
     path, launcher = tmp_path / name, tmp_path / shipping.launcher_name()
     path.write_bytes(data)
     launcher.write_bytes(shipping.launcher_bytes())

@@ -19,8 +19,27 @@ from dtf.cluster import gpus
 from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory.model import DEFAULT_HOST_TIMEOUT, DEFAULT_PYTHON, HostSpec, Inventory, Position
 from dtf.files import environment, shipping
-from dtf_server import layout
-from dtf_server.protocol import Defaults, TaskSpec
+from dtf_server.protocol import (
+    CheckRequest,
+    CheckStartRequest,
+    CleanRequest,
+    Defaults,
+    EnvRequest,
+    FakeRequest,
+    Fence,
+    Layout,
+    LogRequest,
+    PurgeRequest,
+    ReachRequest,
+    RenewRequest,
+    Request,
+    ServeRequest,
+    StartRequest,
+    StatusRequest,
+    StopRequest,
+    SyncRequest,
+    TaskSpec,
+)
 
 JOBS = ("ps", "worker")
 # gRPC keepalive on every channel TensorFlow opens, servers' and the coordinator's (TensorFlow
@@ -36,10 +55,11 @@ TASK_ENV = (("GRPC_FAIL_FAST", "use_caller"), ("PYTHONUNBUFFERED", "1"),
             ("TF_GRPC_DEFAULT_OPTIONS", GRPC_KEEPALIVE))
 START_TIMEOUT = Defaults.START_TIMEOUT
 DEFAULT_TTL = Defaults.TTL  # seconds an unused cluster lives: see `dtf up --ttl`
-# What serves a task: TensorFlow's server, or (for tests) a fake one, with options, e.g.
-# "tensorflow:full" (the server runs `import tensorflow`, not only its server module: see
-# dtf_server/tfserve.py), "fake:ready_delay=1.5,ignore_term", "fake:ready_file=PATH" (dtf_server/fake.py).
+# What serves a task: TensorFlow's server, or (for tests) a fake one, with options (its request's
+# fields), e.g. "tensorflow:full" (the server runs `import tensorflow`, not only its server module:
+# see dtf_server/tfserve.py), "fake:ready_delay=1.5,ignore_term", "fake:ready_file=PATH" (dtf_server/fake.py).
 SERVERS = {"tensorflow": ("full",), "fake": ("ready_delay", "ignore_term", "ready_file")}
+_SERVER_REQUESTS: dict[str, type[ServeRequest] | type[FakeRequest]] = {"tensorflow": ServeRequest, "fake": FakeRequest}
 
 
 def task_argv(spec: HostSpec, argv: tuple[str, ...], job: str, port: int) -> tuple[str, ...]:
@@ -59,14 +79,17 @@ def server_argv(server: str, python: str, launcher: str, job: str, index: int, p
     kind, _, options = server.partition(":")
     if kind not in SERVERS:
         raise ValueError(f"expected one of {', '.join(SERVERS)}, got {server!r}")
-    command = "serve" if kind == "tensorflow" else "fake"
-    argv = [python, launcher, command, "--job", job, "--index", str(index), "--port", str(port), "--ready", ready]
+    request = _SERVER_REQUESTS[kind]
+    given: dict[str, Any] = {}
     for option in filter(None, options.split(",")):
         key, _, value = option.partition("=")
         if key not in SERVERS[kind]:
             raise ValueError(f"unknown option {key!r} of {kind} in {server!r}")
-        argv += [f"--{key.replace('_', '-')}", *([value] if value else [])]
-    return tuple(argv)
+        convert = request.kind_of(key)
+        if convert is bool and value:
+            raise ValueError(f"option {key!r} of {kind} takes no value, got {value!r} in {server!r}")
+        given[key] = True if convert is bool else convert(value)
+    return (python, launcher, *request(job=job, index=index, port=port, ready=ready, **given).args())
 
 
 @dataclass(frozen=True)
@@ -88,7 +111,7 @@ class TaskPlan:
 
     @property
     def log(self) -> str:
-        return posixpath.join(self.dir, layout.LOG)
+        return posixpath.join(self.dir, Layout.LOG)
 
     @property
     def addr_host(self) -> str:
@@ -110,8 +133,8 @@ class HostPlan:
     env_dir: str | None = None
     requirements: tuple[str, ...] = ()
     base_python: str = ""
-    # The start's firewall arguments (`Plan.fence_args`: derived from the plan, never read back).
-    fence: tuple[str, ...] = ()
+    # The start's firewall rules (`Plan.fence_args`: derived from the plan, never read back).
+    fence: Fence = dataclasses.field(default_factory=Fence)
 
     @property
     def name(self) -> str:
@@ -133,13 +156,13 @@ class HostPlan:
     def env_argv(self, uv: str, requirements_file: str) -> list[str]:
         """Build the managed environment (with the base python: the environment does not exist yet)."""
         assert self.env_dir is not None
-        return [self.base_python, self.launcher, "env", "--env", self.env_dir, "--wheels", self.wheels_dir,
-                "--uv", uv, "--requirements", requirements_file]
+        return self.base_launcher_argv(EnvRequest(env=self.env_dir, wheels=self.wheels_dir, uv=uv,
+                                                  requirements=requirements_file))
 
     def purge_argv(self) -> list[str]:
         """Remove WORKDIR/.cache (`dtf down --purge`): run by the base python, never from inside
         the environment it removes."""
-        return [self.base_python or self.python, self.launcher, "purge", "--workdir", self.spec.workdir]
+        return self.base_launcher_argv(PurgeRequest(workdir=self.spec.workdir))
 
     @property
     def launcher(self) -> str:
@@ -152,24 +175,28 @@ class HostPlan:
         """dtf's own package, zipped, beside the launcher (collective mode's copies import it)."""
         return posixpath.join(self.root, shipping.helpers_name())
 
-    def launcher_argv(self, *args: str) -> list[str]:
-        return [self.python, self.launcher, *args]
+    def launcher_argv(self, request: Request) -> list[str]:
+        """The launcher's command `request` on this host, run by its python."""
+        return [self.python, self.launcher, *request.args()]
 
-    def bare_launcher_argv(self, *args: str) -> list[str]:
+    def bare_launcher_argv(self, request: Request) -> list[str]:
         """A launcher command that needs the standard library only (start, a Slurm task's
         supervisor, status, renew, stop, reach; not `check`, which reads the site's TensorFlow):
         `python -S`, without the site's .pth files, which cost a python start time too."""
-        return [self.python, "-S", self.launcher, *args]
+        return [self.python, "-S", self.launcher, *request.args()]
+
+    def base_launcher_argv(self, request: Request) -> list[str]:
+        """A launcher command run by the base python (`python: managed`: the python that builds
+        the environment, which may not exist yet or may be removed by the command)."""
+        return [self.base_python or self.python, self.launcher, *request.args()]
 
     def tasks_in(self, only: Collection[str] | None) -> list[TaskPlan]:
         """Every task of this host, or the ones named in `only`."""
         return [t for t in self.tasks if only is None or t.name in only]
 
-    def task_args(self, with_argv: bool = False, only: Collection[str] | None = None) -> list[str]:
-        """`--task` arguments for every task of this host, or for the tasks named in `only`:
-        names, or (for `start`) each task's spec with its serve command."""
-        return [a for t in self.tasks_in(only)
-                for a in ("--task", t.spec().to_arg() if with_argv else t.name)]
+    def task_names(self, only: Collection[str] | None = None) -> list[str]:
+        """Every task's name (JOB:INDEX) of this host, or of the tasks named in `only`."""
+        return [t.name for t in self.tasks_in(only)]
 
     @property
     def start_argv(self) -> list[str]:
@@ -181,20 +208,17 @@ class HostPlan:
         these ADDR:PORTs (the other hosts' tasks, which may still be starting: each gets
         `reach_timeout` seconds). `keep`: a Slurm node's job step, which stays as long as the
         supervisors it starts (dtf.providers.slurm.steps: start_servers)."""
-        return self.bare_launcher_argv("start", *self._start_args(only, reach, reach_timeout, keep))
+        return self.bare_launcher_argv(StartRequest(**self._start(only, reach, reach_timeout, keep)))
 
-    def _start_args(self, only: Collection[str] | None, reach: Collection[str] = (), reach_timeout: float = 0,
-                    keep: bool = False, told: float = 0) -> list[str]:
-        env_args = [a for k, v in self.env for a in ("--env", f"{k}={v}")]
-        reach_args = [a for target in reach for a in ("--reach", target)]
-        if reach and told:
-            reach_args += ["--reach-when-told", f"{told:g}"]
-        return ["--dir", self.root, "--timeout", f"{self.start_timeout:g}",
-                "--ttl", f"{self.ttl:g}", "--restart-limit", str(self.spec.restart_limit),
-                "--restart-backoff", f"{self.spec.restart_backoff:g}",
-                *env_args, *(["--keep"] if keep else []), *self.fence,
-                *(reach_args + ["--reach-timeout", f"{reach_timeout:g}"] if reach else []),
-                *self.task_args(with_argv=True, only=only)]
+    def _start(self, only: Collection[str] | None, reach: Collection[str] = (), reach_timeout: float = 0,
+               keep: bool = False, told: float = 0) -> dict[str, Any]:
+        """The fields of this host's StartRequest (and of its CheckStartRequest)."""
+        checked = {"reach": list(reach), "reach_timeout": reach_timeout,
+                   **({"reach_when_told": told} if told else {})} if reach else {}
+        return {"dir": self.root, "timeout": self.start_timeout, "ttl": self.ttl,
+                "restart_limit": self.spec.restart_limit, "restart_backoff": self.spec.restart_backoff,
+                "env": [f"{k}={v}" for k, v in self.env], "keep": keep, "fence": self.fence, **checked,
+                "task": [t.spec() for t in self.tasks_in(only)]}
 
     def check_start_argv(self, only: Collection[str] | None, tensorflow: str | None,
                          reach: Collection[str] = (), reach_timeout: float = 0, keep: bool = False,
@@ -203,63 +227,57 @@ class HostPlan:
         the host starts its servers when it passes the check (`tensorflow`: the laptop's version,
         the host's must be the same; a fresh start, `only` None, refuses a cluster running there).
         `told`: it checks it reaches `reach` once told on its stdin, waiting that long for it."""
-        ports = [a for t in self.tasks_in(only) for a in ("--port", str(t.port))]
-        return self.launcher_argv("check-start", *ports, "--tensorflow", tensorflow or "",
-                                  *(["--fresh"] if only is None else []),
-                                  *(["--gpus", str(self.gpus_needed)] if self.gpus_needed else []),
-                                  *self._start_args(only, reach, reach_timeout, keep, told))
+        return self.launcher_argv(CheckStartRequest(
+            port=[t.port for t in self.tasks_in(only)], tensorflow=tensorflow or "", fresh=only is None,
+            gpus=self.gpus_needed, **self._start(only, reach, reach_timeout, keep, told)))
 
     def check_argv(self, only: Collection[str] | None = None) -> list[str]:
-        ports = [a for t in self.tasks_in(only) for a in ("--port", str(t.port))]
+        ports = [t.port for t in self.tasks_in(only)]
         if self.env_dir is None:
-            return self.launcher_argv("check", "--dir", self.root, *ports)
+            return self.launcher_argv(CheckRequest(dir=self.root, port=ports))
         # The base python: the environment may not exist yet; `check` says whether it is complete.
-        return [self.base_python, self.launcher, "check", "--dir", self.root, *ports,
-                "--env", self.env_dir, "--wheels", self.wheels_dir]
+        return self.base_launcher_argv(CheckRequest(dir=self.root, port=ports, env=self.env_dir,
+                                                    wheels=self.wheels_dir))
 
-    def status_argv(self) -> list[str]:
-        """Status of every task; renews the lease (whoever asks is using the cluster)."""
-        return self.bare_launcher_argv("status", "--dir", self.root, "--renew", *self.task_args())
+    def status_argv(self, renew: bool = True) -> list[str]:
+        """Status of every task; renews the lease (whoever asks is using the cluster) unless not
+        `renew`."""
+        return self.bare_launcher_argv(StatusRequest(dir=self.root, renew=renew, task=self.task_names()))
 
     def log_argv(self, task: str, lines: int, follow: bool = False, everything: bool = False) -> list[str]:
         """A task's last `lines` lines, without TensorFlow's own unless `everything`; `follow`: then
         its new lines as they come (`dtf logs`: dtf_server.tflog decides which lines are TensorFlow's)."""
-        return self.bare_launcher_argv("log", "--dir", self.root, "--task", task, "--lines", str(lines),
-                                       *(["--follow"] if follow else []), *(["--all"] if everything else []))
+        return self.bare_launcher_argv(LogRequest(dir=self.root, task=task, lines=lines, follow=follow,
+                                                  all=everything))
 
     def renew_argv(self, ttl: float | None = None) -> list[str]:
-        return self.bare_launcher_argv("renew", "--dir", self.root,
-                                       *(["--ttl", f"{ttl:g}"] if ttl is not None else []))
+        return self.bare_launcher_argv(RenewRequest(dir=self.root, ttl=ttl))
 
     def stop_argv(self, grace: float, only: Collection[str] | None = None, clean: bool = False,
                   keep_logs: bool = False) -> list[str]:
         """Stop the tasks (or those in `only`); with `clean`, once all are gone remove dtf's files
         too (`clean_argv`), in the same command."""
-        return self.bare_launcher_argv("stop", "--dir", self.root, "--grace", f"{grace:g}",
-                                       *self.task_args(only=only), *(["--clean"] if clean else []),
-                                       *(["--keep-logs"] if clean and keep_logs else []))
+        return self.bare_launcher_argv(StopRequest(dir=self.root, grace=grace, task=self.task_names(only),
+                                                   clean=clean, keep_logs=clean and keep_logs))
 
     def reach_argv(self, targets: Collection[str], timeout: float) -> list[str]:
         """Which targets this host cannot connect to; renews the lease (`up`'s last step: the
         lease counts from the end of `up`)."""
-        return self.bare_launcher_argv("reach", "--dir", self.root, "--timeout", f"{timeout:g}",
-                                       *[a for t in targets for a in ("--to", t)])
+        return self.bare_launcher_argv(ReachRequest(dir=self.root, timeout=timeout, to=list(targets)))
 
     def sync_argv(self, digest: str, receive: bool = False, *, free_port: bool = False, source: str = "",
                   serve: int = 0, children: int = 0, token: str = "", wait: float = 0) -> list[str]:
         """Whether the host holds the synced tree DIGEST (`free_port`: and a port free there);
         `receive`: make it from stdin (dtf.files.sync), or from another host's relay at `source`
         (ADDR:PORT), passing it on to `children` hosts from port `serve` (dtf_server.receive)."""
-        return self.launcher_argv("sync", "--dir", layout.cache_dir(self.spec.workdir, "sync"),
-                                  "--hash", digest, *(["--receive"] if receive else []),
-                                  *(["--free-port"] if free_port else []), *(["--from", source] if source else []),
-                                  *(["--serve", str(serve), "--children", str(children)] if serve and children else []),
-                                  *(["--token", token] if token else []), *(["--wait", f"{wait:g}"] if wait else []))
+        relay = {"serve": serve, "children": children} if serve and children else {}
+        return self.launcher_argv(SyncRequest(dir=Layout.cache_dir(self.spec.workdir, "sync"), hash=digest,
+                                              receive=receive, free_port=free_port, source=source or None,
+                                              token=token, wait=wait or None, **relay))
 
     def clean_argv(self, keep_logs: bool, if_unused: bool = False) -> list[str]:
         """Run by the base python: a managed environment may be gone (`--purge`) or not built yet."""
-        return [self.base_python or self.python, self.launcher, "clean", "--dir", self.root,
-                *(["--keep-logs"] if keep_logs else []), *(["--if-unused"] if if_unused else [])]
+        return self.base_launcher_argv(CleanRequest(dir=self.root, keep_logs=keep_logs, if_unused=if_unused))
 
 
 @dataclass(frozen=True)
@@ -321,7 +339,7 @@ class Plan:
             return "ssh"
         return self.network
 
-    def fence_args(self, hp: HostPlan) -> tuple[str, ...]:
+    def fence_args(self, hp: HostPlan) -> Fence:
         """The host's start closes its TF ports first (dtf_server.fence) to all but the cluster's
         hosts and loopback; and this machine, as the host sees it (its SSH client), unless it
         reaches the tasks through SSH; and on a Slurm node the login host, at the address the node
@@ -330,16 +348,13 @@ class Plan:
         let in from the start: tasks moved to one reach the other hosts' tasks with no rule to
         change there. Nothing for `firewall: off`."""
         if self.firewall == "off":
-            return ()
-        ports = [a for t in hp.tasks for a in ("--fence-port", str(t.port))]
+            return Fence()
         members = dict.fromkeys([*self.members(), *(default_address(sp.spec) for sp in self.spares)])
-        allow = [a for m in members for a in ("--allow", m)]
-        client = not hp.spec.local and self.network_for(hp) != "ssh"
-        return ("--fence", self.firewall, *ports, *allow, *(["--allow-client"] if client else []),
-                *(["--allow-launch-node"] if hp.spec.allocated else []))
+        return Fence(mode=self.firewall, ports=[t.port for t in hp.tasks], allow=list(members),
+                     client=not hp.spec.local and self.network_for(hp) != "ssh", launch_node=hp.spec.allocated)
 
     def fenced(self) -> Plan:
-        """This plan with each host's `fence` arguments."""
+        """This plan with each host's `fence` (its start's firewall rules)."""
         return dataclasses.replace(self, hosts=tuple(dataclasses.replace(hp, fence=self.fence_args(hp))
                                                      for hp in self.hosts))
 
@@ -399,8 +414,8 @@ class Plan:
         launcher = launcher_path(sp.root)
         tasks = []
         for t in hp.tasks:
-            tdir = layout.task_dir(sp.root, t.job, t.index)
-            ready = posixpath.join(tdir, layout.READY)
+            tdir = Layout.task_dir(sp.root, t.job, t.index)
+            ready = posixpath.join(tdir, Layout.READY)
             argv = server_argv(hp.server, sp.python, launcher, t.job, t.index, t.port, ready)
             tasks.append(TaskPlan(job=t.job, index=t.index, host=spare, port=t.port, address=f"{address}:{t.port}",
                                   dir=tdir, serve_argv=task_argv(spec, argv, t.job, t.port)))
@@ -438,7 +453,7 @@ def _host_from_dict(h: dict[str, Any]) -> HostPlan:
     # The serve command is derived again, never read back: it names this dtf's launcher.
     tasks = tuple(TaskPlan(**{**t, "serve_argv": task_argv(host_spec, server_argv(
         server, h["python"], launcher, t["job"], t["index"], t["port"],
-        posixpath.join(t["dir"], layout.READY)), t["job"], t["port"])}) for t in h["tasks"])
+        posixpath.join(t["dir"], Layout.READY)), t["job"], t["port"])}) for t in h["tasks"])
     return HostPlan(
         spec=host_spec, python=h["python"], root=h["root"], tasks=tasks,
         env=tuple((k, v) for k, v in h["env"]), start_timeout=h["start_timeout"],
@@ -495,11 +510,11 @@ def make_plan(
             for port in ports:
                 index = counters[job]
                 counters[job] += 1
-                tdir = layout.task_dir(root, job, index)
+                tdir = Layout.task_dir(root, job, index)
                 tasks.append(TaskPlan(
                     job=job, index=index, host=spec.host, port=port, address=f"{address}:{port}",
                     dir=tdir, serve_argv=task_argv(spec, server_argv(server, python, launcher, job, index, port,
-                                                                     posixpath.join(tdir, layout.READY)), job, port),
+                                                                     posixpath.join(tdir, Layout.READY)), job, port),
                 ))
         hosts.append(HostPlan(spec=spec, python=python, root=root, tasks=tuple(tasks),
                               env=TASK_ENV, start_timeout=start_timeout, ttl=ttl, server=server,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from dtf.cluster.plan import HostPlan, Plan, TaskPlan
 from dtf.hostops.parallel import HostOps
 from dtf.hosts.transport import HostError, Transport
-from dtf_server import program as host_program
+from dtf_server.protocol import EXIT_EVENT, JOINED_EVENT, FollowRequest
 
 BEAT = 2.0  # seconds between the host's beats
 SILENT = 2.5 * BEAT  # seconds without a word: the host may be lost (TensorFlow often knows first)
@@ -67,7 +67,7 @@ Event = Line | Joined | Silent | Heard | Ended | Lost
 
 
 def follow_argv(hp: HostPlan, task: TaskPlan, beat: float = BEAT) -> list[str]:
-    return hp.launcher_argv("follow", "--dir", hp.root, "--task", task.name, "--beat", f"{beat:g}")
+    return hp.launcher_argv(FollowRequest(dir=hp.root, task=task.name, beat=beat))
 
 
 def node_transport(plan: Plan, hp: HostPlan, connect_timeout: float) -> Transport:
@@ -121,10 +121,10 @@ def follow_task(plan: Plan, task: TaskPlan, events: queue.Queue[Event], stop: th
                         for text in lines(kind, data):
                             if kind == "out":
                                 events.put(Line(task.name, text.rstrip("\r")))
-                            elif text == host_program.JOINED_EVENT:
+                            elif text == JOINED_EVENT:
                                 events.put(Joined(task.name))
-                            elif text.startswith(host_program.EXIT_EVENT) and ending is None:
-                                said = json.loads(text[len(host_program.EXIT_EVENT):])
+                            elif text.startswith(EXIT_EVENT) and ending is None:
+                                said = json.loads(text[len(EXIT_EVENT):])
                                 ending = Ended(task.name, said.get("code"), str(said.get("reason")))
                                 ending_at = time.monotonic()
             finally:

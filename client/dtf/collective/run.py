@@ -63,9 +63,7 @@ from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.transport import HostError
 from dtf.program.train import NoFigures, RunFigures
 from dtf.providers.choose import provider_for
-from dtf_server import layout
-from dtf_server import program as host_program
-from dtf_server.protocol import ReachReply, StartReply, TaskSpec
+from dtf_server.protocol import Defaults, Layout, ReachReply, RunRequest, RunStepRequest, StartReply, TaskSpec
 
 JOIN_TIMEOUT = 300.0  # seconds every copy gets to import TensorFlow and join the others
 STOP_GRACE = 10.0  # seconds between TERM and KILL when the copies are stopped
@@ -106,38 +104,33 @@ def copy_argv(plan: Plan, task: TaskPlan, program: str, args: list[str], attempt
     return [*gpus.env_prefix(env), hp.python, "-m", "dtf.program.runner", program, *args]
 
 
-def env_args(hp: HostPlan) -> list[str]:
-    """`--env` arguments of a `run`: the host's variables, and where dtf's package is (ship)."""
-    return [a for k, v in (*hp.env, (layout.HELPERS_ENV, hp.helpers)) for a in ("--env", f"{k}={v}")]
+def run_env(hp: HostPlan) -> list[str]:
+    """The variables (NAME=VALUE) of a `run`: the host's, and where dtf's package is (ship)."""
+    return [f"{k}={v}" for k, v in (*hp.env, (Layout.HELPERS_ENV, hp.helpers))]
 
 
 def run_argv(hp: HostPlan, specs: list[TaskSpec], fresh: bool, spawned: str = "") -> list[str]:
     """The launcher's `run` on a host: start its copies; `spawned` (Slurm): one job step started
     them (`run_step_argv`), wait for them."""
-    return hp.launcher_argv("run", "--dir", hp.root, *env_args(hp),
-                            *(["--clear-output"] if fresh else []), *(["--spawned", spawned] if spawned else []),
-                            *[a for s in specs for a in ("--task", s.to_arg())])
+    return hp.launcher_argv(RunRequest(dir=hp.root, env=run_env(hp), clear_output=fresh, spawned=spawned,
+                                       task=specs))
 
 
 def run_step_argv(hp: HostPlan, specs: list[tuple[str, TaskSpec]], fresh: bool, token: str) -> list[str]:
     """Slurm: what every task of the one job step of copies runs (the launcher's `run-step`): every
     copy's (host, spec) in worker order; the step's task SLURM_PROCID runs the copy of that worker.
     The nodes share their settings (python, workdir, environment), so one argv serves them all."""
-    return hp.launcher_argv("run-step", "--dir", hp.root, *env_args(hp),
-                            *(["--clear-output"] if fresh else []), "--token", token,
-                            *[a for _, s in specs for a in ("--task", s.to_arg())],
-                            *[a for host, _ in specs for a in ("--host", host)])
+    return hp.launcher_argv(RunStepRequest(dir=hp.root, env=run_env(hp), clear_output=fresh, token=token,
+                                           task=[s for _, s in specs], host=[host for host, _ in specs]))
 
 
 def out_dir(hp: HostPlan, task: TaskPlan) -> str:
-    return f"{task.dir}/{host_program.OUT}"
+    return f"{task.dir}/{Layout.OUT}"
 
 
 def host_program_wait() -> float:
     """Seconds the launcher's `run --spawned` waits for a job step's copies."""
-    from dtf_server.collective import RUN_STEP_WAIT
-
-    return RUN_STEP_WAIT
+    return Defaults.RUN_STEP_WAIT
 
 
 def check_plan(plan: Plan) -> list[str]:

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dtf_server import layout
+from dtf_server.protocol import Layout
 
 # Keep equal to pyproject.toml's pins (tests/unit/test_environment.py checks).
 TF_VERSION = "2.21.0"
@@ -78,11 +78,11 @@ def env_hash(reqs: Sequence[str], accelerator: str, base_python: str) -> str:
 
 
 def env_dir(workdir: str, digest: str) -> str:
-    return posixpath.join(layout.cache_dir(workdir, "env"), digest)
+    return posixpath.join(Layout.cache_dir(workdir, "env"), digest)
 
 
 def wheels_dir(workdir: str) -> str:
-    return layout.cache_dir(workdir, "wheels")
+    return Layout.cache_dir(workdir, "wheels")
 
 
 def uv_name(binary: Path) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from dtf_server import layout
+from dtf_server.protocol import Layout
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -139,9 +139,9 @@ def _build(server: list[tuple[str, bytes]]) -> bytes:
 
 @functools.cache
 def launcher_name() -> str:
-    return layout.launcher_name(hashlib.sha256(launcher_bytes()).hexdigest()[:12])
+    return Layout.launcher_name(hashlib.sha256(launcher_bytes()).hexdigest()[:12])
 
 
 @functools.cache
 def helpers_name() -> str:
-    return layout.helpers_name(hashlib.sha256(helpers_bytes()).hexdigest()[:12])
+    return Layout.helpers_name(hashlib.sha256(helpers_bytes()).hexdigest()[:12])

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from dtf.errors import DtfError, ExitCode
-from dtf_server import layout
+from dtf_server.protocol import Layout
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 LARGE = 100 * 2**20  # a transfer above this many bytes gets a warning naming its largest files
@@ -153,11 +153,11 @@ class Synced:
     @property
     def task_path(self) -> str:
         """The tree (or the single file) as a path relative to any task's working directory."""
-        return layout.synced_from_task(self.digest, self.subpath)
+        return Layout.synced_from_task(self.digest, self.subpath)
 
     def host_path(self, hp: _Host) -> str:
         """The tree (or the single file) on that host, absolute or `~/`-relative as its workdir."""
-        return posixpath.join(layout.cache_dir(hp.spec.workdir, "sync"), self.digest, *filter(None, [self.subpath]))
+        return posixpath.join(Layout.cache_dir(hp.spec.workdir, "sync"), self.digest, *filter(None, [self.subpath]))
 
     @property
     def short(self) -> str:

@@ -18,8 +18,7 @@ from dtf.hostops.parallel import Cancelled, HostOps
 from dtf.hosts.mux import SSH_FAILED
 from dtf.hosts.programs import script
 from dtf.hosts.transport import HostError, Transport
-from dtf_server import layout
-from dtf_server.protocol import CheckReply, EnvReply, FetchReply
+from dtf_server.protocol import CheckReply, EnvReply, FetchReply, FetchWheelsRequest, Layout, ServeWheelsRequest
 
 ENV_BUILD_TIMEOUT = 1800.0  # seconds a managed environment's build may take on a host
 # A managed environment takes several times its wheels on disk once installed (tensorflow-cpu's
@@ -90,7 +89,7 @@ class Environments:
                             f"about {mb(space)}")
         t0 = time.monotonic()
         # What this host lacks, as (file here, path below WORKDIR/.cache there): uv, and wheels.
-        cache = layout.cache_dir(hp.spec.workdir)
+        cache = Layout.cache_dir(hp.spec.workdir)
         uv_rel = f"bin/{environment.uv_name(uv)}"
         remote_uv = posixpath.join(cache, uv_rel)
         need = [] if t.run(["test", "-x", remote_uv], timeout=30).ok else [(uv, uv_rel)]
@@ -150,9 +149,9 @@ class Environments:
         SSH session, until no request comes for a while."""
         if not any(other.managed for other in self.ops.plan.hosts if other.name != hp.name):
             return
-        argv = [hp.base_python, hp.launcher, "serve-wheels", "--dir", layout.cache_dir(hp.spec.workdir),
-                "--port", str(port), "--idle", f"{relay.SERVE_IDLE:g}", "--limit", f"{relay.SERVE_LIMIT:g}",
-                *[a for _, rel in files for a in ("--file", rel)]]
+        argv = hp.base_launcher_argv(ServeWheelsRequest(dir=Layout.cache_dir(hp.spec.workdir), port=port,
+                                                        idle=relay.SERVE_IDLE, limit=relay.SERVE_LIMIT,
+                                                        file=[rel for _, rel in files]))
 
         def serve() -> None:
             try:
@@ -182,9 +181,8 @@ class Environments:
             return need
         self.ops.step(hp, f"copying {len(need)} files from {seed.host}")
         digests = self.wheels.sha256([f for f, _ in need])
-        argv = [hp.base_python, hp.launcher, "fetch-wheels", "--from", seed.url,
-                "--dir", layout.cache_dir(hp.spec.workdir),
-                *[a for f, rel in need for a in ("--file", f"{rel}:{digests[f]}")]]
+        argv = hp.base_launcher_argv(FetchWheelsRequest(source=seed.url, dir=Layout.cache_dir(hp.spec.workdir),
+                                                        file=[f"{rel}:{digests[f]}" for f, rel in need]))
         try:
             reply = decode(FetchReply, t.run(argv, timeout=relay.SERVE_LIMIT), "copying the wheels")
         except HostError as e:

@@ -20,8 +20,7 @@ from dtf.hostops.reach import MESH_TIMEOUT, others
 from dtf.hosts.base import ServerStart
 from dtf.hosts.transport import Conversation, HostError, Result, Transport
 from dtf.providers import route
-from dtf_server.procs import tf_version
-from dtf_server.protocol import CheckReply, FenceReply, StartReply
+from dtf_server.protocol import CheckReply, FenceReply, StartReply, tf_version
 
 CHECK_TIMEOUT = 30.0  # seconds for the launcher's upload and its check (a python start and a look around)
 # How often a host waiting for the others looks at Ctrl-C (the meeting's outcome wakes it at once:

@@ -25,10 +25,9 @@ from dtf.files.sync import HostSynced, Meter, Pack, Report, SyncError, megabytes
 from dtf.hostops.launcher import ask, decode
 from dtf.hostops.parallel import HostOps, Outcome
 from dtf.hosts.transport import COMMAND_TIMEOUT, HostError
-from dtf_server import receive
-from dtf_server.protocol import SyncReply
+from dtf_server.protocol import Defaults, SyncReply
 
-WAIT_ENV = "DTF_SYNC_RELAY_WAIT"  # seconds hosts wait for each other in the tree (default receive.ACCEPT_WAIT)
+WAIT_ENV = "DTF_SYNC_RELAY_WAIT"  # seconds hosts wait for each other in the tree (default Defaults.RELAY_WAIT)
 
 
 def relay_wait() -> float:
@@ -36,7 +35,7 @@ def relay_wait() -> float:
     between the hosts costs this much before the laptop sends to them instead."""
     text = os.environ.get(WAIT_ENV, "")
     try:
-        wait = float(text) if text else receive.ACCEPT_WAIT
+        wait = float(text) if text else Defaults.RELAY_WAIT
     except ValueError:
         wait = -1
     if not 0 < wait <= 3600:
@@ -90,11 +89,11 @@ class Tree:
     parents: dict[str, str | None]
     relays: dict[str, str]  # host -> ADDR:PORT
     token: str
-    wait: float = receive.ACCEPT_WAIT  # seconds a host waits for its parent, or its children
+    wait: float = Defaults.RELAY_WAIT  # seconds a host waits for its parent, or its children
 
 
 def plan_tree(hosts: Sequence[HostPlan], ports: dict[str, int], fanout: int = relay.SYNC_FANOUT,
-              wait: float = receive.ACCEPT_WAIT) -> Tree:
+              wait: float = Defaults.RELAY_WAIT) -> Tree:
     """A tree over the hosts that can take part: reached over SSH (or Slurm nodes, through job
     steps: they reach each other at their NodeAddr as their tasks do), with a free port, at the
     address their tasks have in the plan (the one `up` checked every other host reaches); the
@@ -122,15 +121,15 @@ def send_in_tree(ops: HostOps, hp: HostPlan, p: Pack, tree: Tree) -> int:
             meter = Meter(lambda step: ops.step(hp, step + passing), p.name, p.bytes)
             try:
                 with p.open() as f:
-                    # The root first waits for its children (ACCEPT_WAIT), then goes at their pace.
-                    result = t.feed(argv, f, stall=receive.STALL + tree.wait + COMMAND_TIMEOUT, sent=meter)
+                    # The root first waits for its children (Defaults.RELAY_WAIT), then goes at their pace.
+                    result = t.feed(argv, f, stall=Defaults.RELAY_STALL + tree.wait + COMMAND_TIMEOUT, sent=meter)
             except SyncError as e:
                 raise HostError(f"sending {p.name}: {e}")
         else:
             ops.step(hp, f"copying {p.name} from {parent}: {megabytes(p.bytes)}{passing}")
             # Bounded by the launcher's own deadlines (connect, accept, a stall on the stream);
             # this is the outer bound, for 1 MB/s or more.
-            result = t.run(argv, timeout=2 * tree.wait + receive.STALL + p.bytes / 1e6)
+            result = t.run(argv, timeout=2 * tree.wait + Defaults.RELAY_STALL + p.bytes / 1e6)
     reply = decode(SyncReply, result, f"copying {p.name} from {parent}" if parent else f"sending {p.name}")
     if not reply.present:
         raise HostError(f"receiving {p.name}: the host did not keep it")

@@ -18,7 +18,7 @@ from dtf.hostops import launcher
 from dtf.hostops.parallel import HostOps
 from dtf.hosts.transport import HostError, LineStream, Transport
 from dtf_server import protocol
-from dtf_server.protocol import ProtocolMismatch, StatusReply, TopSample
+from dtf_server.protocol import ProtocolMismatch, StatusReply, StatusRequest, TopRequest, TopSample
 
 STALL = 5  # intervals without a sample before a host is "silent" and its connection made again
 RETRY = 3.0  # seconds before connecting again to a host that failed
@@ -120,9 +120,8 @@ class Watch:
         transport = self.ops.transport(hp)
         with transport:
             self._ensure_launcher(transport, hp)
-            stream = transport.lines(hp.launcher_argv("top", "--dir", hp.root, "--interval", f"{self.interval:g}",
-                                                      *(["--states-only"] if self.states_only else []),
-                                                      *hp.task_args()))
+            stream = transport.lines(hp.launcher_argv(TopRequest(dir=hp.root, interval=self.interval,
+                                                                 states_only=self.states_only, task=hp.task_names())))
             try:
                 self._read(hp, stream, left)
             finally:
@@ -131,7 +130,7 @@ class Watch:
     def _ensure_launcher(self, t: Transport, hp: HostPlan) -> None:
         """One status over the new connection: ships this dtf's launcher if it is not there."""
         try:
-            launcher.ask(t, hp, StatusReply, hp.launcher_argv("status", "--dir", hp.root, *hp.task_args()),
+            launcher.ask(t, hp, StatusReply, hp.launcher_argv(StatusRequest(dir=hp.root, task=hp.task_names())),
                          "status", launcher.RENEW_TIMEOUT, upload_if=lambda: launcher.root_exists(t, hp))
         except launcher.LauncherMissing:
             raise FilesGone(f"dtf's files are gone from {hp.root} (taken down, or its lease lapsed)")

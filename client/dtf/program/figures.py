@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dtf_server import layout
+from dtf_server.protocol import Layout
 
 ENV = "DTF_FIGURES"  # the directory: set by `dtf train` for the program ("off": publish nothing)
-TRAIN = layout.TRAIN  # "train.json"
+TRAIN = Layout.TRAIN  # "train.json"
 RUN = "run.json"
 PERIOD = 1.0  # seconds between two writes, at most one write per period
 SCHEMA = 1

@@ -45,7 +45,7 @@ import sys
 import traceback
 from types import ModuleType, TracebackType
 
-from dtf_server.procs import EXIT_STATUS_ENV
+from dtf_server.protocol import EXIT_STATUS_ENV
 
 
 def exit_code(code: object) -> int:

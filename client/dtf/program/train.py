@@ -30,7 +30,7 @@ from dtf.hosts.netutil import CONNECT_TIMEOUT, listen_port
 from dtf.program import figures, noise
 from dtf.program.runner import ERROR_FILE_ENV
 from dtf.providers.choose import provider_for
-from dtf_server.procs import EXIT_STATUS_ENV, ended_before_crash, exit_reason
+from dtf_server.protocol import EXIT_STATUS_ENV, ended_before_crash, exit_reason
 
 if TYPE_CHECKING:
     from dtf.hosts.tunnel import Tunnel
