@@ -424,7 +424,7 @@ class Plan:
         return dataclasses.replace(self, hosts=tuple(new if h.name == lost else h for h in self.hosts),
                                    spares=tuple(s for s in self.spares if s.name != spare),
                                    moved=(*self.moved, (lost, spare)),
-                                   retired=(*self.retired, dataclasses.replace(hp, fence=()))).fenced()
+                                   retired=(*self.retired, dataclasses.replace(hp, fence=Fence()))).fenced()
 
     def without_retired(self, names: Collection[str]) -> Plan:
         """This plan with the retired hosts named cleaned: no longer kept."""
