@@ -141,9 +141,9 @@ def test_a_command_asked_of_the_master_itself_is_what_ssh_s_own_mux_client_runs(
     import socket
     import threading
 
+    from dtf.hosts.base import Conversation
     from dtf.hosts.mux import MuxProcess, MuxRefused
     from dtf.hosts.shell import render
-    from dtf.hosts.transport import Conversation
 
     master = h0_master(site)
     master.start()

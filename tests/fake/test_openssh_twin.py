@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 
 from dtf.cluster.inventory import HostSpec
-from dtf.hosts.base import Conversation, Transport
-from dtf.hosts.control import ControlTransport, host_path
+from dtf.hosts.base import CommandRunner, Conversation, HostError
+from dtf.hosts.control import OpenSSHRunner, host_path
 from dtf.hosts.masters import Master
 from dtf.hosts.openssh import ssh_binary
-from dtf.hosts.paramikossh import ParamikoTransport
-from dtf.hosts.transport import HostError
+from dtf.hosts.paramikossh import ParamikoRunner
 from helpers import ssh_processes
 from lab import Lab
 from sites import LabSite
@@ -47,7 +46,7 @@ def h0(site: LabSite):
     master = Master(ssh, h0_spec(site), str(site.lab.ssh_config), host_path(site.home, "twin", "h0"))
     master.start()
     try:
-        yield ControlTransport(master)
+        yield OpenSSHRunner(master)
     finally:
         master.stop()
 
@@ -57,12 +56,12 @@ def twin(request: pytest.FixtureRequest, site: LabSite):
     if request.param == "openssh":
         yield request.getfixturevalue("h0")
         return
-    t = ParamikoTransport(h0_spec(site), str(site.lab.ssh_config), 10)
+    t = ParamikoRunner(h0_spec(site), str(site.lab.ssh_config), 10)
     with t:
         yield t
 
 
-def test_a_follower_a_fetch_and_a_fed_command_go_over_the_open_connection(site: LabSite, twin: Transport,
+def test_a_follower_a_fetch_and_a_fed_command_go_over_the_open_connection(site: LabSite, twin: CommandRunner,
                                                                           tmp_path: Path):
     h0 = twin
     h0.open()
@@ -87,7 +86,7 @@ def test_a_follower_a_fetch_and_a_fed_command_go_over_the_open_connection(site: 
 
 
 @pytest.mark.parametrize("mux", ["1", "0"])
-def test_the_mux_switch(h0: ControlTransport, monkeypatch: pytest.MonkeyPatch, mux: str):
+def test_the_mux_switch(h0: OpenSSHRunner, monkeypatch: pytest.MonkeyPatch, mux: str):
     monkeypatch.setenv("DTF_SSH_MUX", mux)
     conv: Conversation = h0.converse(["sh", "-c", 'head -c 5; echo; read line; echo "got $line"; echo e >&2; exit 3'],
                                      b"hello")
@@ -101,7 +100,7 @@ def test_the_mux_switch(h0: ControlTransport, monkeypatch: pytest.MonkeyPatch, m
 
 
 @pytest.mark.parametrize("mux", ["1", "0"])
-def test_a_master_is_closed_both_ways(h0: ControlTransport, monkeypatch: pytest.MonkeyPatch, mux: str):
+def test_a_master_is_closed_both_ways(h0: OpenSSHRunner, monkeypatch: pytest.MonkeyPatch, mux: str):
     """`dtf down` closes a master over its control socket, or with `ssh -O exit` (DTF_SSH_MUX=0):
     either way it has exited, its socket removed, when stop returns."""
     monkeypatch.setenv("DTF_SSH_MUX", mux)
@@ -115,7 +114,7 @@ def test_a_master_is_closed_both_ways(h0: ControlTransport, monkeypatch: pytest.
 
 
 @pytest.mark.parametrize("mux", ["1", "0"])
-def test_a_command_runs_alike_both_ways(h0: ControlTransport, monkeypatch: pytest.MonkeyPatch, mux: str):
+def test_a_command_runs_alike_both_ways(h0: OpenSSHRunner, monkeypatch: pytest.MonkeyPatch, mux: str):
     """`run` over the master's protocol and through ssh's mux client: the same bytes in and out,
     the same exit status, the same timeout."""
     monkeypatch.setenv("DTF_SSH_MUX", mux)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from dtf.cluster.inventory import HostSpec
+from dtf.hosts.base import Conversation
 from dtf.hosts.control import cluster_prefix, hop_path, host_path, persist_for, reason
 from dtf.hosts.masters import MasterFailed
-from dtf.hosts.transport import Conversation
 
 SPEC = HostSpec(host="h7", line=3, connection="ssh", user="root", port=None, identity_file="~/.ssh/id_x",
                 python="python3", workdir="~", address=None, ps_ports=(), worker_ports=())

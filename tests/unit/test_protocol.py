@@ -20,8 +20,8 @@ import pytest
 
 from dtf.cluster.inventory import HostSpec
 from dtf.files import shipping
+from dtf.hosts.local import LocalRunner
 from dtf.hosts.netutil import free_ports, listen_ports
-from dtf.hosts.transport import LocalTransport
 from dtf_server import protocol
 from dtf_server.protocol import (
     PROTOCOL,
@@ -331,7 +331,7 @@ def test_a_missing_launcher_is_python_exit_2_with_no_reply(tmp_path: Path):
 
 
 def test_uploads_are_atomic_and_leave_no_temporary_file(tmp_path: Path):
-    t = LocalTransport(HostSpec(host="localhost", line=1, connection="local", user=None, port=None,
+    t = LocalRunner(HostSpec(host="localhost", line=1, connection="local", user=None, port=None,
                                 identity_file=None, python="python3", workdir=str(tmp_path), address=None,
                                 ps_ports=(), worker_ports=()))
     target = tmp_path / "root"

@@ -16,7 +16,7 @@ import pytest
 from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory import loads
 from dtf.cluster.plan import Plan, make_plan
-from dtf.hosts.transport import Transport
+from dtf.hosts.base import CommandRunner
 from dtf.providers import route
 from helpers import within
 
@@ -44,7 +44,7 @@ class Starter:
         self.plan = plan
 
     def _reachable(self, t: Any, hp: Any, tasks: Any) -> bool:
-        return route.check_reach(self.plan, cast(Transport, t), hp, tasks)
+        return route.check_reach(self.plan, cast(CommandRunner, t), hp, tasks)
 
 
 def starter(network: str, slurm: bool) -> tuple[Starter, Any]:
@@ -71,7 +71,7 @@ def test_direct_or_through_ssh(slurm: bool, network: str, direct: bool, expected
     monkeypatch.setattr(route, "port_open", lambda host, port, timeout: direct)
     s, hp = starter(network, slurm)
     t = Through(front=slurm)
-    assert s._reachable(cast(Transport, t), hp, hp.tasks) is expected
+    assert s._reachable(cast(CommandRunner, t), hp, hp.tasks) is expected
     if through is not None:
         assert bool(t.asked) is through
     elif not slurm:
@@ -100,7 +100,7 @@ def test_dropped_direct_probes_hold_up_neither_the_start_nor_the_exit(slurm: boo
     monkeypatch.setattr(route, "DIRECT_PROBE", 3600.0)
     s, hp = starter(network, slurm=slurm)
     t = Through(front=slurm)
-    assert within(60, lambda: s._reachable(cast(Transport, t), hp, hp.tasks)) is False
+    assert within(60, lambda: s._reachable(cast(CommandRunner, t), hp, hp.tasks)) is False
     assert sorted(t.asked) == ["10.0.0.1:2222", "10.0.0.1:2223"]
     assert sorted(tried) == [2222, 2223]
     dropped.set()
@@ -145,7 +145,7 @@ def test_an_ssh_hosts_slow_direct_answer_still_counts(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(route, "port_open", port_open)
     s, hp = starter("auto", slurm=False)
-    assert s._reachable(cast(Transport, Far()), hp, hp.tasks) is True
+    assert s._reachable(cast(CommandRunner, Far()), hp, hp.tasks) is True
 
 
 def test_probe_all_answers_in_order_and_raises_a_probes_error() -> None:

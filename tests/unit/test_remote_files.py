@@ -15,7 +15,8 @@ import pytest
 from dtf.cluster.inventory import HostSpec
 from dtf.collective import remote_files
 from dtf.hosts import trees
-from dtf.hosts.transport import HostError, LocalTransport
+from dtf.hosts.base import HostError
+from dtf.hosts.local import LocalRunner
 
 
 def tar_of(files: dict[str, bytes]) -> bytes:
@@ -92,9 +93,9 @@ def test_a_tree_comes_back_as_a_tar_from_a_real_shell(tmp_path: Path) -> None:
     (source / "b").mkdir(parents=True)
     (source / "a.bin").write_bytes(b"a" * 3000)
     (source / "b" / "c.txt").write_bytes(b"c" * 700)
-    assert trees.fetch_by_tar(LocalTransport(SPEC), str(source), tmp_path / "back") == 2
+    assert trees.fetch_by_tar(LocalRunner(SPEC), str(source), tmp_path / "back") == 2
     assert tree(tmp_path / "back") == tree(source)
-    assert trees.fetch_by_tar(LocalTransport(SPEC), str(tmp_path / "missing"), tmp_path / "none") == 0
+    assert trees.fetch_by_tar(LocalRunner(SPEC), str(tmp_path / "missing"), tmp_path / "none") == 0
 
 
 def test_fetch_tree_over_the_local_twin_copies(tmp_path: Path) -> None:
@@ -102,9 +103,9 @@ def test_fetch_tree_over_the_local_twin_copies(tmp_path: Path) -> None:
     (source / "__pycache__").mkdir(parents=True)
     (source / "__pycache__" / "x.pyc").write_bytes(b"x")
     (source / "model.txt").write_text("m")
-    assert remote_files.fetch_tree(LocalTransport(SPEC), str(source), tmp_path / "back") == 1
+    assert remote_files.fetch_tree(LocalRunner(SPEC), str(source), tmp_path / "back") == 1
     assert (tmp_path / "back" / "model.txt").read_text() == "m"
-    assert remote_files.fetch_tree(LocalTransport(SPEC), str(tmp_path / "missing"), tmp_path / "none") == 0
+    assert remote_files.fetch_tree(LocalRunner(SPEC), str(tmp_path / "missing"), tmp_path / "none") == 0
 
 
 def test_send_tree_unpacks_with_the_hosts_python_once_or_merged(tmp_path: Path) -> None:
@@ -116,10 +117,10 @@ def test_send_tree_unpacks_with_the_hosts_python_once_or_merged(tmp_path: Path) 
 
     host = cast(Any, SimpleNamespace(python=sys.executable))
     dest = tmp_path / "program"
-    remote_files.send_tree(LocalTransport(SPEC), host, tar_of(FILES), str(dest), once=True)
+    remote_files.send_tree(LocalRunner(SPEC), host, tar_of(FILES), str(dest), once=True)
     assert tree(dest) == {"a.bin": FILES["./a.bin"], "b/c.txt": FILES["./b/c.txt"]}
-    remote_files.send_tree(LocalTransport(SPEC), host, tar_of({"./d.txt": b"d"}), str(dest), once=True)
+    remote_files.send_tree(LocalRunner(SPEC), host, tar_of({"./d.txt": b"d"}), str(dest), once=True)
     assert "d.txt" not in tree(dest)  # there already: left as it was
-    remote_files.send_tree(LocalTransport(SPEC), host, tar_of({"./d.txt": b"d"}), str(dest))
+    remote_files.send_tree(LocalRunner(SPEC), host, tar_of({"./d.txt": b"d"}), str(dest))
     assert tree(dest)["d.txt"] == b"d" and "a.bin" in tree(dest)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["program"]  # no tar, no temporary directory left

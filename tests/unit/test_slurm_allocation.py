@@ -11,7 +11,7 @@ import pytest
 
 from dtf.cluster.inventory import loads
 from dtf.errors import ExitCode, HostFailure
-from dtf.hosts.transport import COMMAND_TIMEOUT, Result, Transport
+from dtf.hosts.base import COMMAND_TIMEOUT, CommandRunner, Result
 from dtf.providers.slurm import allocation as slurm_ops
 
 INV = "cluster: c\nslurm: {login: login1, nodes: 2, partition: p, workers: 1}\n"
@@ -34,7 +34,7 @@ class Answered:
         pass
 
 
-class Login(Transport):
+class Login(CommandRunner):
     """Answers Slurm commands from a script: squeue's answers in turn (the last one repeats)."""
 
     def __init__(self, squeue: list[str], on_squeue: Callable[[int], None] = lambda n: None) -> None:

@@ -1,5 +1,5 @@
 """Following one program copy of `dtf train --collective` from here: one session per task running
-the launcher's `follow` (dtf_server.program), over the host's transport (Transport.output: a
+the launcher's `follow` (dtf_server.program), over the host's runner (CommandRunner.output: a
 session of its OpenSSH master, a job step, a local process), turned into events on a queue.
 
 Events: `Line(task, text)` for each line of the copy's output, `Joined(task)`, `Silent(task,
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from dtf.cluster.plan import HostPlan, Plan, TaskPlan
 from dtf.hostops.parallel import HostOps
-from dtf.hosts.transport import HostError, Transport
+from dtf.hosts.base import CommandRunner, HostError
 from dtf_server.protocol import EXIT_EVENT, JOINED_EVENT, FollowRequest
 
 BEAT = 2.0  # seconds between the host's beats
@@ -70,10 +70,10 @@ def follow_argv(hp: HostPlan, task: TaskPlan, beat: float = BEAT) -> list[str]:
     return hp.launcher_argv(FollowRequest(dir=hp.root, task=task.name, beat=beat))
 
 
-def node_transport(plan: Plan, hp: HostPlan, connect_timeout: float) -> Transport:
+def node_runner(plan: Plan, hp: HostPlan, connect_timeout: float) -> CommandRunner:
     """How a host of the plan is reached, as every other command of dtf reaches it (HostOps): over
     the cluster's control master, a Slurm node through job steps, a local host as processes."""
-    return HostOps(plan, connect_timeout=connect_timeout).transport(hp)
+    return HostOps(plan, connect_timeout=connect_timeout).runner(hp)
 
 
 def follow_task(plan: Plan, task: TaskPlan, events: queue.Queue[Event], stop: threading.Event,
@@ -92,7 +92,7 @@ def follow_task(plan: Plan, task: TaskPlan, events: queue.Queue[Event], stop: th
         return [c.decode(errors="replace") for c in complete]
 
     try:
-        with node_transport(plan, hp, connect_timeout) as t:
+        with node_runner(plan, hp, connect_timeout) as t:
             stream = t.output(follow_argv(hp, task))
             try:
                 while not stop.is_set():

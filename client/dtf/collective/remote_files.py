@@ -1,5 +1,5 @@
-"""Directory trees between this machine and a host, over a Transport: send one (a deterministic
-tar, unpacked there by the host's python), or bring one back (the transport's fetch_tree: a tar
+"""Directory trees between this machine and a host, over a CommandRunner: send one (a deterministic
+tar, unpacked there by the host's python), or bring one back (the runner's fetch_tree: a tar
 over OpenSSH or a job step, SFTP where there is no `ssh` binary, a copy for local hosts).
 
 Collective mode brings the chief's output directory back with `fetch_tree`, and copies the
@@ -17,8 +17,8 @@ import tarfile
 from pathlib import Path
 
 from dtf.cluster.plan import HostPlan
+from dtf.hosts.base import CommandRunner, HostError
 from dtf.hosts.programs import script
-from dtf.hosts.transport import HostError, Transport
 
 EXTRACT_TIMEOUT = 120.0
 _UNPACK = script("unpack.py")  # the host's python: a tar unpacked into its directory
@@ -51,7 +51,7 @@ def pack(root: Path) -> bytes:
     return buffer.getvalue()
 
 
-def send_tree(t: Transport, hp: HostPlan, data: bytes, remote: str, once: bool = False) -> None:
+def send_tree(t: CommandRunner, hp: HostPlan, data: bytes, remote: str, once: bool = False) -> None:
     """Unpack the tar `data` into `remote` on the host (merged into it; with `once`, only if
     `remote` does not exist yet, and atomically)."""
     parent, base = posixpath.split(remote.rstrip("/"))
@@ -63,7 +63,7 @@ def send_tree(t: Transport, hp: HostPlan, data: bytes, remote: str, once: bool =
         raise HostError(f"unpacking into {remote} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
-def fetch_tree(t: Transport, remote: str, local: Path) -> int:
+def fetch_tree(t: CommandRunner, remote: str, local: Path) -> int:
     """Copy the host's directory `remote` into `local` (merged; files replaced); the number of
     files copied (0 when `remote` does not exist)."""
     local.mkdir(parents=True, exist_ok=True)

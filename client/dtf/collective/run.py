@@ -59,8 +59,8 @@ from dtf.hostops.lifecycle import ctrl_c_sets
 from dtf.hostops.parallel import HostOps
 from dtf.hostops.repair import answered_or_moved
 from dtf.hostops.start import Starter
+from dtf.hosts.base import HostError
 from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.transport import HostError
 from dtf.program.train import NoFigures, RunFigures
 from dtf.providers.choose import provider_for
 from dtf_server.protocol import Defaults, Layout, ReachReply, RunRequest, RunStepRequest, StartReply, TaskSpec
@@ -204,7 +204,7 @@ class CollectiveRun:
             raise HostFailure("sending the program", failed)
 
         def helpers(hp: HostPlan) -> None:  # dtf's own package, which the copies import
-            with self.ops.transport(hp) as t:
+            with self.ops.runner(hp) as t:
                 t.put_bytes(shipping.helpers_bytes(), hp.root, shipping.helpers_name())
 
         failed = {h: o.reason for h, o in self.ops.each_host(helpers, self.hosts).items() if not o.ok}
@@ -243,7 +243,7 @@ class CollectiveRun:
         token = self.start_step(attempt)
 
         def one(hp: HostPlan) -> StartReply:
-            with self.ops.transport(hp) as t:
+            with self.ops.runner(hp) as t:
                 return launcher.ask(t, hp, StartReply, run_argv(hp, self.specs(hp, attempt), attempt == 1, token),
                                     "starting the program", 60 + (host_program_wait() if token else 0))
 
@@ -269,7 +269,7 @@ class CollectiveRun:
     def fetch_chief(self, into: Path) -> int:
         chief = self.workers[0]
         hp = self.plan.host_of(chief)
-        with self.ops.transport(hp) as t:
+        with self.ops.runner(hp) as t:
             return remote_files.fetch_tree(t, out_dir(hp, chief), into)
 
     def copy_backup(self, chief_out: Path) -> None:
@@ -280,7 +280,7 @@ class CollectiveRun:
             return
 
         def one(hp: HostPlan) -> None:
-            with self.ops.transport(hp) as t:
+            with self.ops.runner(hp) as t:
                 for task in hp.tasks:
                     if task.job == "worker" and task.index != 0:
                         remote_files.send_tree(t, hp, data, out_dir(hp, task))
@@ -292,7 +292,7 @@ class CollectiveRun:
 
     def remove_worker_outputs(self) -> None:
         def one(hp: HostPlan) -> None:
-            with self.ops.transport(hp) as t:
+            with self.ops.runner(hp) as t:
                 dirs = [out_dir(hp, task) for task in hp.tasks if task.job == "worker"]
                 t.run(["rm", "-rf", "--", *dirs], timeout=60)
 
@@ -307,7 +307,7 @@ class CollectiveRun:
 
         def one(hp: HostPlan) -> ReachReply:
             others = [a for a, t in targets.items() if t.host != hp.name]
-            with self.ops.transport(hp) as t:
+            with self.ops.runner(hp) as t:
                 return launcher.ask(t, hp, ReachReply, hp.reach_argv(others, REACH_TIMEOUT),
                                     "checking the workers' ports", REACH_TIMEOUT + 30)
 

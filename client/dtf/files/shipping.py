@@ -5,7 +5,7 @@ Built in memory from the installed package (once per process), deterministically
 fixed timestamps), so the same dtf always ships the same bytes under the same name
 `launcher-<sha256[:12]>.pyz`. A host may hold launchers of several dtf versions side by side:
 a supervisor only ever runs the file it was started from, and a client only the one of its own
-version. Uploads are atomic (a temporary name, then a rename: see Transport.put_bytes), so a
+version. Uploads are atomic (a temporary name, then a rename: see CommandRunner.put_bytes), so a
 supervisor restarting its server never runs a half-written launcher.
 """
 

@@ -15,9 +15,9 @@ from dtf.cluster.plan import HostPlan
 from dtf.files import environment, relay
 from dtf.hostops.launcher import decode
 from dtf.hostops.parallel import Cancelled, HostOps
+from dtf.hosts.base import CommandRunner, HostError
 from dtf.hosts.mux import SSH_FAILED
 from dtf.hosts.programs import script
-from dtf.hosts.transport import HostError, Transport
 from dtf_server.protocol import CheckReply, EnvReply, FetchReply, FetchWheelsRequest, Layout, ServeWheelsRequest
 
 ENV_BUILD_TIMEOUT = 1800.0  # seconds a managed environment's build may take on a host
@@ -58,7 +58,7 @@ class Environments:
                 self._wheels = environment.WheelCache()
             return self._wheels
 
-    def build(self, t: Transport, hp: HostPlan, check: CheckReply, free_port: int) -> EnvReport:
+    def build(self, t: CommandRunner, hp: HostPlan, check: CheckReply, free_port: int) -> EnvReport:
         """A managed host's environment: reused when `check` found it complete (the one cheap
         check), else resolved and fetched on this machine (cached), sent (or copied from another
         host of the cluster: see _copy_wheels), and built there. `free_port`: a planned TF port
@@ -155,7 +155,7 @@ class Environments:
 
         def serve() -> None:
             try:
-                with self.ops.transport(hp) as t2:
+                with self.ops.runner(hp) as t2:
                     t2.run(argv, timeout=relay.SERVE_LIMIT + 30)
             except HostError:
                 pass  # the other hosts fall back to this machine
@@ -166,7 +166,7 @@ class Environments:
         seed.thread = threading.Thread(target=serve, name=f"dtf-wheels-{hp.name}", daemon=True)
         seed.thread.start()
 
-    def _copy_wheels(self, t: Transport, hp: HostPlan, seed: relay.Seed,
+    def _copy_wheels(self, t: CommandRunner, hp: HostPlan, seed: relay.Seed,
                      need: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
         """Copy what this host needs (uv, wheels) from its parent in the tree, `seed` (hosts reach
         each other on the TF ports); what could not be copied is left for this machine to send."""
@@ -194,7 +194,7 @@ class Environments:
         self.copied[hp.name] = sum(f.stat().st_size for f, rel in need if rel in fetched)
         return [(f, rel) for f, rel in need if rel not in fetched]
 
-    def _send(self, t: Transport, hp: HostPlan, local: Path, remote: str) -> None:
+    def _send(self, t: CommandRunner, hp: HostPlan, local: Path, remote: str) -> None:
         try:
             t.put_file(local, posixpath.dirname(remote), posixpath.basename(remote))
         except HostError as e:

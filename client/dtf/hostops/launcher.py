@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from dtf.cluster.plan import HostPlan
 from dtf.files import shipping
-from dtf.hosts.transport import HostError, Result, Transport
+from dtf.hosts.base import CommandRunner, HostError, Result
 from dtf_server import protocol
 from dtf_server.protocol import ProtocolMismatch
 
@@ -36,11 +36,11 @@ def decode(kind: type[R], result: Result, what: str) -> R:
         raise HostError(f"{what} failed (exit {result.exit_code}): {err}")
 
 
-def upload(t: Transport, hp: HostPlan) -> None:
+def upload(t: CommandRunner, hp: HostPlan) -> None:
     t.put_bytes(shipping.launcher_bytes(), hp.root, shipping.launcher_name())
 
 
-def ask(t: Transport, hp: HostPlan, kind: type[R], argv: list[str], what: str, timeout: float,
+def ask(t: CommandRunner, hp: HostPlan, kind: type[R], argv: list[str], what: str, timeout: float,
         upload_if: Callable[[], bool] = lambda: True) -> R:
     """Run a launcher command and decode its reply. If this dtf's launcher is not there (or
     a launcher of another protocol answered), ship it, when `upload_if()`, and ask again."""
@@ -57,5 +57,5 @@ def ask(t: Transport, hp: HostPlan, kind: type[R], argv: list[str], what: str, t
                         f"{'is not there' if isinstance(e, LauncherMissing) else e}")
 
 
-def root_exists(t: Transport, hp: HostPlan) -> bool:
+def root_exists(t: CommandRunner, hp: HostPlan) -> bool:
     return t.run(["test", "-d", hp.root], timeout=RENEW_TIMEOUT).ok

@@ -16,7 +16,7 @@ from dtf_server.protocol import RenewReply
 
 
 def renew_host(ops: HostOps, hp: HostPlan, ttl: float | None = None) -> RenewReply:
-    with ops.transport(hp) as t:
+    with ops.runner(hp) as t:
         try:
             return ask(t, hp, RenewReply, hp.renew_argv(ttl), "renewing the lease", RENEW_TIMEOUT,
                        upload_if=lambda: root_exists(t, hp))

@@ -21,8 +21,8 @@ from typing import Generic, TypeVar
 
 from dtf.cluster.plan import HostPlan, Plan
 from dtf.errors import HostFailure
+from dtf.hosts.base import CommandRunner, HostError
 from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.transport import HostError, Transport
 from dtf.providers.choose import provider_for
 
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
@@ -101,7 +101,7 @@ class HostOps:
             finally:
                 self.progress = before
 
-    def transport(self, hp: HostPlan) -> Transport:
+    def runner(self, hp: HostPlan) -> CommandRunner:
         """The host's runner, as the plan's provider reaches it (dtf.providers)."""
         return self.provider.runner(hp)
 

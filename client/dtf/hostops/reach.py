@@ -9,8 +9,8 @@ from collections.abc import Collection, Sequence
 from dtf.cluster.plan import HostPlan, Plan, TaskPlan
 from dtf.hostops.launcher import ask
 from dtf.hostops.parallel import HostOps, Outcome
+from dtf.hosts.base import HostError
 from dtf.hosts.netutil import port_open, probe_all
-from dtf.hosts.transport import HostError
 from dtf.providers import route
 from dtf_server.protocol import ReachReply
 
@@ -54,7 +54,7 @@ def check_mesh(ops: HostOps, hosts: Sequence[HostPlan] | None = None,
         if not targets:
             return
         ops.step(hp, "checking it reaches the other hosts' tasks")
-        with ops.transport(hp) as t:
+        with ops.runner(hp) as t:
             reply = ask(t, hp, ReachReply, hp.reach_argv(list(targets), timeout),
                         "checking the other hosts' TF ports", timeout + 30)
         if reply.unreachable:
@@ -73,7 +73,7 @@ def unreachable(ops: HostOps, network: str, timeout: float, names: Collection[st
         if not route.through_ssh(ops.plan, network, hp):
             return [task for task, ok in zip(tasks, probe_all(
                 lambda task: port_open(task.addr_host, task.port, timeout), tasks)) if not ok]
-        with ops.transport(hp) as t:
+        with ops.runner(hp) as t:
             return [task for task, ok in zip(tasks, probe_all(
                 lambda task: t.reaches(task.address, timeout), tasks)) if not ok]
 

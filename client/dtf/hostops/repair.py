@@ -85,7 +85,7 @@ def check_spares(plan: Plan, connect_timeout: float, view: ProgressView = no_vie
 
     def check(sp: HostPlan) -> None:
         ops.step(sp, "connecting")
-        with ops.transport(sp) as t:
+        with ops.runner(sp) as t:
             starter._check(t, sp, version, ())
 
     with ops.shown(f"dtf up {plan.cluster}: checking the spares"):

@@ -17,8 +17,7 @@ from dtf.hostops.environments import Environments, EnvReport
 from dtf.hostops.launcher import decode
 from dtf.hostops.parallel import HostOps, Outcome
 from dtf.hostops.reach import MESH_TIMEOUT, others
-from dtf.hosts.base import ServerStart
-from dtf.hosts.transport import Conversation, HostError, Result, Transport
+from dtf.hosts.base import CommandRunner, Conversation, HostError, Result, ServerStart
 from dtf.providers import route
 from dtf_server.protocol import CheckReply, FenceReply, StartReply, tf_version
 
@@ -106,7 +105,7 @@ class Starter:
         if self._gate is not None:
             return self._told_start(hp, tf_version, only, self._gate)
         self.ops.step(hp, "connecting")
-        with self.ops.transport(hp) as t:
+        with self.ops.runner(hp) as t:
             env = None
             if self._in_one_call(hp):
                 check, started = self._check_and_start(t, hp, tf_version, only)
@@ -134,7 +133,7 @@ class Starter:
         try:
             with gate.turn:
                 self.ops.step(hp, "connecting")
-                t = self.ops.transport(hp)
+                t = self.ops.runner(hp)
                 t.open()  # a host never reached is not touched: nothing to roll back there
                 self._check_start_step(hp, tasks)
                 argv = hp.check_start_argv(only, tf_version, targets, reach_timeout, told=2 * gate.wait + 30)
@@ -176,7 +175,7 @@ class Starter:
         self.ops.step(hp, f"uploading launcher, checking python and TensorFlow, starting {len(tasks)} server(s)")
 
     @staticmethod
-    def _said(t: Transport, conv: Conversation, deadline: float, what: str) -> Result:
+    def _said(t: CommandRunner, conv: Conversation, deadline: float, what: str) -> Result:
         """The launcher's next line that is not blank (a login script's empty line: as `t.run`'s
         output is read), as a Result; where it ended without one, its exit status and stderr
         (the master lost: HostError, as `t.run` says it). HostError past `deadline`."""
@@ -193,12 +192,12 @@ class Starter:
         (no environment to build; the firewall rules are the start's first step)."""
         return not hp.managed
 
-    def _ship_and_run(self, t: Transport, hp: HostPlan, argv: list[str], timeout: float) -> Result:
-        """Upload the launcher and run one of its commands, in one round trip where the transport can."""
+    def _ship_and_run(self, t: CommandRunner, hp: HostPlan, argv: list[str], timeout: float) -> Result:
+        """Upload the launcher and run one of its commands, in one round trip where the runner can."""
         self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
         return t.put_then_run(shipping.launcher_bytes(), hp.root, shipping.launcher_name(), argv, timeout=timeout)
 
-    def _check(self, t: Transport, hp: HostPlan, tf_version: str | None, only: Collection[str] | None
+    def _check(self, t: CommandRunner, hp: HostPlan, tf_version: str | None, only: Collection[str] | None
                ) -> CheckReply:
         """Ship the launcher and check the host: its python and TensorFlow (a managed host's
         environment is checked by `Environments.build`, once the ports are known to be free),
@@ -207,7 +206,7 @@ class Starter:
                       + ("its environment" if hp.managed else "TensorFlow"))
         return self._checked(self._ship_and_run(t, hp, hp.check_argv(only), CHECK_TIMEOUT), hp, tf_version, only)
 
-    def _check_and_start(self, t: Transport, hp: HostPlan, tf_version: str | None, only: Collection[str] | None
+    def _check_and_start(self, t: CommandRunner, hp: HostPlan, tf_version: str | None, only: Collection[str] | None
                          ) -> tuple[CheckReply, StartReply]:
         """`_check` and `_start_servers` in one launcher call (`check-start`: one python start and
         one round trip fewer per host): the host starts its servers only when it passes the check,
@@ -260,7 +259,7 @@ class Starter:
                 f"{task.port} ({task.name})" for task in hp.tasks if task.port in check.busy))
         return check
 
-    def _start_servers(self, t: Transport, hp: HostPlan, only: Collection[str] | None) -> StartReply:
+    def _start_servers(self, t: CommandRunner, hp: HostPlan, only: Collection[str] | None) -> StartReply:
         tasks = hp.tasks_in(only)
         self.ops.step(hp, f"starting {len(tasks)} server(s)")
         self.started.add(hp.name)  # from here on, a rollback must stop tasks there
@@ -285,10 +284,10 @@ class Starter:
             raise HostError(f"server crashed: {name}: {s.reason}" + (f"; log: {log}" if log else ""))
         return started
 
-    def _launch(self, t: Transport, hp: HostPlan, argv: list[str], only: Collection[str] | None, lines: int,
+    def _launch(self, t: CommandRunner, hp: HostPlan, argv: list[str], only: Collection[str] | None, lines: int,
                 timeout: float, upload: bool = False) -> Result:
         """The launcher's start (or check-start) of the host's tasks, `lines` its replies, in one
-        round trip with the launcher's upload (`upload`) where the runner can (Transport.start_servers:
+        round trip with the launcher's upload (`upload`) where the runner can (CommandRunner.start_servers:
         on a Slurm node, one job step that stays as long as the supervisors it forks)."""
         if upload:
             self.touched.add(hp.name)  # from here on, a rollback must remove what we put there
@@ -297,7 +296,7 @@ class Starter:
             argv, f"dtf-{self.ops.plan.cluster}-{names}"[:120], lines, timeout,
             upload=(shipping.launcher_bytes(), hp.root, shipping.launcher_name()) if upload else None))
 
-    def _reachable(self, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan]) -> bool:
+    def _reachable(self, t: CommandRunner, hp: HostPlan, tasks: Sequence[TaskPlan]) -> bool:
         """Check that this machine reaches every task as the plan's network says (HostError where
         it does not); whether the TF ports accept connections from here directly."""
         return route.check_reach(self.ops.plan, t, hp, tasks)

@@ -47,7 +47,7 @@ def task_states(plan: Plan, outcomes: dict[str, Outcome[StatusReply]]) -> list[T
 
 def status_host(ops: HostOps, hp: HostPlan) -> StatusReply:
     ops.step(hp, "connecting")
-    with ops.transport(hp) as t:
+    with ops.runner(hp) as t:
         try:
             return ask(t, hp, StatusReply, hp.status_argv(), "status", 30,
                        upload_if=lambda: root_exists(t, hp))
@@ -99,11 +99,11 @@ def cluster_status(name: str | None, *, connect_timeout: float) -> StatusResult:
 
 def tail_log(name: str | None, task: str, *, lines: int, follow: bool, everything: bool = False) -> int:
     """`dtf logs`: the task's log, from its host (a Slurm node's through a job step), copied to
-    this process's stdout as it comes (Transport.stream): its last `lines` lines, without
+    this process's stdout as it comes (CommandRunner.stream): its last `lines` lines, without
     TensorFlow's own unless `everything` (the launcher's `log` picks them on the host:
     dtf_server.tflog); the command's exit code. Reading a log is a use of the cluster: the lease
     is renewed first (which also puts this dtf's launcher there, where it is missing)."""
-    from dtf.hosts.transport import HostError
+    from dtf.hosts.base import HostError
 
     with state.locked():
         plan = state.load(state.resolve_name(name)).plan
@@ -116,7 +116,7 @@ def tail_log(name: str | None, task: str, *, lines: int, follow: bool, everythin
     try:
         # SIGTERM and SIGHUP end it as Ctrl-C does: the stream's ssh (and with it the command on
         # the host) is stopped, not left running after dtf.
-        with HostOps(plan).transport(hp) as conn, _signals_interrupt(ended_by):
+        with HostOps(plan).runner(hp) as conn, _signals_interrupt(ended_by):
             try:
                 ask(conn, hp, RenewReply, hp.renew_argv(), "renew", RENEW_TIMEOUT,
                     upload_if=lambda: root_exists(conn, hp))

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from dtf.cluster.plan import HostPlan
 from dtf.hostops.launcher import ask
 from dtf.hostops.parallel import HostOps, Outcome
+from dtf.hosts.base import HostError
 from dtf.hosts.programs import script
-from dtf.hosts.transport import HostError
 from dtf_server.protocol import CleanReply, Defaults, PurgeReply, StopReply, TaskStopped
 
 STOP_GRACE = Defaults.STOP_GRACE
@@ -28,7 +28,7 @@ def stop_host(ops: HostOps, hp: HostPlan, keep_logs: bool = False, grace: float 
     """Stop the host's tasks and remove dtf's files; with `only`, stop just those tasks; with
     `purge`, remove WORKDIR/.cache too (managed environments, wheels, synced trees)."""
     ops.step(hp, "connecting")
-    with ops.transport(hp) as t:
+    with ops.runner(hp) as t:
         ops.step(hp, "stopping servers")
         one_call = only is None and not purge  # stop and clean up in one round trip
         stopped = ask(t, hp, StopReply, hp.stop_argv(grace, only, clean=one_call, keep_logs=keep_logs),
@@ -66,7 +66,7 @@ def remove_launcher(ops: HostOps, hosts: Sequence[HostPlan]) -> dict[str, Outcom
     """Undo an upload that no start followed: remove dtf's files unless tasks (another
     dtf's) run there."""
     def clean(hp: HostPlan) -> CleanReply:
-        with ops.transport(hp) as t:
+        with ops.runner(hp) as t:
             python = hp.base_python or hp.python
             if t.run([python, "-c", ""], timeout=30).exit_code in (126, 127):
                 # The host's python cannot run (the check failed for that): nothing of dtf's runs

@@ -24,7 +24,7 @@ from dtf.files import relay
 from dtf.files.sync import HostSynced, Meter, Pack, Report, SyncError, megabytes
 from dtf.hostops.launcher import ask, decode
 from dtf.hostops.parallel import HostOps, Outcome
-from dtf.hosts.transport import COMMAND_TIMEOUT, HostError
+from dtf.hosts.base import COMMAND_TIMEOUT, HostError
 from dtf_server.protocol import Defaults, SyncReply
 
 WAIT_ENV = "DTF_SYNC_RELAY_WAIT"  # seconds hosts wait for each other in the tree (default Defaults.RELAY_WAIT)
@@ -56,7 +56,7 @@ def check_host(ops: HostOps, hp: HostPlan, packs: Sequence[Pack]) -> Checked:
     have: dict[str, bool] = {}
     port = 0
     ops.step(hp, "connecting")
-    with ops.transport(hp) as t:
+    with ops.runner(hp) as t:
         for p in packs:
             ops.step(hp, f"checking {p.name} ({p.synced.short})")
             reply = ask(t, hp, SyncReply, hp.sync_argv(p.digest, free_port=True), f"checking {p.name}", 30)
@@ -69,7 +69,7 @@ def send_direct(ops: HostOps, hp: HostPlan, p: Pack) -> int:
     """The laptop streams the pack to the host (the launcher checks its hash): the bytes it took."""
     ops.step(hp, f"sending {p.name}: {megabytes(p.bytes)}")
     meter = Meter(lambda step: ops.step(hp, step), p.name, p.bytes)
-    with ops.transport(hp) as t:
+    with ops.runner(hp) as t:
         try:
             with p.open() as f:
                 result = t.feed(hp.sync_argv(p.digest, receive=True), f, sent=meter)
@@ -115,7 +115,7 @@ def send_in_tree(ops: HostOps, hp: HostPlan, p: Pack, tree: Tree) -> int:
     argv = hp.sync_argv(p.digest, receive=True, source=tree.relays[parent] if parent else "", serve=port,
                         children=len(kids), token=tree.token, wait=tree.wait)
     passing = f", passing it on to {', '.join(kids)}" if kids else ""
-    with ops.transport(hp) as t:
+    with ops.runner(hp) as t:
         if parent is None:
             ops.step(hp, f"sending {p.name}: {megabytes(p.bytes)}{passing}")
             meter = Meter(lambda step: ops.step(hp, step + passing), p.name, p.bytes)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from dtf.cluster.plan import HostPlan
 from dtf.hostops import launcher
 from dtf.hostops.parallel import HostOps
-from dtf.hosts.transport import HostError, LineStream, Transport
+from dtf.hosts.base import CommandRunner, HostError, LineStream
 from dtf_server import protocol
 from dtf_server.protocol import ProtocolMismatch, StatusReply, StatusRequest, TopRequest, TopSample
 
@@ -117,17 +117,17 @@ class Watch:
                 return
             connects = self._feeds[hp.name].connects + 1
         self._set(hp.name, connects=connects)
-        transport = self.ops.transport(hp)
-        with transport:
-            self._ensure_launcher(transport, hp)
-            stream = transport.lines(hp.launcher_argv(TopRequest(dir=hp.root, interval=self.interval,
+        runner = self.ops.runner(hp)
+        with runner:
+            self._ensure_launcher(runner, hp)
+            stream = runner.lines(hp.launcher_argv(TopRequest(dir=hp.root, interval=self.interval,
                                                                  states_only=self.states_only, task=hp.task_names())))
             try:
                 self._read(hp, stream, left)
             finally:
                 stream.close()
 
-    def _ensure_launcher(self, t: Transport, hp: HostPlan) -> None:
+    def _ensure_launcher(self, t: CommandRunner, hp: HostPlan) -> None:
         """One status over the new connection: ships this dtf's launcher if it is not there."""
         try:
             launcher.ask(t, hp, StatusReply, hp.launcher_argv(StatusRequest(dir=hp.root, task=hp.task_names())),

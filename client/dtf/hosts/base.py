@@ -1,10 +1,10 @@
-"""The interface to a host (`Transport`) and what its twins share: `Result`, `HostError`, line and
+"""The interface to a host (`CommandRunner`) and what its runners share: `Result`, `HostError`, line and
 chunk streams of a running command, a command fed from a file.
 
-The twins: LocalTransport (dtf.hosts.transport: processes of this machine), ControlTransport
-(dtf.hosts.control: OpenSSH, over the host's master), ParamikoTransport (dtf.hosts.paramikossh:
-where there is no `ssh` binary) and SlurmStepTransport (dtf.providers.slurm.steps: a node's job steps,
-through the login host's transport). Callers use the interface alone, never a twin's class.
+The runners: LocalRunner (dtf.hosts.local: processes of this machine), OpenSSHRunner
+(dtf.hosts.control: OpenSSH, over the host's master), ParamikoRunner (dtf.hosts.paramikossh:
+where there is no `ssh` binary) and SlurmStepRunner (dtf.providers.slurm.steps: a node's job steps,
+through the login host's runner). Callers use the interface alone, never a runner's class.
 All take argv lists (quoted in one place, dtf.hosts.shell). Every operation has a timeout;
 failures become `HostError` with a short reason a user can act on ("unreachable: ...",
 "authentication refused ...", "python missing ..."). Constructors do no I/O: `open()` (or `with`)
@@ -180,7 +180,7 @@ class Conversation:
 
 @dataclass(frozen=True)
 class ServerStart:
-    """The launcher's start (or check-start) of a host's tasks (Transport.start_servers): the
+    """The launcher's start (or check-start) of a host's tasks (CommandRunner.start_servers): the
     command, a name for it (a Slurm job step's), the lines it answers, its deadline, and the file
     written first (data, dir, filename): the launcher, uploaded in the same round trip."""
 
@@ -191,7 +191,7 @@ class ServerStart:
     upload: tuple[bytes, str, str] | None = None
 
 
-class Transport:
+class CommandRunner:
     """A connection to one host. Use as a context manager."""
 
     # Whether what a command starts ends with the command unless the command stays (a Slurm job
@@ -227,7 +227,7 @@ class Transport:
 
     def put_then_run(self, data: bytes, remote_dir: str, filename: str, argv: Sequence[str],
                      timeout: float = COMMAND_TIMEOUT) -> Result:
-        """put_bytes, then run `argv` (a twin where each command costs much, a Slurm job step,
+        """put_bytes, then run `argv` (a runner where each command costs much, a Slurm job step,
         does both in one)."""
         self.put_bytes(data, remote_dir, filename)
         return self.run(argv, timeout=timeout)
@@ -244,29 +244,29 @@ class Transport:
 
     def lines(self, argv: Sequence[str]) -> LineStream:
         """Start `argv` and read its stdout line by line as it comes (a launcher's `top`), over
-        this transport's connection: for SSH, a new channel of the open connection (no new
+        this runner's connection: for SSH, a new channel of the open connection (no new
         handshake). Close the stream to end the command."""
         raise NotImplementedError
 
     def reaches(self, target: str, timeout: float) -> bool:
         """Whether a TCP connection to `target` ("addr:port") opens from this machine through this
-        transport: for SSH, opened by the host (what `ssh -W` does)."""
+        runner: for SSH, opened by the host (what `ssh -W` does)."""
         raise NotImplementedError
 
     def run_with_input(self, argv: Sequence[str], data: bytes, timeout: float = COMMAND_TIMEOUT,
                        named: Sequence[str] | None = None) -> Result:
-        """Run `argv` with `data` on its stdin, over this transport's open connection (a round
+        """Run `argv` with `data` on its stdin, over this runner's open connection (a round
         trip, no new handshake); `timeout` for the whole; `named`: the command its errors name,
         when argv wraps it."""
         return self.feed(argv, io.BytesIO(data), stall=timeout)
 
     def result(self, r: Result) -> Result:
-        """A command's Result as this transport ran it; HostError where the connection under it
-        was lost (a twin whose commands share one connection tells so)."""
+        """A command's Result as this runner ran it; HostError where the connection under it
+        was lost (a runner whose commands share one connection tells so)."""
         return r
 
     def output(self, argv: Sequence[str]) -> Output:
-        """Start `argv`; its stdout and stderr as they come (Output.read), over this transport's
+        """Start `argv`; its stdout and stderr as they come (Output.read), over this runner's
         connection. Close it to end the command."""
         raise NotImplementedError
 
@@ -280,8 +280,8 @@ class Transport:
         files copied (0 when `remote` does not exist)."""
         raise NotImplementedError
 
-    def front(self) -> Transport:
-        """The transport to the machine in front of this host that runs its scheduler's commands:
+    def front(self) -> CommandRunner:
+        """The runner of the machine in front of this host that runs its scheduler's commands:
         a Slurm node's login host; this host itself elsewhere."""
         return self
 
@@ -299,7 +299,7 @@ class Transport:
 
     def start_servers(self, start: ServerStart) -> Result:
         """Run the launcher's start: `start.upload` written first and the command run, in one round
-        trip (put_then_run), or the command alone. The Slurm twin keeps its job step."""
+        trip (put_then_run), or the command alone. The Slurm node's runner keeps its job step."""
         if start.upload is not None:
             data, remote_dir, filename = start.upload
             return self.put_then_run(data, remote_dir, filename, start.argv, timeout=start.timeout)
@@ -311,11 +311,11 @@ class Transport:
         return self.front() is not self
 
     def master_path(self) -> str | None:
-        """The control socket of the OpenSSH master this transport's commands share, which
-        outlives the transport (the cluster's); None where there is none."""
+        """The control socket of the OpenSSH master this runner's commands share, which
+        outlives the runner (the cluster's); None where there is none."""
         return None
 
-    def __enter__(self) -> Transport:
+    def __enter__(self) -> CommandRunner:
         self.open()
         return self
 
@@ -407,7 +407,7 @@ def read_process(argv: Sequence[str], timeout: float) -> tuple[bytes, int, str]:
 
 def feed_process(argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
                  sent: Callable[[int], None] = lambda n: None) -> Result:
-    """Run a local process with everything `source` holds as its stdin (see Transport.feed)."""
+    """Run a local process with everything `source` holds as its stdin (see CommandRunner.feed)."""
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)

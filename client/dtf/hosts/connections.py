@@ -1,10 +1,10 @@
 """Which engine reaches a host, decided here and nowhere else, and the SSH connections one cluster
 keeps: `Connections`.
 
-- `connection: local`: processes of this machine (LocalTransport, dtf.hosts.transport).
+- `connection: local`: processes of this machine (LocalRunner, dtf.hosts.local).
 - SSH, where this machine has OpenSSH's client: every command, stream, file and port forward over
-  the host's master, kept for the cluster's life (ControlTransport, dtf.hosts.control).
-- SSH, where it has none (`ssh` not on the PATH, or DTF_SSH=none): paramiko (ParamikoTransport,
+  the host's master, kept for the cluster's life (OpenSSHRunner, dtf.hosts.control).
+- SSH, where it has none (`ssh` not on the PATH, or DTF_SSH=none): paramiko (ParamikoRunner,
   dtf.hosts.paramikossh), a handshake per connection.
 
 Each host's TF address (`resolver`) and the inventory's ssh_config (`check_ssh_config`) are read
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtf.cluster.inventory import HostSpec, Position
-from dtf.hosts.base import Transport
+from dtf.hosts.base import CommandRunner
+from dtf.hosts.local import LocalRunner
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.openssh import ssh_binary
-from dtf.hosts.transport import LocalTransport
 
 if TYPE_CHECKING:
     from dtf.hosts.masters import Master
@@ -42,19 +42,19 @@ class Connections:
     ssh_config: str | None = None
     connect_timeout: float = CONNECT_TIMEOUT
 
-    def runner(self, spec: HostSpec, ttl: float = 0) -> Transport:
+    def runner(self, spec: HostSpec, ttl: float = 0) -> CommandRunner:
         """The host's runner: local processes, the host's master (kept `ttl` seconds after its last
         use: the cluster's lease), or paramiko."""
         if spec.local:
-            return LocalTransport(spec)
+            return LocalRunner(spec)
         master = self.master(spec, ttl)
         if master is None:
-            from dtf.hosts.paramikossh import ParamikoTransport
+            from dtf.hosts.paramikossh import ParamikoRunner
 
-            return ParamikoTransport(spec, self.ssh_config, self.connect_timeout)
-        from dtf.hosts.control import ControlTransport
+            return ParamikoRunner(spec, self.ssh_config, self.connect_timeout)
+        from dtf.hosts.control import OpenSSHRunner
 
-        return ControlTransport(master)
+        return OpenSSHRunner(master)
 
     def master(self, spec: HostSpec, ttl: float = 0, session: bool = False) -> Master | None:
         """The cluster's OpenSSH master to the host (not started); None where there is no `ssh`.
@@ -69,7 +69,7 @@ class Connections:
 
     def converses(self, spec: HostSpec) -> bool:
         """Whether the host's commands can keep their stdin open while their output is read (an
-        OpenSSH master's sessions: Transport.converse)."""
+        OpenSSH master's sessions: CommandRunner.converse)."""
         return spec.connection == "ssh" and ssh_binary() is not None
 
     def tunnel(self, hosts: Sequence[tuple[HostSpec, Sequence[str]]], ttl: dict[str, float],
@@ -118,9 +118,9 @@ def resolver(ssh_config: str | None, specs: Sequence[HostSpec] = ()) -> Callable
             if not parsed:
                 parsed.append(paramiko.SSHConfig.from_path(os.path.expanduser(ssh_config)))
             return str(parsed[0].lookup(spec.host).get("hostname", spec.host))
-        from dtf.hosts.paramikossh import ParamikoTransport
+        from dtf.hosts.paramikossh import ParamikoRunner
 
-        return ParamikoTransport(spec, ssh_config).address()
+        return ParamikoRunner(spec, ssh_config).address()
 
     return resolve
 

@@ -10,7 +10,7 @@ Jump hosts (ProxyJump): each hop gets one master per cluster, shared by every ho
 next hop reached with `ssh -S HOP -W`): 100 hosts behind a bastion make one connection to it,
 not 100 unauthenticated ones at once (sshd's MaxStartups 10:30:100 drops those).
 
-Where no `ssh` binary exists, `transport_for` keeps the paramiko transport (a handshake per command).
+Where no `ssh` binary exists, dtf.hosts.connections gives the paramiko runner (a handshake per connection).
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from pathlib import Path
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.base import (
     COMMAND_TIMEOUT,
+    CommandRunner,
     Conversation,
     HostError,
     LineStream,
     Output,
     Readable,
     Result,
-    Transport,
     feed_process,
     process_lines,
     process_output,
@@ -98,7 +98,7 @@ def cluster_master(ssh: str, spec: HostSpec, home: Path, cluster: str, ssh_confi
 
 def reason(failed: MasterFailed, target: str, identity: str | None, timeout: float,
            jump: bool | None = None) -> str:
-    """ssh's failure as dtf's one-line reasons (the same as the paramiko transport's)."""
+    """ssh's failure as dtf's one-line reasons (the same as the paramiko runner's)."""
     lines = [s.strip() for s in failed.log.splitlines() if s.strip()]
     last = lines[-1] if lines else str(failed)
     text = failed.log
@@ -126,10 +126,10 @@ def reason(failed: MasterFailed, target: str, identity: str | None, timeout: flo
     return f"SSH to {where} failed: {last}"
 
 
-class ControlTransport(Transport):
+class OpenSSHRunner(CommandRunner):
     """SSH over the host's master (see the module's doc); commands are `ssh -S PATH HOST CMD`.
     Every command, stream, file and check goes over the master: OpenSSH is the only SSH client
-    of a run (ParamikoTransport, dtf.hosts.paramikossh, is for where there is no `ssh`)."""
+    of a run (ParamikoRunner, dtf.hosts.paramikossh, is for where there is no `ssh`)."""
 
     converses = True
 
@@ -168,7 +168,7 @@ class ControlTransport(Transport):
 
     def _revoked(self) -> str:
         """OpenSSH refused the host's revoked key: name the known_hosts line that marks it, as
-        dtf.hosts.knownhosts does for the paramiko transport."""
+        dtf.hosts.knownhosts does for the paramiko runner."""
         from dtf.hosts.knownhosts import KnownHosts, host_name
         from dtf.hosts.openssh import settings
 

@@ -32,9 +32,9 @@ from pathlib import Path
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts import mux
+from dtf.hosts.base import HostError
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.openssh import ALIVE_INTERVAL, settings, ssh_argv
-from dtf.hosts.transport import HostError
 
 PERSIST = 60  # ControlPersist: seconds an unused master stays (a killed `dtf train` leaves none behind)
 

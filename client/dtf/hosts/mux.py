@@ -14,7 +14,7 @@ ends, and the master's closing of the control connection once the session's outp
 connection is held open until then: closed early, the master drops what it has not written).
 The master runs the session as it runs ssh's.
 
-`MuxProcess` is what `Conversation` and `ControlTransport.run` need of a subprocess.Popen;
+`MuxProcess` is what `Conversation` and `OpenSSHRunner.run` need of a subprocess.Popen;
 `terminate` closes a master as `ssh -O check` and `ssh -O exit` do (`dtf down`, one per host).
 A master that does not answer the hello as version 4 raises MuxRefused before anything ran: the
 caller runs the ssh command instead. The session's end as ssh's mux client reports it: the exit

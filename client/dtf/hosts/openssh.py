@@ -1,7 +1,7 @@
 """The OpenSSH client's command line for a host, as the inventory and ssh_config say, and what
 OpenSSH resolves for it (`settings`: `ssh -G`, the HostName it connects to and its ProxyJump).
 
-Below both `transport` (which streams `dtf sync`'s bytes through `ssh` when there is one) and
+Below both `control` (the runner of a host over its master) and
 `tunnel` (which runs SSH masters): neither imports the other for it.
 """
 

@@ -1,7 +1,7 @@
-"""The paramiko twin of the SSH transport (through Fabric), for where there is no `ssh` binary.
+"""The paramiko runner of an SSH host (through Fabric), for where there is no `ssh` binary.
 
 Where OpenSSH's client exists every operation goes through it (dtf.hosts.control); this one keeps
-dtf working without it: a handshake per transport, commands and files as channels of paramiko's
+dtf working without it: a handshake per runner, commands and files as channels of paramiko's
 connection. ~/.ssh/config (or the inventory's ssh_config) applies as paramiko reads it.
 """
 
@@ -23,19 +23,19 @@ from dtf.cluster.inventory import HostSpec
 from dtf.hosts.base import (
     COMMAND_TIMEOUT,
     FEED_CHUNK,
+    CommandRunner,
     HostError,
     LineStream,
     Output,
     Readable,
     Result,
-    Transport,
     temporary_name,
 )
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.hosts.shell import render
 
 
-class ParamikoTransport(Transport):
+class ParamikoRunner(CommandRunner):
     """A host reached over SSH with Fabric; ~/.ssh/config (or the inventory's ssh_config) applies:
     HostName, User, Port, IdentityFile, ProxyJump, UserKnownHostsFile, StrictHostKeyChecking."""
 
@@ -218,7 +218,7 @@ class ParamikoTransport(Transport):
 
     def feed_channel(self, argv: Sequence[str], source: Readable, stall: float = COMMAND_TIMEOUT,
                      sent: Callable[[int], None] = lambda n: None) -> Result:
-        """`feed` over this transport's open connection (paramiko copies the bytes: for small files,
+        """`feed` over this runner's open connection (paramiko copies the bytes: for small files,
         where a new OpenSSH connection's handshake costs more than the copy)."""
         # A channel of our own, not Fabric's run(): its stdin pump writes 1000 bytes at a time.
         import paramiko

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtf.cluster.inventory import HostSpec
+from dtf.hosts.base import HostError
 from dtf.hosts.masters import Master, socket_id
 from dtf.hosts.netutil import pump
-from dtf.hosts.paramikossh import ParamikoTransport
-from dtf.hosts.transport import HostError
+from dtf.hosts.paramikossh import ParamikoRunner
 
 REQUEST_LIMIT = 8192  # bytes of a CONNECT request, headers included
 REQUEST_TIMEOUT = 10.0
@@ -84,7 +84,7 @@ class PythonRoute:
                  chief_port: int | None = None) -> None:
         self.spec, self.ssh_config, self.connect_timeout = spec, ssh_config, connect_timeout
         self.chief_port = chief_port
-        self.transport: ParamikoTransport | None = None
+        self.transport: ParamikoRunner | None = None
         self.lock = threading.Lock()
 
     def ensure(self) -> None:
@@ -93,7 +93,7 @@ class PythonRoute:
                 return
             if self.transport is not None:
                 self.transport.close()
-            self.transport = ParamikoTransport(self.spec, self.ssh_config, self.connect_timeout)
+            self.transport = ParamikoRunner(self.spec, self.ssh_config, self.connect_timeout)
             self.transport.open()
             with contextlib.suppress(HostError):  # sshd sets TCP_NODELAY (see dtf.hosts.masters)
                 self.transport.run(["true"], timeout=self.connect_timeout + 10)

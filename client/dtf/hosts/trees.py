@@ -12,7 +12,7 @@ import re
 import tarfile
 from pathlib import Path
 
-from dtf.hosts.base import HostError, Transport
+from dtf.hosts.base import CommandRunner, HostError
 from dtf.hosts.programs import script
 
 TAR_OUT = script("tar_out.sh")  # sh: the tar of "$1" on stdout (exit 3: no such directory)
@@ -28,8 +28,8 @@ class Short(Exception):
     """A tar came back incomplete."""
 
 
-def fetch_by_tar(t: Transport, remote: str, local: Path) -> int:
-    """Copy the host's directory `remote` into `local` (Transport.fetch_tree) as a tar on the
+def fetch_by_tar(t: CommandRunner, remote: str, local: Path) -> int:
+    """Copy the host's directory `remote` into `local` (CommandRunner.fetch_tree) as a tar on the
     stdout of `t`'s command; tried again where it came back short."""
     local.mkdir(parents=True, exist_ok=True)
     short: Short | None = None
@@ -42,7 +42,7 @@ def fetch_by_tar(t: Transport, remote: str, local: Path) -> int:
     raise HostError(f"copying {remote} back failed: its tar came back incomplete {FETCH_TRIES} times ({short})")
 
 
-def tar_of(t: Transport, remote: str) -> tuple[io.BytesIO, int, str]:
+def tar_of(t: CommandRunner, remote: str) -> tuple[io.BytesIO, int, str]:
     """The tar the host makes of `remote`: (its bytes, exit status, stderr)."""
     try:
         out, code, err = t.read_output(["sh", "-c", TAR_OUT, "sh", remote], FETCH_TIMEOUT)

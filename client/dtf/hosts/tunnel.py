@@ -32,10 +32,10 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from dtf.cluster.inventory import HostSpec
+from dtf.hosts.base import HostError
 from dtf.hosts.masters import Master, parallel
 from dtf.hosts.netutil import CONNECT_TIMEOUT, listen_port
 from dtf.hosts.proxy import Proxy, PythonRoute, Route, SharedMaster
-from dtf.hosts.transport import HostError
 
 
 class WayBack(Protocol):

@@ -212,7 +212,7 @@ class Connection:
     def logs(self, task: str, n: int = 50) -> str:
         """The last `n` lines of a task's log (as `dtf logs TASK -n N`)."""
         from dtf.errors import HostFailure
-        from dtf.hosts.transport import HostError
+        from dtf.hosts.base import HostError
 
         plan = self.record.plan
         t = plan.task(task)
@@ -221,7 +221,7 @@ class Connection:
                                f"(tasks: {', '.join(x.name for x in plan.tasks())})")
         hp = plan.host_of(t)
         try:
-            with self.ops.transport(hp) as conn:
+            with self.ops.runner(hp) as conn:
                 result = conn.run(["tail", "-n", str(int(n)), t.log], timeout=30)
         except HostError as e:
             raise ConnectError(str(HostFailure("logs", {hp.name: str(e)}))) from None

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dtf.cluster.plan import HostPlan
-from dtf.hosts.base import Transport
+from dtf.hosts.base import CommandRunner
 from dtf.providers.provider import Provider
 
 if TYPE_CHECKING:
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class HostsProvider(Provider):
-    def runner(self, hp: HostPlan) -> Transport:
+    def runner(self, hp: HostPlan) -> CommandRunner:
         return self.connections.runner(hp.spec, hp.ttl)
 
     def converses(self, hosts: Sequence[HostPlan]) -> bool:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtf.cluster import state
 from dtf.cluster.plan import HostPlan, Plan
-from dtf.hosts.base import Transport
+from dtf.hosts.base import CommandRunner
 from dtf.hosts.connections import Connections
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 
@@ -51,13 +51,13 @@ class Provider:
         self.connections = Connections(state.home(), plan.cluster, plan.ssh_config, connect_timeout)
 
     # -- one host -------------------------------------------------------------------------------
-    def runner(self, hp: HostPlan) -> Transport:
+    def runner(self, hp: HostPlan) -> CommandRunner:
         """How dtf runs commands, moves files and opens TCP connections on the host."""
         raise NotImplementedError
 
     def converses(self, hosts: Sequence[HostPlan]) -> bool:
         """Whether every host's start can be told when to check the mesh: a command whose stdin
-        stays open while its output is read (Transport.converse)."""
+        stays open while its output is read (CommandRunner.converse)."""
         return False
 
     # -- collective mode's program copies -------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from dtf.cluster.plan import HostPlan, Plan, TaskPlan
-from dtf.hosts.base import HostError, Transport
+from dtf.hosts.base import CommandRunner, HostError
 from dtf.hosts.netutil import port_open, probe_all, wait_port
 
 REACH_TIMEOUT = 15.0  # seconds the laptop gives a started server's port to accept a connection
@@ -62,7 +62,7 @@ def laptop_let_in(plan: Plan) -> bool:
     return any(plan.network_for(hp) != "ssh" for hp in plan.remote_hosts)
 
 
-def check_reach(plan: Plan, t: Transport, hp: HostPlan, tasks: Sequence[TaskPlan]) -> bool:
+def check_reach(plan: Plan, t: CommandRunner, hp: HostPlan, tasks: Sequence[TaskPlan]) -> bool:
     """Check that this machine reaches every task as the plan's network says (HostError where it
     does not); whether the TF ports accept connections from here directly (also in ssh mode: `up`
     reports it)."""

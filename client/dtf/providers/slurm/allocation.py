@@ -18,9 +18,9 @@ from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory import HostSpec, Inventory
 from dtf.cluster.plan import DEFAULT_TTL
 from dtf.errors import ClusterChanged, HostFailure
+from dtf.hosts.base import CommandRunner, HostError
 from dtf.hosts.connections import Connections
 from dtf.hosts.netutil import CONNECT_TIMEOUT
-from dtf.hosts.transport import HostError, Transport
 from dtf.providers.slurm import commands as slurm
 from dtf.providers.slurm.commands import JobState
 
@@ -38,7 +38,7 @@ Say = Callable[[str], None]
 
 
 def login_master(login: HostSpec, cluster: str, ssh_config: str | None, connect_timeout: float = CONNECT_TIMEOUT,
-                 ttl: float = DEFAULT_TTL) -> Transport:
+                 ttl: float = DEFAULT_TTL) -> CommandRunner:
     """The login host's runner, over the cluster's connection to it (dtf.hosts.connections: an
     OpenSSH master where there is an `ssh`): `up`'s allocation and every job step of its nodes
     share one connection, a round trip each, not a handshake; kept `ttl` seconds after its last
@@ -55,9 +55,9 @@ def login_args(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT,
     return inv.slurm.login, inv.cluster, inv.ssh_config, connect_timeout, DEFAULT_TTL if ttl is None else ttl
 
 
-def login_transport(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None
-                    ) -> Transport:
-    """`up`'s transport to the login host: the cluster's master (login_master)."""
+def login_runner(inv: Inventory, connect_timeout: float = CONNECT_TIMEOUT, ttl: float | None = None
+                    ) -> CommandRunner:
+    """`up`'s runner of the login host: the cluster's master (login_master)."""
     return login_master(*login_args(inv, connect_timeout, ttl))
 
 
@@ -68,7 +68,7 @@ def close_masters(cluster: str) -> None:
     Connections(state.home(), cluster).close()
 
 
-def _run(t: Transport, argv: list[str], what: str) -> str:
+def _run(t: CommandRunner, argv: list[str], what: str) -> str:
     r = t.run(argv, timeout=QUERY_TIMEOUT)
     if not r.ok:
         err = (r.stderr.strip().splitlines() or [f"exit {r.exit_code}"])[-1]
@@ -76,7 +76,7 @@ def _run(t: Transport, argv: list[str], what: str) -> str:
     return r.stdout
 
 
-def job_state(t: Transport, job: str) -> JobState:
+def job_state(t: CommandRunner, job: str) -> JobState:
     r = t.run(slurm.squeue_argv(job), timeout=QUERY_TIMEOUT)
     if not r.ok and "Invalid job id" in r.stderr:  # squeue forgets a finished job: it is gone
         return JobState("", "", "")
@@ -96,7 +96,7 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
     login = spec.login.host
     job = spec.job
     try:
-        with login_transport(inv, connect_timeout, ttl) as t:
+        with login_runner(inv, connect_timeout, ttl) as t:
             waited: slurm.Waited | None = None
             # The lease watch of a job dtf submits: started by the look that finds it running.
             watch = slurm.watch_command(inv) if spec.submits else None
@@ -134,12 +134,12 @@ def allocate(inv: Inventory, *, wait: float, say: Say, connect_timeout: float = 
                       addresses=tuple(addresses.get(n, n) for n in waited.nodes), request=slurm.request(inv))
 
 
-def _look(t: Transport, job: str, seconds: float = slurm.WAIT_SECONDS, then: str | None = None) -> slurm.Waited:
+def _look(t: CommandRunner, job: str, seconds: float = slurm.WAIT_SECONDS, then: str | None = None) -> slurm.Waited:
     """One look at the job (slurm.wait_argv: for up to `seconds` on the login host; `then` once it runs)."""
     return slurm.parse_wait(_run(t, slurm.wait_argv(job, seconds=seconds, then=then), f"looking at job {job}"))
 
 
-def _wait_running(t: Transport, job: str, look: slurm.Waited, wait: float, say: Say,
+def _wait_running(t: CommandRunner, job: str, look: slurm.Waited, wait: float, say: Say,
                   then: str | None = None) -> slurm.Waited:
     """Until the job runs (its nodes known), saying why it pends; HostError past `wait` seconds.
     `then`: what the look that finds it running starts (wait_argv)."""
@@ -167,7 +167,7 @@ def _wait_running(t: Transport, job: str, look: slurm.Waited, wait: float, say: 
         look = _look(t, job, min(slurm.WAIT_SECONDS, max(0.0, wait - (time.monotonic() - t0))), then)
 
 
-def _cancel(t: Transport, job: str, say: Say) -> float:
+def _cancel(t: CommandRunner, job: str, say: Say) -> float:
     """scancel, then wait until squeue no longer lists the job (one command on the login host:
     slurm.cancel_argv); the seconds that took."""
     t0 = time.monotonic()
@@ -235,7 +235,7 @@ def allocation_state(allocation: Allocation, cluster: str, ssh_config: str | Non
         raise HostFailure(f"{what} (Slurm)", {allocation.login.host: str(e)})
 
 
-def bad_nodes(t: Transport, allocation: Allocation) -> bool:
+def bad_nodes(t: CommandRunner, allocation: Allocation) -> bool:
     """Whether a node of the allocation is down or not responding (its tasks are lost, even while
     Slurm has not ended the job yet: that waits for SlurmdTimeout)."""
     r = t.run(slurm.show_nodes_argv(allocation.nodes), timeout=QUERY_TIMEOUT)
@@ -243,14 +243,14 @@ def bad_nodes(t: Transport, allocation: Allocation) -> bool:
                         for line in r.stdout.splitlines())
 
 
-def ended(t: Transport, allocation: Allocation) -> str:
+def ended(t: CommandRunner, allocation: Allocation) -> str:
     """One line on why the allocation's job no longer runs (dtf.providers.slurm.commands.ended_line)."""
     job = t.run(slurm.show_job_argv(allocation.job), timeout=QUERY_TIMEOUT)
     nodes = t.run(slurm.show_nodes_argv(allocation.nodes), timeout=QUERY_TIMEOUT)
     return slurm.ended_line(allocation.job, job.stdout if job.ok else "", nodes.stdout if nodes.ok else "")
 
 
-def detach_step(t: Transport, argv: list[str]) -> None:
+def detach_step(t: CommandRunner, argv: list[str]) -> None:
     """Start `argv` (an `srun` of a job step) on the login host, detached from the SSH session
     (scripts/detach.sh): the step lives as long as its srun does, and ends with the job."""
     r = t.run(["sh", "-c", slurm.script_text("detach.sh"), "sh", *argv], timeout=QUERY_TIMEOUT)
@@ -290,7 +290,7 @@ def up_allocation(inv: Inventory, *, wait: float, say: Say, connect_timeout: flo
             take_down(record)
         elif recorded is not None:
             try:
-                with login_transport(inv, connect_timeout, ttl) as t:
+                with login_runner(inv, connect_timeout, ttl) as t:
                     job = job_state(t, recorded.job)
             except HostError as e:
                 raise HostFailure("dtf up (Slurm)", {recorded.login.host: str(e)})

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from dtf.cluster.allocation import Allocation
 from dtf.cluster.plan import HostPlan, Plan
 from dtf.errors import HostFailure
-from dtf.hosts.base import HostError, Transport
+from dtf.hosts.base import CommandRunner, HostError
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf.providers.provider import AllocationReport, Provider, Say, StartAnew
 from dtf.providers.slurm import allocation as slurm_ops
 from dtf.providers.slurm import commands as slurm
 from dtf.providers.slurm.commands import JobState, gpu_note
-from dtf.providers.slurm.steps import SlurmStepTransport
+from dtf.providers.slurm.steps import SlurmStepRunner
 
 if TYPE_CHECKING:
     from dtf.cluster.state import Record
@@ -32,12 +32,12 @@ class SlurmProvider(Provider):
         assert plan.allocation is not None
         self.allocation: Allocation = plan.allocation
 
-    def login(self) -> Transport:
+    def login(self) -> CommandRunner:
         """The login host's runner: the cluster's connection to it, kept for the lease."""
         return self.connections.runner(self.allocation.login, self.plan.ttl)
 
-    def runner(self, hp: HostPlan) -> Transport:
-        return SlurmStepTransport(hp.spec, self.allocation, self.login())
+    def runner(self, hp: HostPlan) -> CommandRunner:
+        return SlurmStepRunner(hp.spec, self.allocation, self.login())
 
     def start_copies(self, hosts: Sequence[HostPlan], per_host: int, argv: list[str]) -> bool:
         """Every copy as ONE job step of the allocation (`srun --ntasks=N`, detached on the login

@@ -8,7 +8,7 @@ import contextlib
 import threading
 from collections.abc import Sequence
 
-from dtf.hosts.base import Conversation, HostError, Transport
+from dtf.hosts.base import CommandRunner, Conversation, HostError
 from dtf.providers.slurm.commands import script_text
 
 RELAY_READY = 20.0  # seconds the login host's relay gets to say where it listens
@@ -21,7 +21,7 @@ class LoginRelay:
     the login host's runner, its stdin kept open, and ends with it; started again if the command
     ended (a lost master) while the tunnel is open."""
 
-    def __init__(self, login: Transport, port: int, nodes: Sequence[str], python: str,
+    def __init__(self, login: CommandRunner, port: int, nodes: Sequence[str], python: str,
                  timeout: float = RELAY_READY) -> None:
         self.login, self.port, self.nodes, self.python, self.timeout = login, port, list(nodes), python, timeout
         self.conv: Conversation | None = None

@@ -1,4 +1,4 @@
-"""The Transport twin for a node of a Slurm allocation: nothing reaches the node but Slurm. Every
+"""The command runner of a node of a Slurm allocation: nothing reaches the node but Slurm. Every
 command runs as a job step of the allocation (`srun --jobid=ID --overlap -N1 -n1 -w NODE ...`),
 started through SSH on the login host; files travel on that step's stdin (no SSH to the node, no
 shared home assumed); a TCP connection "from the host" is opened by the login host.
@@ -17,13 +17,13 @@ from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.base import (
     COMMAND_TIMEOUT,
+    CommandRunner,
     HostError,
     LineStream,
     Output,
     Readable,
     Result,
     ServerStart,
-    Transport,
     temporary_name,
 )
 from dtf.hosts.programs import script
@@ -68,8 +68,8 @@ def node_step(job: str, node: str, argv: Sequence[str], name: str = "dtf") -> li
     return step_argv(job, node, ["sh", "-c", 'exec "$@"', "sh", *argv], name=name)
 
 
-class SlurmStepTransport(Transport):
-    def __init__(self, spec: HostSpec, allocation: Allocation, login: Transport) -> None:
+class SlurmStepRunner(CommandRunner):
+    def __init__(self, spec: HostSpec, allocation: Allocation, login: CommandRunner) -> None:
         super().__init__(spec)
         self.allocation = allocation
         self.login = login  # the login host's runner (the cluster's connection to it)
@@ -168,5 +168,5 @@ class SlurmStepTransport(Transport):
         """A tar on a job step's stdout (a node has no SFTP; dtf.hosts.trees)."""
         return fetch_by_tar(self, remote, local)
 
-    def front(self) -> Transport:
+    def front(self) -> CommandRunner:
         return self.login

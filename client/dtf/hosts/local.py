@@ -1,5 +1,5 @@
-"""The local twin of the Transport interface (dtf.hosts.base): a `connection: local` host's
-commands and files are processes and files of this machine. Which twin reaches a host:
+"""The local runner of the CommandRunner interface (dtf.hosts.base): a `connection: local` host's
+commands and files are processes and files of this machine. Which runner reaches a host:
 dtf.hosts.connections.
 """
 
@@ -12,30 +12,23 @@ from pathlib import Path
 
 from dtf.hosts.base import (
     COMMAND_TIMEOUT,
-    FEED_CHUNK,
-    Conversation,
+    CommandRunner,
     HostError,
     LineStream,
     Output,
     Readable,
     Result,
-    Transport,
     feed_process,
     process_lines,
     process_output,
     read_process,
     temporary_name,
-    what,
 )
 from dtf.hosts.netutil import port_open
 from dtf.hosts.shell import expand_local
 
-# The interface's names, for the modules that import them from here.
-__all__ = ["COMMAND_TIMEOUT", "FEED_CHUNK", "Conversation", "HostError", "LineStream", "LocalTransport", "Output",
-           "Readable", "Result", "Transport", "feed_process", "process_lines", "temporary_name", "what"]
 
-
-class LocalTransport(Transport):
+class LocalRunner(CommandRunner):
     """The tasks of a `connection: local` host run as processes of this machine."""
 
     def open(self) -> None:
