@@ -340,6 +340,17 @@ class Interruptible:
         return self.proc.returncode, self.seen + "".join(rest)
 
 
+def master_path(home: Path, cluster: str, host: str) -> str:
+    """A control socket path for a master a test starts itself, below dtf-ssh- (ssh_processes
+    counts the processes of such masters; the cluster's own masters, dtf.hosts.control's, live
+    below dtf-ctl- for the cluster's life)."""
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(f"{home}\0{cluster}\0{host}".encode()).hexdigest()[:16]
+    return str(Path(tempfile.gettempdir()) / f"dtf-ssh-{os.getuid()}" / key)
+
+
 def ssh_processes() -> list[tuple[int, list[str]]]:
     """ssh masters and channels dtf started on this machine: their ControlPath is below dtf-ssh-
     (OpenSSH renames a master "ssh: PATH [mux]"). Only this test run's (RUN_MARK in their

@@ -22,9 +22,19 @@ from dtf.cluster.inventory import HostSpec
 from dtf.hosts import control
 from dtf.hosts.control import host_path
 from dtf.hosts.masters import Master
+from dtf.hosts.netutil import listen_port
 from dtf.hosts.openssh import ssh_binary
-from dtf.hosts.proxy import PythonRoute
-from helpers import Interruptible, assert_one_line_error, fake_server, ssh_processes, status_json, wait_until, within
+from dtf.hosts.proxy import PythonRoute, SharedMaster
+from helpers import (
+    Interruptible,
+    assert_one_line_error,
+    fake_server,
+    master_path,
+    ssh_processes,
+    status_json,
+    wait_until,
+    within,
+)
 from lab import Lab
 from sites import CLUSTER, LabSite
 
@@ -124,7 +134,7 @@ def h0_master(site: LabSite) -> Master:
     """The master a `dtf train` in ssh mode opens to h0 (not started)."""
     ssh = ssh_binary()
     assert ssh
-    return Master(ssh, h0_spec(site), str(site.lab.ssh_config), host_path(site.home, "fk", "h0"))
+    return Master(ssh, h0_spec(site), str(site.lab.ssh_config), master_path(site.home, "fk", "h0"))
 
 
 def h0_spec(site: LabSite) -> HostSpec:
@@ -203,11 +213,17 @@ def test_a_command_asked_of_the_master_itself_is_what_ssh_s_own_mux_client_runs(
 
 
 def test_down_closes_a_master_a_killed_train_left(site: LabSite, tmp_path: Path):
+    """A `dtf train` in ssh mode carries its connections over the cluster's master to each host,
+    with its remote forward back to the coordinator added (SharedMaster): killed, it leaves that
+    master with the forward; `dtf down` closes it, and nothing of ssh is left."""
     inv = site.inventory({"a": {"ps": 1, "workers": 1}})
     assert site.dtf("up", str(inv), "--network", "ssh").returncode == 0
-    master = h0_master(site)
-    master.start()  # as a `dtf train` would have, before it was killed
-    assert master.alive() and ssh_processes()
+    ssh = ssh_binary()
+    assert ssh
+    master = Master(ssh, h0_spec(site), str(site.lab.ssh_config), host_path(site.home, CLUSTER, "h0"))
+    route = SharedMaster(master, listen_port("127.0.0.1"))
+    route.ensure()  # as a `dtf train` would have, before it was killed
+    assert master.alive()
     assert site.dtf("down").returncode == 0
     assert not master.alive() and ssh_processes() == []
 
@@ -242,7 +258,7 @@ def test_through_a_jump_host_both_sshds_send_replies_without_delay(site: LabSite
     assert ssh
     # (what the tests before left: a host may still serve one more connection, on its way out)
     wait_until(lambda: lab.sshd_nodelay("h0") == [] and lab.sshd_nodelay("h2") == [], timeout=30)
-    route = (Master(ssh, spec, str(config), host_path(site.home, "fk", "behind-h0")) if carrier == "openssh"
+    route = (Master(ssh, spec, str(config), master_path(site.home, "fk", "behind-h0")) if carrier == "openssh"
              else PythonRoute(spec, str(config), 10))
     try:
         route.ensure()

@@ -13,11 +13,11 @@ import pytest
 
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.base import CommandRunner, Conversation, HostError
-from dtf.hosts.control import OpenSSHRunner, host_path
+from dtf.hosts.control import OpenSSHRunner
 from dtf.hosts.masters import Master
 from dtf.hosts.openssh import ssh_binary
 from dtf.hosts.paramikossh import ParamikoRunner
-from helpers import ssh_processes
+from helpers import master_path, ssh_processes
 from lab import Lab
 from sites import LabSite
 
@@ -43,7 +43,7 @@ def h0_spec(site: LabSite) -> HostSpec:
 def h0(site: LabSite):
     ssh = ssh_binary()
     assert ssh is not None
-    master = Master(ssh, h0_spec(site), str(site.lab.ssh_config), host_path(site.home, "twin", "h0"))
+    master = Master(ssh, h0_spec(site), str(site.lab.ssh_config), master_path(site.home, "twin", "h0"))
     master.start()
     try:
         yield OpenSSHRunner(master)
