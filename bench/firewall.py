@@ -51,9 +51,9 @@ def count(meter: Meter, names: list[str], n: int, repeat: int, tmp: Path) -> dic
             inv.write_text(inv.read_text() + f"firewall: {setting}\n")
             try:
                 runs[setting]["up"].append(dtf(meter, hosts, ["up", str(inv)], home))
-                fenced = tables(lab, hosts)
-                if fenced != (n if setting == "auto" else 0):
-                    raise SystemExit(f"firewall: {setting} on {n} hosts: {fenced} dtf table(s) after up")
+                rules = tables(lab, hosts)
+                if rules != (n if setting == "auto" else 0):
+                    raise SystemExit(f"firewall: {setting} on {n} hosts: {rules} dtf table(s) after up")
                 runs[setting]["down"].append(dtf(meter, hosts, ["down"], home))
                 if tables(lab, hosts):
                     raise SystemExit(f"firewall: {setting} on {n} hosts: dtf tables left after down")
@@ -68,17 +68,17 @@ def count(meter: Meter, names: list[str], n: int, repeat: int, tmp: Path) -> dic
 ALONE = """
 import json, os, statistics, sys, tempfile, time
 sys.path.insert(0, {server!r})
-from dtf_server import fence
+from dtf_server import firewall
 root = tempfile.mkdtemp(prefix="dtf-fw-bench-")
 applied, swept, removed = [], [], []
 for _ in range({times}):
     t0 = time.perf_counter()
-    reply = fence.apply(root, [{port}], ["10.0.0.1"])
+    reply = firewall.apply(root, [{port}], ["10.0.0.1"])
     t1 = time.perf_counter()
     assert reply.error is None, reply.error
-    fence.sweep(root, lambda r: True)
+    firewall.sweep(root, lambda r: True)
     t2 = time.perf_counter()
-    fence.remove(root)
+    firewall.remove(root)
     applied.append(1000 * (t1 - t0))
     swept.append(1000 * (t2 - t1))
     removed.append(1000 * (time.perf_counter() - t2))

@@ -203,8 +203,8 @@ def firewall_plan(plan: Plan) -> str:
 
 def open_hosts(outcomes: dict[str, Outcome[HostStarted]]) -> dict[str, str]:
     """The hosts whose start could not close their TF ports (`firewall: auto`), with the reason."""
-    return {h: o.value.fence.error for h, o in outcomes.items()
-            if o.ok and o.value.fence is not None and o.value.fence.error}
+    return {h: o.value.firewall.error for h, o in outcomes.items()
+            if o.ok and o.value.firewall is not None and o.value.firewall.error}
 
 
 def open_warning(plan: Plan, unclosed: dict[str, str]) -> str:

@@ -10,7 +10,7 @@ dtf ships this package to each host as one file, a zipapp named by its content
     procs.py       process and file helpers (which process is ours, ports, logs)
     supervisor.py  one task's supervisor, and the lease
     commands.py    the command line: a command's request read (protocol.parse), the function that runs it
-    start.py       check, start, check-start (supervisors forked per task; the firewall rules: fence.py), serve, fake
+    start.py       check, start, check-start (supervisors forked per task; the firewall rules: firewall.py), serve, fake
     network.py     reach (the mesh check)
     maintenance.py status, top, log, renew, stop, clean
     tflog.py       which lines of a log are TensorFlow's own (`log`, and the laptop's filter of the program's stderr)

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import IO, Any
 
-from dtf_server import fence, sample, tflog
+from dtf_server import firewall, sample, tflog
 from dtf_server.procs import ours, port_open, proc_start_ticks, read_json, server_record, write_json
 from dtf_server.protocol import (
     CleanReply,
@@ -273,10 +273,10 @@ def cmd_clean(request: CleanRequest) -> CleanReply:
     if request.if_unused and running_tasks(request.dir):
         return CleanReply(removed=removed, in_use=True)  # another dtf's tasks live here: not ours
     end_streams(request.dir)
-    if os.path.exists(os.path.join(request.dir, Layout.FENCE)):  # the firewall rules first: they outlive no cluster
-        fenced = fence.remove(request.dir)
-        if fenced.error:
-            raise SystemExit(f"cannot remove the TF ports' firewall rules: {fenced.error}")
+    if os.path.exists(os.path.join(request.dir, Layout.FIREWALL)):  # the firewall rules first: they outlive no cluster
+        rules = firewall.remove(request.dir)
+        if rules.error:
+            raise SystemExit(f"cannot remove the TF ports' firewall rules: {rules.error}")
     for name in sorted(os.listdir(request.dir)):
         path = os.path.join(request.dir, name)
         if os.path.isdir(path) and not os.path.islink(path) and name != "__pycache__":

@@ -1,6 +1,6 @@
 """The launcher's network command `reach` (the mesh check: can this host open a TCP connection
 to the other hosts' tasks). `start --reach` runs the same mesh check once its own servers serve,
-and `start --fence` sets the TF ports' firewall rules first (dtf_server.start, dtf_server.fence)."""
+and `start --firewall` sets the TF ports' firewall rules first (dtf_server.start, dtf_server.firewall)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields: a reply of another version
 # is refused, never half-read (what each version changed: this file's git log).
-PROTOCOL = 14
+PROTOCOL = 15
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
@@ -62,7 +62,7 @@ class Layout:
         ROOT/dtf-<hash>.zip        dtf's own package (collective mode's copies import it)
         ROOT/lease.json            {ttl, renewed}: see supervisor.py
         ROOT/.expire-lock          taken by tasks removing their files when the lease lapsed
-        ROOT/fence.json            the TF ports' firewall rules its start set (`firewall: auto`, `members`: fence.py)
+        ROOT/firewall.json         the TF ports' firewall rules its start set (`firewall: auto`, `members`: firewall.py)
         ROOT/top-<pid>.json        a running `top` stream (its pid and start time): `clean` ends it
         ROOT/JOB-INDEX/            one per task:
             log                    the supervisor's and the server's output
@@ -92,7 +92,7 @@ class Layout:
     HELPERS_ENV = "DTF_HELPERS"  # the zip's path, in a collective `run`'s environment (its copies' PYTHONPATH)
     LEASE = "lease.json"
     EXPIRE_LOCK = ".expire-lock"
-    FENCE = "fence.json"
+    FIREWALL = "firewall.json"
     TOP_PREFIX = "top-"  # + pid + ".json": a running `top` stream's record (maintenance.cmd_top)
     LOG = "log"
     PID = "pid.json"
@@ -415,13 +415,13 @@ class FetchWheelsRequest(Request):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Fence(Options):
-    """A start's firewall rules on the TF ports (dtf_server.fence), set before any server starts:
+class Firewall(Options):
+    """A start's firewall rules on the TF ports (dtf_server.firewall), set before any server starts:
     closed to all but `allow`, loopback, the SSH client (`client`: the laptop, as the host sees
     it) and a Slurm step's srun host (`launch_node`)."""
 
-    mode: str = option(default="off", name="--fence", choices=("off", "auto", "members"))
-    ports: list[int] = many(int, name="--fence-port")  # every task port of the host (a repair starts only some)
+    mode: str = option(default="off", name="--firewall", choices=("off", "auto", "members"))
+    ports: list[int] = many(int, name="--firewall-port")  # every task port of the host (a repair starts only some)
     allow: list[str] = many()
     client: bool = flag("--allow-client")
     launch_node: bool = flag("--allow-launch-node")
@@ -440,7 +440,7 @@ class StartRequest(Request):
     restart_backoff: float = option(float, default=Defaults.RESTART_BACKOFF, always=True)
     env: list[str] = many()  # NAME=VALUE
     keep: bool = flag()  # a Slurm node's job step: after the reply, stay until the supervisors forked here end
-    fence: Fence = group(Fence)
+    firewall: Firewall = group(Firewall)
     # `up`'s mesh check in the same call: once these servers serve, the other hosts' tasks
     # (ADDR:PORT); once told on stdin, waiting that long for it (see start.cmd_start).
     reach: list[str] = many()
@@ -752,9 +752,9 @@ class StartReply:
     # `start --reach`: the other hosts' tasks this host could not connect to (None: not asked,
     # or a task of its own did not start)
     unreachable: dict[str, str] | None = None
-    # `start --fence`: the TF ports' firewall rules it set first, or why it could not (None: not asked)
-    fence: FenceReply | None = None
-    refused: str | None = None  # why it started nothing (`--fence members` where rules cannot be set)
+    # `start --firewall`: the TF ports' firewall rules it set first, or why it could not (None: not asked)
+    firewall: FirewallReply | None = None
+    refused: str | None = None  # why it started nothing (`--firewall members` where rules cannot be set)
 
     @property
     def ok(self) -> bool:
@@ -840,8 +840,8 @@ class ReachReply:
 
 
 @dataclass(frozen=True)
-class FenceReply:
-    """`fence`: the TF ports' firewall rules on this host (set, or removed)."""
+class FirewallReply:
+    """`firewall`: the TF ports' firewall rules on this host (set, or removed)."""
 
     tool: str | None  # "nft" or "iptables"; None: no rules (removed, or there were none)
     error: str | None = None  # why rules could not be set (no root, no nft or iptables)
@@ -919,10 +919,10 @@ class TopSample:
     lease: Lease | None = None
 
 
-Reply = (CheckReply | StartReply | StatusReply | RenewReply | StopReply | CleanReply | ReachReply | FenceReply
+Reply = (CheckReply | StartReply | StatusReply | RenewReply | StopReply | CleanReply | ReachReply | FirewallReply
          | SyncReply | EnvReply | PurgeReply | ServeReply | FetchReply | TopSample)
 R = TypeVar("R", CheckReply, StartReply, StatusReply, RenewReply, StopReply, CleanReply, ReachReply,
-                FenceReply, SyncReply, EnvReply, PurgeReply, ServeReply, FetchReply, TopSample)
+                FirewallReply, SyncReply, EnvReply, PurgeReply, ServeReply, FetchReply, TopSample)
 
 
 def encode(reply: Reply) -> str:
@@ -948,10 +948,10 @@ def decode(kind: type[R], text: str) -> R:
         raise ProtocolMismatch(data.get("protocol"))
     try:
         if kind is StartReply:
-            fenced = data.get("fence")
+            rules = data.get("firewall")
             return StartReply(tasks={n: TaskStarted(**t) for n, t in data["tasks"].items()},  # type: ignore[return-value]
                               unreachable=data.get("unreachable"),
-                              fence=FenceReply(**fenced) if fenced is not None else None,
+                              firewall=FirewallReply(**rules) if rules is not None else None,
                               refused=data.get("refused"))
         if kind is StatusReply:
             return StatusReply(tasks={n: TaskStatus(**t) for n, t in data["tasks"].items()},  # type: ignore[return-value]

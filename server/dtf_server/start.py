@@ -14,7 +14,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from dtf_server import envs, fake, fence
+from dtf_server import envs, fake, firewall
 from dtf_server.network import reach
 from dtf_server.procs import (
     die_with_parent,
@@ -37,8 +37,8 @@ from dtf_server.protocol import (
     CheckRequest,
     CheckStartRequest,
     FakeRequest,
-    Fence,
-    FenceReply,
+    Firewall,
+    FirewallReply,
     Layout,
     ServeRequest,
     StartReply,
@@ -204,9 +204,9 @@ def cmd_start(request: StartRequest) -> StartReply:
     env.update(variables(request.env))
     os.makedirs(request.dir, exist_ok=True)
     write_lease(request.dir, request.ttl, hold=request.timeout)  # before any supervisor reads it (and `in_use`)
-    fenced = close_ports(request.dir, request.fence)
-    if fenced is not None and fenced.error and request.fence.mode == "members":
-        return StartReply(tasks={}, fence=fenced, refused=f"firewall: members is not possible there: {fenced.error}")
+    rules = close_ports(request.dir, request.firewall)
+    if rules is not None and rules.error and request.firewall.mode == "members":
+        return StartReply(tasks={}, firewall=rules, refused=f"firewall: members is not possible there: {rules.error}")
     results: dict[str, TaskStarted] = {}
     pending: dict[str, tuple[TaskSpec, ForkedProcess, str]] = {}
     for task in request.task:
@@ -221,8 +221,8 @@ def cmd_start(request: StartRequest) -> StartReply:
                                  bound=request.keep)
         pending[task.name] = (task, forked, tdir)
 
-    if fenced is not None and fenced.error is None:
-        fence.sweep(request.dir, in_use)  # others' stale rules, while the servers start
+    if rules is not None and rules.error is None:
+        firewall.sweep(request.dir, in_use)  # others' stale rules, while the servers start
     # Ready means: the server wrote ready.json once it serves, AND its port accepts a connection.
     # A server that dies first has crashed (its supervisor would restart it, but a server that
     # cannot start is a mistake to report): report its log's last lines.
@@ -251,7 +251,7 @@ def cmd_start(request: StartRequest) -> StartReply:
             # `up` starts its hosts in turns, and says "go" on this command's stdin once every
             # host serves (or anything else: no check). This reply first: the host's turn ends
             # with it, the check comes on the last line (the same reply, with its finding).
-            print(encode(StartReply(tasks=results, fence=fenced)), flush=True)
+            print(encode(StartReply(tasks=results, firewall=rules)), flush=True)
             if _told(request.reach_when_told):
                 unreachable = reach(request.reach, request.reach_timeout, again=True)
         else:
@@ -259,7 +259,7 @@ def cmd_start(request: StartRequest) -> StartReply:
     if os.path.isdir(request.dir):
         # The lease counts from when the servers serve, not from before they imported TensorFlow.
         write_lease(request.dir, request.ttl)
-    return StartReply(tasks=results, unreachable=unreachable, fence=fenced)
+    return StartReply(tasks=results, unreachable=unreachable, firewall=rules)
 
 
 def _server_pid(tdir: str) -> int | None:
@@ -268,8 +268,8 @@ def _server_pid(tdir: str) -> int | None:
     return pid if isinstance(pid, int) else None
 
 
-def close_ports(root: str, rules: Fence) -> FenceReply | None:
-    """`--fence auto|members`: close the host's TF ports (`--fence-port`) to all but `--allow`,
+def close_ports(root: str, rules: Firewall) -> FirewallReply | None:
+    """`--firewall auto|members`: close the host's TF ports (`--firewall-port`) to all but `--allow`,
     loopback, the SSH client (`--allow-client`: the laptop, as this host sees it) and a Slurm
     step's srun host (`--allow-launch-node`), before any server listens. None: not asked."""
     if rules.mode not in ("auto", "members"):
@@ -281,7 +281,7 @@ def close_ports(root: str, rules: Fence) -> FenceReply | None:
     launcher = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") if rules.launch_node else None
     if launcher:  # the login host whose srun started this step: it carries dtf's connections to the tasks
         allow.append(launcher)
-    return fence.apply(root, sorted(set(rules.ports)), allow)
+    return firewall.apply(root, sorted(set(rules.ports)), allow)
 
 
 def in_use(root: str) -> bool:

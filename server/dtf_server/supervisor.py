@@ -26,7 +26,7 @@ from dataclasses import asdict
 from types import FrameType
 from typing import Any
 
-from dtf_server import fence
+from dtf_server import firewall
 from dtf_server.procs import (
     die_with_parent,
     expand_home,
@@ -327,7 +327,7 @@ class Supervisor:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one task at a time: the last one sees no others
             shutil.rmtree(self.dir, ignore_errors=True)
             if not running_tasks(self.root):
-                fence.remove(self.root)  # the TF ports' firewall rules go with the cluster
+                firewall.remove(self.root)  # the TF ports' firewall rules go with the cluster
                 shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -13,7 +13,7 @@ from helpers import NOISE, REPO, dtf, wait_until
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 
 PROGRAMS = REPO / "tests" / "e2e" / "programs"
-DTF_FILES = {launcher_name(), "log", "pid.json", "ready.json", "supervisor.json", "lease.json", "fence.json"}
+DTF_FILES = {launcher_name(), "log", "pid.json", "ready.json", "supervisor.json", "lease.json", "firewall.json"}
 
 
 def test_a_stock_keras_program_saves_every_file_on_the_laptop_and_none_on_a_host(lab, write_inventory, home):

@@ -89,7 +89,7 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     wait_until(lambda: not [p for h in lab.hosts for p in Path(h.workdir, "lab").glob("top-*.json")], timeout=30)
     on_hosts = [str(p) for h in lab.hosts for p in Path(h.workdir, "lab").rglob("*")
                 if p.name not in (launcher_name(), "log", "pid.json", "ready.json", "supervisor.json",
-                                  "lease.json", "fence.json")
+                                  "lease.json", "firewall.json")
                 and not p.is_dir()]
     assert on_hosts == []  # nothing the programs saved went to the hosts
 

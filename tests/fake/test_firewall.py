@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dtf_server.fence import iptables_tags, nft_tags, rules_name
+from dtf_server.firewall import iptables_tags, nft_tags, rules_name
 from helpers import assert_one_line_error, fake_server, status_json, wait_until
 from lab import FIREWALL_TOOLS, PASSWORD_SUDO_USER, SUDO_USER
 from sites import CLUSTER, LabSite, LocalSite

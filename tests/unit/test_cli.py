@@ -56,7 +56,7 @@ def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path: Path, dtf_home: P
     assert (f"start    /opt/tf/bin/python3 -S {launcher} start --dir ~/.dtf/demo --timeout 90 "
             "--ttl 3600 --restart-limit 10 --restart-backoff 0.5 --env GRPC_FAIL_FAST=use_caller --env PYTHONUNBUFFERED=1 "
             "--env TF_GRPC_DEFAULT_OPTIONS=grpc.keepalive_time_ms=30000,grpc.keepalive_timeout_ms=20000 "
-            "--fence auto --fence-port 2222 --fence-port 2223 --allow gpu-01 --allow gpu-02 --allow-client "
+            "--firewall auto --firewall-port 2222 --firewall-port 2223 --allow gpu-01 --allow gpu-02 --allow-client "
             f"{task(0, 2222)} {task(1, 2223)}\n") in r.output
     assert ("firewall: auto: on each host, before its servers start, the TF ports accept connections only "
             "from gpu-01, gpu-02, loopback and this machine's address as the host sees it (needs root or "

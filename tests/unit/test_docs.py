@@ -52,13 +52,13 @@ def rel(path: Path) -> str:
 
 
 def prose_lines(path: Path) -> list[tuple[int, str, bool]]:
-    """(line number, text, in code) for every line: code is a fenced or an indented block."""
-    lines, fenced = [], False
+    """(line number, text, in code) for every line: code is a rules or an indented block."""
+    lines, rules = [], False
     for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if _FENCE.match(text):
-            fenced = not fenced
+            rules = not rules
             continue
-        lines.append((number, text, fenced or text.startswith("    ")))
+        lines.append((number, text, rules or text.startswith("    ")))
     return lines
 
 

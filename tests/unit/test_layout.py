@@ -123,7 +123,7 @@ SERVER_LAYERS = [
     # which lines of a log are TensorFlow's (dtf.program.noise builds its filter from them).
     ("the contract", {"dtf_server", "dtf_server.protocol", "dtf_server.tflog"}),
     ("what the commands use", {"dtf_server.procs", "dtf_server.sample", "dtf_server.receive", "dtf_server.envs",
-                               "dtf_server.fake", "dtf_server.fence", "dtf_server.tfserve", "dtf_server.supervisor",
+                               "dtf_server.fake", "dtf_server.firewall", "dtf_server.tfserve", "dtf_server.supervisor",
                                "dtf_server.program"}),
     ("the commands", {"dtf_server.start", "dtf_server.network", "dtf_server.maintenance", "dtf_server.files",
                       "dtf_server.collective"}),

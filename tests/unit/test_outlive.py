@@ -102,7 +102,7 @@ def test_the_firewall_lets_the_spares_in_from_the_start():
     """Under the default firewall every host's rules let the spares in: tasks moved to one reach
     the others with no rule changed on them, and the spare's own rules let every member in."""
     def allowed(hp: HostPlan) -> list[str]:
-        return list(hp.fence.allow)
+        return list(hp.firewall.allow)
 
     p = plan()
     assert p.firewall == "auto"
@@ -110,7 +110,7 @@ def test_the_firewall_lets_the_spares_in_from_the_start():
     moved = p.moved_to("b", "s1")
     assert allowed(moved.hosts[0]) == ["addr-a", "addr-s1", "addr-s2"]  # a repair of a sets the same
     assert allowed(moved.hosts[1]) == ["addr-a", "addr-s1", "addr-s2"]
-    assert moved.hosts[1].fence.mode == "auto" and 2223 in moved.hosts[1].fence.ports
+    assert moved.hosts[1].firewall.mode == "auto" and 2223 in moved.hosts[1].firewall.ports
 
 
 def test_a_moved_plan_round_trips_through_the_record():

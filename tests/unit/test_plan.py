@@ -61,11 +61,11 @@ def test_commands_are_exact_argv():
         "--timeout", "90", "--ttl", "3600", "--restart-limit", "10", "--restart-backoff", "0.5",
         "--env", "GRPC_FAIL_FAST=use_caller", "--env", "PYTHONUNBUFFERED=1",
         "--env", "TF_GRPC_DEFAULT_OPTIONS=grpc.keepalive_time_ms=30000,grpc.keepalive_timeout_ms=20000",
-        "--fence", "auto", "--fence-port", "3000", "--fence-port", "3001",
+        "--firewall", "auto", "--firewall-port", "3000", "--firewall-port", "3001",
         "--allow", "gpu-01", "--allow", "gpu-02", "--allow", "192.0.2.7", "--allow-client",
         "--task", spec(0, 3000), "--task", spec(1, 3001)]
     assert hp.start_argv_for({"worker:1"})[-2:] == ["--task", spec(1, 3001)]
-    assert "--fence-port" in hp.start_argv_for({"worker:1"})  # a repair's rules cover every port of the host
+    assert "--firewall-port" in hp.start_argv_for({"worker:1"})  # a repair's rules cover every port of the host
     assert hp.stop_argv(5) == ["/opt/tf/bin/python3", "-S", launcher, "stop", "--dir",
                                "~/.dtf/demo", "--grace", "5", "--task", "worker:0", "--task", "worker:1"]
     assert hp.tasks[1].log == "~/.dtf/demo/worker-1/log"
@@ -175,10 +175,10 @@ def test_the_plan_keeps_where_the_inventory_names_ssh_config():
     assert (plan().ssh_config_line, plan().ssh_config_column) == (0, 0)
 
 
-def fence_of(text: str, host: int = 0, **kw) -> list[str]:
-    """The firewall arguments of a host's start (from `--fence` up to its tasks)."""
+def firewall_of(text: str, host: int = 0, **kw) -> list[str]:
+    """The firewall arguments of a host's start (from `--firewall` up to its tasks)."""
     argv = plan(text, **kw).hosts[host].start_argv
-    return argv[argv.index("--fence"):argv.index("--task")] if "--fence" in argv else []
+    return argv[argv.index("--firewall"):argv.index("--task")] if "--firewall" in argv else []
 
 
 def test_the_start_closes_the_tf_ports_to_the_cluster_and_the_laptop_unless_told_otherwise():
@@ -187,17 +187,17 @@ def test_the_start_closes_the_tf_ports_to_the_cluster_and_the_laptop_unless_told
     where it may reach the tasks directly; a Slurm node's srun host too; off sets nothing."""
     one = "cluster: c\nhosts:\n  - {host: a, ps: 1}\n  - {host: b, address: 192.0.2.9, workers: 2}\n"
     everyone = ["--allow", "a", "--allow", "192.0.2.9"]
-    assert fence_of(one, 1) == ["--fence", "auto", "--fence-port", "2222", "--fence-port", "2223",
+    assert firewall_of(one, 1) == ["--firewall", "auto", "--firewall-port", "2222", "--firewall-port", "2223",
                                 *everyone, "--allow-client"]
-    assert fence_of("network: direct\nfirewall: members\n" + one) == [
-        "--fence", "members", "--fence-port", "2222", *everyone, "--allow-client"]
+    assert firewall_of("network: direct\nfirewall: members\n" + one) == [
+        "--firewall", "members", "--firewall-port", "2222", *everyone, "--allow-client"]
     # Through SSH the laptop needs no way in: members in auto mode reaches the tasks through SSH.
-    assert fence_of("firewall: members\n" + one)[-1] == "192.0.2.9"
-    assert fence_of("network: ssh\n" + one)[-1] == "192.0.2.9"
-    assert fence_of("firewall: off\n" + one) == []
+    assert firewall_of("firewall: members\n" + one)[-1] == "192.0.2.9"
+    assert firewall_of("network: ssh\n" + one)[-1] == "192.0.2.9"
+    assert firewall_of("firewall: off\n" + one) == []
     local = "cluster: c\nhosts:\n  - {host: localhost, connection: local, ps: 1, workers: 1}\n"
-    assert fence_of(local) == ["--fence", "auto", "--fence-port", "2222", "--fence-port", "2223",
+    assert firewall_of(local) == ["--firewall", "auto", "--firewall-port", "2222", "--firewall-port", "2223",
                                "--allow", "127.0.0.1"]
     # Read back from the record, the arguments are derived again, the same.
     p = plan(one)
-    assert Plan.from_dict(json.loads(json.dumps(p.to_dict()))).hosts[1].fence == p.hosts[1].fence
+    assert Plan.from_dict(json.loads(json.dumps(p.to_dict()))).hosts[1].firewall == p.hosts[1].firewall

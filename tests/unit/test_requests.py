@@ -21,7 +21,7 @@ from dtf_server import commands, protocol
 from dtf_server.protocol import (
     REQUESTS,
     CheckStartRequest,
-    Fence,
+    Firewall,
     Options,
     Request,
     StartRequest,
@@ -106,12 +106,12 @@ def test_a_default_is_left_out_and_what_the_client_decides_is_always_said():
 
 def test_the_firewall_options_are_written_in_their_place():
     start = CheckStartRequest(dir="d", timeout=1.0, ttl=2.0, restart_limit=3, restart_backoff=4.0, port=[5],
-                              fence=Fence(mode="members", ports=[5, 6], allow=["a"], launch_node=True))
+                              firewall=Firewall(mode="members", ports=[5, 6], allow=["a"], launch_node=True))
     argv = start.args()
-    assert argv[argv.index("--fence"):argv.index("--port")] == [
-        "--fence", "members", "--fence-port", "5", "--fence-port", "6", "--allow", "a", "--allow-launch-node"]
+    assert argv[argv.index("--firewall"):argv.index("--port")] == [
+        "--firewall", "members", "--firewall-port", "5", "--firewall-port", "6", "--allow", "a", "--allow-launch-node"]
     assert protocol.parse(argv) == start
-    assert "--fence" not in StartRequest(dir="d", timeout=1.0, ttl=2.0, restart_limit=3, restart_backoff=4.0).args()
+    assert "--firewall" not in StartRequest(dir="d", timeout=1.0, ttl=2.0, restart_limit=3, restart_backoff=4.0).args()
 
 
 def test_the_launcher_expands_a_leading_tilde_of_its_paths_only():
@@ -119,7 +119,7 @@ def test_the_launcher_expands_a_leading_tilde_of_its_paths_only():
     check = protocol.parse(["check", "--dir", "~/.dtf/c", "--env", "~/e", "--wheels", "~/w"])
     assert (check.dir, check.env, check.wheels) == (f"{home}/.dtf/c", f"{home}/e", f"{home}/w")  # type: ignore[attr-defined]
     start = protocol.parse(["start", "--dir", "~/c", "--env", "A=~/x", "--allow", "~/y"])
-    assert (start.dir, start.env, start.fence.allow) == (f"{home}/c", ["A=~/x"], ["~/y"])  # type: ignore[attr-defined]
+    assert (start.dir, start.env, start.firewall.allow) == (f"{home}/c", ["A=~/x"], ["~/y"])  # type: ignore[attr-defined]
     assert protocol.parse(["fake", "--job", "ps", "--index", "0", "--port", "1", "--ready", "~/r",
                            "--ready-file", "~/f"]) == protocol.FakeRequest(
         job="ps", index=0, port=1, ready=f"{home}/r", ready_file="~/f")
@@ -127,7 +127,7 @@ def test_the_launcher_expands_a_leading_tilde_of_its_paths_only():
 
 @pytest.mark.parametrize("argv", [
     [], ["nonsense"], ["status"], ["status", "--dir", "d", "--no-such-option"], ["status", "--di", "d"],
-    ["stop", "--dir", "d", "--grace", "soon"], ["start", "--dir", "d", "--fence", "none"],
+    ["stop", "--dir", "d", "--grace", "soon"], ["start", "--dir", "d", "--firewall", "none"],
     ["start", "--dir", "d", "--task", "{}"], ["start", "--dir", "d", "--task", "not json"],
     ["status", "--dir", "d", "extra"],
 ], ids=repr)

@@ -26,7 +26,7 @@ from dtf_server.protocol import (
     Defaults,
     EnvRequest,
     FakeRequest,
-    Fence,
+    Firewall,
     Layout,
     LogRequest,
     PurgeRequest,
@@ -133,8 +133,8 @@ class HostPlan:
     env_dir: str | None = None
     requirements: tuple[str, ...] = ()
     base_python: str = ""
-    # The start's firewall rules (`Plan.fence_args`: derived from the plan, never read back).
-    fence: Fence = dataclasses.field(default_factory=Fence)
+    # The start's firewall rules (`Plan.firewall_args`: derived from the plan, never read back).
+    firewall: Firewall = dataclasses.field(default_factory=Firewall)
 
     @property
     def name(self) -> str:
@@ -217,7 +217,7 @@ class HostPlan:
                    **({"reach_when_told": told} if told else {})} if reach else {}
         return {"dir": self.root, "timeout": self.start_timeout, "ttl": self.ttl,
                 "restart_limit": self.spec.restart_limit, "restart_backoff": self.spec.restart_backoff,
-                "env": [f"{k}={v}" for k, v in self.env], "keep": keep, "fence": self.fence, **checked,
+                "env": [f"{k}={v}" for k, v in self.env], "keep": keep, "firewall": self.firewall, **checked,
                 "task": [t.spec() for t in self.tasks_in(only)]}
 
     def check_start_argv(self, only: Collection[str] | None, tensorflow: str | None,
@@ -297,7 +297,7 @@ class Plan:
     ssh_config: str | None
     hosts: tuple[HostPlan, ...]
     network: str = "auto"  # how the laptop reaches the tasks: inventory.NETWORKS (`up` decides auto)
-    firewall: str = "auto"  # inventory.FIREWALLS: who may connect to the TF ports (`fence_args`)
+    firewall: str = "auto"  # inventory.FIREWALLS: who may connect to the TF ports (`firewall_args`)
     sync: tuple[SyncItem, ...] = ()  # sent to every host at `up`: not a change of the cluster
     # The scheduler's job (Slurm) whose nodes the hosts are, reached through its login host; None:
     # the inventory's own hosts.
@@ -339,8 +339,8 @@ class Plan:
             return "ssh"
         return self.network
 
-    def fence_args(self, hp: HostPlan) -> Fence:
-        """The host's start closes its TF ports first (dtf_server.fence) to all but the cluster's
+    def firewall_args(self, hp: HostPlan) -> Firewall:
+        """The host's start closes its TF ports first (dtf_server.firewall) to all but the cluster's
         hosts and loopback; and this machine, as the host sees it (its SSH client), unless it
         reaches the tasks through SSH; and on a Slurm node the login host, at the address the node
         sees it from (the step's SLURM_LAUNCH_NODE_IPADDR): dtf's connections to the tasks come
@@ -348,14 +348,14 @@ class Plan:
         let in from the start: tasks moved to one reach the other hosts' tasks with no rule to
         change there. Nothing for `firewall: off`."""
         if self.firewall == "off":
-            return Fence()
+            return Firewall()
         members = dict.fromkeys([*self.members(), *(default_address(sp.spec) for sp in self.spares)])
-        return Fence(mode=self.firewall, ports=[t.port for t in hp.tasks], allow=list(members),
+        return Firewall(mode=self.firewall, ports=[t.port for t in hp.tasks], allow=list(members),
                      client=not hp.spec.local and self.network_for(hp) != "ssh", launch_node=hp.spec.allocated)
 
-    def fenced(self) -> Plan:
-        """This plan with each host's `fence` (its start's firewall rules)."""
-        return dataclasses.replace(self, hosts=tuple(dataclasses.replace(hp, fence=self.fence_args(hp))
+    def with_firewalls(self) -> Plan:
+        """This plan with each host's `firewall` (its start's firewall rules)."""
+        return dataclasses.replace(self, hosts=tuple(dataclasses.replace(hp, firewall=self.firewall_args(hp))
                                                      for hp in self.hosts))
 
     def tasks(self) -> list[TaskPlan]:
@@ -395,7 +395,7 @@ class Plan:
                    spares=tuple(_host_from_dict(h) for h in data.get("spares", ())),
                    host_timeout=float(data.get("host_timeout", DEFAULT_HOST_TIMEOUT)),
                    moved=tuple((str(a), str(b)) for a, b in data.get("moved", ())),
-                   retired=tuple(_host_from_dict(h) for h in data.get("retired", ()))).fenced()
+                   retired=tuple(_host_from_dict(h) for h in data.get("retired", ()))).with_firewalls()
 
     def spare(self, name: str) -> HostPlan | None:
         return next((sp for sp in self.spares if sp.name == name), None)
@@ -424,7 +424,8 @@ class Plan:
         return dataclasses.replace(self, hosts=tuple(new if h.name == lost else h for h in self.hosts),
                                    spares=tuple(s for s in self.spares if s.name != spare),
                                    moved=(*self.moved, (lost, spare)),
-                                   retired=(*self.retired, dataclasses.replace(hp, fence=Fence()))).fenced()
+                                   retired=(*self.retired, dataclasses.replace(hp, firewall=Firewall()))
+                                   ).with_firewalls()
 
     def without_retired(self, names: Collection[str]) -> Plan:
         """This plan with the retired hosts named cleaned: no longer kept."""
@@ -543,7 +544,7 @@ def make_plan(
                 ssh_config=inventory.ssh_config, hosts=tuple(hosts),
                 network=network or inventory.network, firewall=inventory.firewall, sync=sync, allocation=allocation,
                 ssh_config_line=at.line if at else 0, ssh_config_column=at.column if at else 0,
-                spares=tuple(spares), host_timeout=inventory.host_timeout).fenced()
+                spares=tuple(spares), host_timeout=inventory.host_timeout).with_firewalls()
 
 
 _HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdir", "address",

@@ -1,6 +1,6 @@
 """Starting the servers of a plan on its hosts (`dtf up`, a repair, collective mode's restore): ship
 the launcher, check the host's python and TensorFlow (or build its managed environment), start
-the servers (their start closes the TF ports to non-members first: dtf_server.fence), and check
+the servers (their start closes the TF ports to non-members first: dtf_server.firewall), and check
 this machine reaches them."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dtf.hostops.parallel import HostOps, Outcome
 from dtf.hostops.reach import MESH_TIMEOUT, others
 from dtf.hosts.base import CommandRunner, Conversation, HostError, Result, ServerStart
 from dtf.providers import route
-from dtf_server.protocol import CheckReply, FenceReply, StartReply, tf_version
+from dtf_server.protocol import CheckReply, FirewallReply, StartReply, tf_version
 
 CHECK_TIMEOUT = 30.0  # seconds for the launcher's upload and its check (a python start and a look around)
 # How often a host waiting for the others looks at Ctrl-C (the meeting's outcome wakes it at once:
@@ -48,7 +48,7 @@ class HostStarted:
     # It checked it reaches every other host's task, in its start (`Starter(mesh=True)`).
     reached: bool = False
     # The TF ports' firewall rules its start set, or why it could not (None: `firewall: off`).
-    fence: FenceReply | None = None
+    firewall: FirewallReply | None = None
     # task -> its server's pid: the pid `dtf up` and `dtf status` show (the process that serves)
     server_pids: dict[str, int] = field(default_factory=dict)
 
@@ -118,7 +118,7 @@ class Starter:
         return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
                            server_pids=server_pids(started),
                            client_address=check.client_address, direct=direct, env=env,
-                           reached=started.unreachable == {}, fence=started.fence)
+                           reached=started.unreachable == {}, firewall=started.firewall)
 
     def _told_start(self, hp: HostPlan, tf_version: str | None, only: Collection[str] | None,
                     gate: _Gate) -> HostStarted:
@@ -168,7 +168,7 @@ class Starter:
         return HostStarted(pids={n: s.pid for n, s in started.tasks.items() if s.pid is not None},
                            server_pids=server_pids(started),
                            client_address=check.client_address, direct=direct, reached=unreachable == {},
-                           fence=started.fence)
+                           firewall=started.firewall)
 
     def _check_start_step(self, hp: HostPlan, tasks: Sequence[TaskPlan]) -> None:
         """The host's step while its check-start runs (told or not)."""

@@ -109,7 +109,7 @@ class Position:
 
 # How the laptop reaches the tasks' TF ports: directly, through SSH, or whichever works (auto).
 NETWORKS = ("auto", "direct", "ssh")
-# Who may connect to the tasks' TF ports (dtf_server.fence; docs/security.md): only the cluster's
+# Who may connect to the tasks' TF ports (dtf_server.firewall; docs/security.md): only the cluster's
 # hosts and the laptop where the host lets dtf set firewall rules, else anyone, said by `up` (auto);
 # only those, or `up` refuses the host (members); anyone who can reach them (off).
 FIREWALLS = ("auto", "members", "off")

@@ -12,7 +12,7 @@ supervisor killed with SIGKILL removes nothing).
 
 Every rule set is tagged (a comment on its reject rule) with the user that set it and its
 cluster's directory, so that a later start finds the stale ones. What was set is remembered in
-ROOT/fence.json. Needs root, or passwordless sudo for the rule tool (`sudo -n`).
+ROOT/firewall.json. Needs root, or passwordless sudo for the rule tool (`sudo -n`).
 
 Standard library only: this module ships to hosts.
 """
@@ -32,7 +32,7 @@ import urllib.parse
 from collections.abc import Callable
 
 from dtf_server.procs import read_json, write_json
-from dtf_server.protocol import FenceReply, Layout
+from dtf_server.protocol import FirewallReply, Layout
 
 TIMEOUT = 20.0
 TOOLS_ENV = "DTF_FIREWALL_TOOLS"  # which tools to try, in order (a host's python wrapper may set it)
@@ -153,25 +153,25 @@ def iptables_commands(tool: str, name: str, ports: list[int], members: list[str]
     return cmds
 
 
-def apply(root: str, ports: list[int], allow: list[str]) -> FenceReply:
+def apply(root: str, ports: list[int], allow: list[str]) -> FirewallReply:
     """Allow the TF `ports` only from `allow` (names or addresses) and loopback, in place of this
     cluster's earlier rules."""
     tool = _tool()
     if tool is None:
-        return FenceReply(tool=None, error="neither nft nor iptables is installed")
+        return FirewallReply(tool=None, error="neither nft nor iptables is installed")
     binary = str(_binary(tool))
     sudo, why = _privileged(binary)
     if why:
-        return FenceReply(tool=None, error=why)
+        return FirewallReply(tool=None, error=why)
     name = rules_name(root)
-    old = read_json(os.path.join(root, Layout.FENCE))
+    old = read_json(os.path.join(root, Layout.FIREWALL))
     if old and not (old.get("tool") == tool == "nft" and old.get("name") == name):
         remove(root)  # (an nft table of the same name is replaced in one transaction below)
     members = _addresses(allow)
     v4 = [a for a in members if ipaddress.ip_address(a).version == 4]
     v6 = [a for a in members if ipaddress.ip_address(a).version == 6]
     # Remembered first: whatever part of it gets set is removed again.
-    write_json(os.path.join(root, Layout.FENCE), {"tool": tool, "name": name, "ports": ports})
+    write_json(os.path.join(root, Layout.FIREWALL), {"tool": tool, "name": name, "ports": ports})
     comment = tag(root)
     if tool == "nft":
         error = _run([*sudo, binary, "-f", "-"], stdin=nft_script(name, ports, v4, v6, comment))
@@ -185,8 +185,8 @@ def apply(root: str, ports: list[int], allow: list[str]) -> FenceReply:
                 error = error or _run([*sudo, *argv])
     if error:
         remove(root)
-        return FenceReply(tool=None, error=f"{tool}: {error}")
-    return FenceReply(tool=tool)
+        return FirewallReply(tool=None, error=f"{tool}: {error}")
+    return FirewallReply(tool=tool)
 
 
 def _drop(tool: str, sudo: list[str], name: str) -> None:
@@ -207,25 +207,25 @@ def _drop(tool: str, sudo: list[str], name: str) -> None:
         _run([*sudo, binary, "-X", chain])
 
 
-def remove(root: str) -> FenceReply:
+def remove(root: str) -> FirewallReply:
     """Remove the rules `apply` set for this cluster directory (nothing if there are none)."""
-    path = os.path.join(root, Layout.FENCE)
+    path = os.path.join(root, Layout.FIREWALL)
     data = read_json(path)
     if not data:
-        return FenceReply(tool=None)
+        return FirewallReply(tool=None)
     tool = str(data.get("tool"))
     binary = _binary("nft" if tool == "nft" else "iptables")
     if binary is None:  # (gone since: no rules of it either)
         with contextlib.suppress(OSError):
             os.unlink(path)
-        return FenceReply(tool=None)
+        return FirewallReply(tool=None)
     sudo, why = _privileged(binary)
     if why:
-        return FenceReply(tool=None, error=why)
+        return FirewallReply(tool=None, error=why)
     _drop(tool, sudo, str(data.get("name")))
     with contextlib.suppress(OSError):  # (a sweep of another start may have removed it)
         os.unlink(path)
-    return FenceReply(tool=None)
+    return FirewallReply(tool=None)
 
 
 def nft_tags(ruleset: str) -> dict[str, tuple[int, str]]:
@@ -270,7 +270,7 @@ def sweep(root: str, alive: Callable[[str], bool]) -> list[str]:
     """After `apply` set this cluster's rules (with the same tool): remove this user's rule sets
     whose cluster is gone (`alive(root)` False), left by supervisors killed with SIGKILL or on a
     host that lost the cluster's directory. The names removed."""
-    data = read_json(os.path.join(root, Layout.FENCE)) or {}
+    data = read_json(os.path.join(root, Layout.FIREWALL)) or {}
     tool, keep = str(data.get("tool")), str(data.get("name"))
     binary = _binary("nft" if tool == "nft" else "iptables")
     if binary is None:
@@ -282,7 +282,7 @@ def sweep(root: str, alive: Callable[[str], bool]) -> list[str]:
             if name != keep and uid == os.geteuid() and root and not alive(root)}
     for name, root in gone.items():
         _drop(tool, sudo, name)
-        record = os.path.join(root, Layout.FENCE)
+        record = os.path.join(root, Layout.FIREWALL)
         if (read_json(record) or {}).get("name") == name:
             with contextlib.suppress(OSError):  # (its `clean` may be removing it too)
                 os.unlink(record)
