@@ -207,9 +207,15 @@ def _drop(tool: str, sudo: list[str], name: str) -> None:
         _run([*sudo, binary, "-X", chain])
 
 
+# Where a dtf before protocol 15 recorded its rules: a cluster it started, taken down by this one.
+EARLIER = "fence.json"
+
+
 def remove(root: str) -> FirewallReply:
     """Remove the rules `apply` set for this cluster directory (nothing if there are none)."""
     path = os.path.join(root, Layout.FIREWALL)
+    if not os.path.exists(path) and os.path.exists(os.path.join(root, EARLIER)):
+        os.replace(os.path.join(root, EARLIER), path)
     data = read_json(path)
     if not data:
         return FirewallReply(tool=None)

@@ -273,7 +273,8 @@ def cmd_clean(request: CleanRequest) -> CleanReply:
     if request.if_unused and running_tasks(request.dir):
         return CleanReply(removed=removed, in_use=True)  # another dtf's tasks live here: not ours
     end_streams(request.dir)
-    if os.path.exists(os.path.join(request.dir, Layout.FIREWALL)):  # the firewall rules first: they outlive no cluster
+    if any(os.path.exists(os.path.join(request.dir, name)) for name in (Layout.FIREWALL, firewall.EARLIER)):
+        # The firewall rules first: they outlive no cluster.
         rules = firewall.remove(request.dir)
         if rules.error:
             raise SystemExit(f"cannot remove the TF ports' firewall rules: {rules.error}")
