@@ -72,7 +72,7 @@ def cmd_top(request: TopRequest) -> None:
     `dtf top` quit, or its SSH connection closed), the cluster's directory is gone, or `--for`
     seconds passed. It never renews the
     lease: a view left open does not keep an abandoned cluster alive. `--states-only` (dtf train's
-    mender, which needs only each task's state): no /proc scan, no `ss`, no training figures."""
+    repair, which needs only each task's state): no /proc scan, no `ss`, no training figures."""
     tasks = [(t, *Layout.parse_name(t)) for t in request.task]
     record = os.path.join(request.dir, f"{Layout.TOP_PREFIX}{os.getpid()}.json")
     if os.path.isdir(request.dir):  # `clean` (`dtf down`) ends the streams it finds so recorded

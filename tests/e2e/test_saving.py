@@ -42,7 +42,7 @@ def test_a_stock_keras_program_saves_every_file_on_the_laptop_and_none_on_a_host
     assert any(p.startswith("backup/") and p.endswith(".index") for p in saved), sorted(saved)  # BackupAndRestore
     assert any(p.startswith("logs/train/events.out.tfevents.") for p in saved), sorted(saved)  # TensorBoard
 
-    # dtf train's mender followed each host through a `top` stream, which ends (and its record with
+    # dtf train's repair followed each host through a `top` stream, which ends (and its record with
     # it) once its SSH channel closed
     wait_until(lambda: not [p for h in lab.hosts for p in Path(h.workdir, "saving").glob("top-*.json")], timeout=30)
     for h in lab.hosts:  # nothing on any host: neither in its /srv nor in its tasks' directories

@@ -84,7 +84,7 @@ def test_up_train_both_examples_status_logs_down(lab, write_inventory, home, tmp
     assert s["final_loss"] < 0.5 * s["first_loss"], s
     assert s["steps"] == 3 * 50
     assert list((tmp_path / "loop" / "checkpoints").glob("ckpt-*.index"))
-    # dtf train's mender followed each host through a `top` stream, which ends (and its record with
+    # dtf train's repair followed each host through a `top` stream, which ends (and its record with
     # it) once its SSH channel closed
     wait_until(lambda: not [p for h in lab.hosts for p in Path(h.workdir, "lab").glob("top-*.json")], timeout=30)
     on_hosts = [str(p) for h in lab.hosts for p in Path(h.workdir, "lab").rglob("*")

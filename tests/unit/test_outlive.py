@@ -16,6 +16,7 @@ from dtf.cluster.plan import HostPlan, Plan, differences, make_plan
 from dtf.cluster.state import Record
 from dtf.errors import InventoryError
 from dtf.hostops import repair
+from dtf.hostops.repair import Repair
 from dtf.hostops.status import TaskState
 from dtf.hostops.watch import HostFeed
 from dtf_server.protocol import TaskSample, TaskStatus, TopSample
@@ -156,11 +157,11 @@ def test_status_and_top_show_what_dtf_did():
     assert "alive (restarted by dtf)" in console.export_text()
 
 
-def test_a_mender_stops_the_program_only_for_a_change():
+def test_the_repair_stops_the_program_only_for_a_change():
     p = plan()
-    mender = repair.Mender(Record(plan=p, inventory="/x", created=1.0, chief_host="h"), 5.0, lambda line: None)
-    assert mender.stop_reason(0) is None
-    mender.changes = 1
-    assert "tasks moved to a spare" in str(mender.stop_reason(0)) and mender.stop_reason(1) is None
-    mender.lost = "x"
-    assert "no spare is left" in str(mender.stop_reason(1))
+    repair = Repair(Record(plan=p, inventory="/x", created=1.0, chief_host="h"), 5.0, lambda line: None)
+    assert repair.stop_reason(0) is None
+    repair.changes = 1
+    assert "tasks moved to a spare" in str(repair.stop_reason(0)) and repair.stop_reason(1) is None
+    repair.lost = "x"
+    assert "no spare is left" in str(repair.stop_reason(1))

@@ -1,4 +1,4 @@
-"""Runs that outlive their machines: while `dtf train` runs, a `Mender` watches every host and
+"""Runs that outlive their machines: while `dtf train` runs, a `Repair` watches every host and
 brings back what is lost.
 
 - A task whose supervisor is gone (killed, its host rebooted, the OOM killer) or gave up is
@@ -11,7 +11,7 @@ brings back what is lost.
 - A host that has not answered for the plan's `host_timeout` while the others did is lost for
   good: its tasks move to the first spare (the inventory's `spares:`) that starts them, on the same
   ports; the cluster's record holds the new placement. A host's silence counts only while this
-  machine listens: while some host answers it, and while the mender itself runs (its looks come
+  machine listens: while some host answers it, and while the repair itself runs (its looks come
   on time). When every host is silent at once, or the looks stop coming, the silence is this
   machine's (its network dropped, it slept, or its processes were stopped), and no host is blamed
   for it: every host's count pauses until this machine hears from a host again.
@@ -19,7 +19,7 @@ brings back what is lost.
   and its next attempt resumes from its last checkpoint. No spare left: `lost` says so in one
   line, and the run ends.
 
-The hosts are not asked: the mender reads a `Watch` (dtf.hostops.watch, as `dtf top` does), one
+The hosts are not asked: the repair reads a `Watch` (dtf.hostops.watch, as `dtf top` does), one
 SSH session per host for the whole run on which the launcher's `top --states-only` pushes every
 task's state each `WATCH_EVERY` seconds. A host has answered when its last sample came; a silent
 stream is connected again by the watch. A repair runs in a thread of its own per host (a host
@@ -103,16 +103,16 @@ def answered_or_moved(record: Record, hosts: list[str], connect_timeout: float,
     past the plan's `host_timeout`, has its tasks moved to a spare in the record (nothing is
     started there: the next attempt's copies take the ports). The record as it is then;
     ClusterDown with the one line where a host is lost and no spare is left."""
-    mender = Mender(record, connect_timeout, say, restart=False)
-    begun = time.monotonic()  # after the mender's start: a host answers with a sample from now on
-    with mender:
+    repair = Repair(record, connect_timeout, say, restart=False)
+    begun = time.monotonic()  # after the repair's start: a host answers with a sample from now on
+    with repair:
         while True:
-            if mender.lost is not None:
-                raise ClusterDown(mender.lost)
-            names = {hp.name for hp in mender.plan.hosts}
-            with mender.lock:
-                if all(h not in names or mender.answered.get(h, 0) > begun for h in hosts):
-                    return mender.record
+            if repair.lost is not None:
+                raise ClusterDown(repair.lost)
+            names = {hp.name for hp in repair.plan.hosts}
+            with repair.lock:
+                if all(h not in names or repair.answered.get(h, 0) > begun for h in hosts):
+                    return repair.record
             time.sleep(WATCH_EVERY / 4)
 
 
@@ -129,7 +129,7 @@ def dead_tasks(hp: HostPlan, feed: HostFeed) -> dict[str, str | None]:
     return gone
 
 
-class Mender:
+class Repair:
     """Watches the hosts of a running cluster and brings its tasks back (see the module).
 
     `record` follows every change (`changes` counts the moves); `say` is told each repair in one
@@ -162,13 +162,13 @@ class Mender:
         self.repairing: set[str] = set()  # hosts whose tasks are being started again
         self.failed = False  # a repair raised (a bug): said once
         self.watch = Watch(HostOps(record.plan, connect_timeout=connect_timeout), every, states_only=True)
-        self.thread = threading.Thread(target=self._run, name="dtf-mender", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="dtf-repair", daemon=True)
 
     @property
     def plan(self) -> Plan:
         return self.record.plan
 
-    def __enter__(self) -> Mender:
+    def __enter__(self) -> Repair:
         # On a Slurm allocation each node's feed is one long job step; a dead task is started
         # again there as on a host. A node is never moved (no spares): a job that ends is
         # replaced as a whole (dtf.program.train, dtf.providers.slurm.reallocate).
@@ -199,7 +199,7 @@ class Mender:
             import traceback
 
             with contextlib.suppress(OSError), open(state.home() / "debug.log", "a") as log:
-                log.write(f"--- dtf train's mender, {time.ctime()}\n{traceback.format_exc()}")
+                log.write(f"--- dtf train's repair, {time.ctime()}\n{traceback.format_exc()}")
             if not self.failed:
                 self.failed = True
                 self.say(f"warning: dead tasks and lost hosts are not repaired: {type(e).__name__}: {e} "
@@ -225,13 +225,13 @@ class Mender:
                 if gone and self.restart and not self.stopped.is_set():
                     self.repairing.add(hp.name)
                     threading.Thread(target=self._guarded, args=(lambda hp=hp, gone=gone: self._repair(hp, gone),),
-                                     name=f"dtf-mender-{hp.name}", daemon=True).start()
+                                     name=f"dtf-repair-{hp.name}", daemon=True).start()
             if plan.retired and self.restart and not self.stopped.is_set() and (
                     self.retiring is None or not self.retiring.is_alive()) and (
                     time.monotonic() - self.retired_tried >= RETIRED_EVERY):
                 self.retired_tried = time.monotonic()
                 self.retiring = threading.Thread(target=self._guarded, args=(self._clean_retired,),
-                                                 name="dtf-mender-retired", daemon=True)
+                                                 name="dtf-repair-retired", daemon=True)
                 self.retiring.start()
             if self.lost is not None or self.watch.ops.provider.ends:
                 return  # hosts whose allocation can end are lost with it: replaced as a whole

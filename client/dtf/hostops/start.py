@@ -31,7 +31,7 @@ GATE_POLL = 0.5
 @functools.cache
 def local_tf_version() -> str | None:
     """The laptop's TensorFlow version, asked the same way the launcher asks on each host (once
-    per command: `up` and the mender each ask it)."""
+    per command: `up` and the repair each ask it)."""
     return tf_version()
 
 

@@ -3,7 +3,7 @@
 A refresh costs no SSH handshake and no round trip: the hosts push. A host that says nothing for
 STALL intervals is shown as such, and its connection made again (a new handshake only then).
 
-`dtf train`'s mender (dtf.hostops.repair) reads a Watch too, of states only (`top --states-only`:
+`dtf train`'s repair (dtf.hostops.repair) reads a Watch too, of states only (`top --states-only`:
 no /proc scan on the hosts), and has it `follow` a new plan when tasks move to a spare.
 """
 

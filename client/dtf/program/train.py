@@ -22,9 +22,10 @@ from dtf.cluster import state
 from dtf.cluster.plan import GRPC_KEEPALIVE, Plan
 from dtf.cluster.state import Record
 from dtf.errors import ClusterDown, DtfError, UsageError
-from dtf.hostops import reach, realloc, repair
+from dtf.hostops import reach, realloc
 from dtf.hostops.lease import LeaseKeeper
 from dtf.hostops.parallel import HostOps
+from dtf.hostops.repair import Repair
 from dtf.hostops.status import TaskState, states
 from dtf.hosts.netutil import CONNECT_TIMEOUT, listen_port
 from dtf.program import figures, noise
@@ -124,7 +125,7 @@ def run_program(record: Record, program: str, args: list[str], output: str | Non
     died of TensorFlow's connection error with the cluster intact: this machine's network dropped,
     or it slept) runs it again too, once every task answers this machine (waited for up to
     `network_wait` seconds).
-    Meanwhile a `repair.Mender` starts again each task whose supervisor is gone, and moves the
+    Meanwhile a `Repair` starts again each task whose supervisor is gone, and moves the
     tasks of a host unanswered past `host_timeout` to a spare: the program is then stopped and
     runs again on the new placement (ClusterDown, in one line, where no spare is left).
     A Slurm job that ended meanwhile (a lost node, a preemption, the time limit) is replaced by a
@@ -154,7 +155,7 @@ def _attempts(record: Record, program: str, args: list[str], output: str | None,
 
 class Attempts:
     """The program's attempts on the cluster, and what keeps the cluster while they run (the lease,
-    the mender, the route to the tasks: `hold`). After an attempt that failed, `after` decides what
+    the repair, the route to the tasks: `hold`). After an attempt that failed, `after` decides what
     comes next: the program's own failure ends the run with its exit code; a ps lost, tasks moved
     to a spare, the connection between this machine and the cluster lost, or the allocation ended
     (replaced by a new one) make the next attempt, which resumes from the last checkpoint."""
@@ -178,15 +179,15 @@ class Attempts:
             self.figures = stack.enter_context(RunFigures(self.cluster, self.attempts, shares=self.shares))
             self.held = stack.enter_context(contextlib.ExitStack())  # what one allocation's run keeps: hold()
             self.tunnels = stack.enter_context(contextlib.ExitStack())  # opened again when tasks move
-            self.tunnel, self.mender = hold(self.held, self.tunnels, self.record, self.connect_timeout)
+            self.tunnel, self.repair = hold(self.held, self.tunnels, self.record, self.connect_timeout)
             while True:
                 allocation = self.record.plan.allocation
                 self.figures.update(attempt=self.attempt, job=allocation.job if allocation else None)
                 before = ps_incarnations(self.ops)
-                changes = self.mender.changes
+                changes = self.repair.changes
                 code, interrupted, error = run_once(self.record, self.program, self.args, self.output, self.attempt,
                                                     self.tunnel, self.verbose, self.hook_env,
-                                                    stop_if=functools.partial(self.mender.stop_reason, changes))
+                                                    stop_if=functools.partial(self.repair.stop_reason, changes))
                 self.figures.collect(self.record.plan)
                 if code == 0 or interrupted:
                     return code
@@ -200,16 +201,16 @@ class Attempts:
         next attempt set up), or not (its own failure, or no attempt left: said in one line).
         ClusterDown where the cluster cannot go on."""
         cut = self.wait_for_contact()  # before anything is asked of the hosts
-        plan, mender = self.record.plan, self.mender
+        plan, repair = self.record.plan, self.repair
         ended = job_ended(self.record, self.connect_timeout)
         if ended is not None:  # the allocation's end: a new one, where dtf made it
             return self.reallocate(ended)
-        if mender.lost is not None:
-            raise ClusterDown(mender.lost)
-        moved = [f"{t.name} (moved to {t.host})" for t in mender.plan.tasks()
+        if repair.lost is not None:
+            raise ClusterDown(repair.lost)
+        moved = [f"{t.name} (moved to {t.host})" for t in repair.plan.tasks()
                  if (was := plan.task(t.name)) is not None and was.host != t.host]
         # The ps as placed now: a host lost for good is not asked again (it would not answer).
-        now = self.ops if not moved else HostOps(mender.plan, connect_timeout=self.connect_timeout)
+        now = self.ops if not moved else HostOps(repair.plan, connect_timeout=self.connect_timeout)
         lost = moved + [x for x in lost_ps(now, before, self.record.network)
                         if x.split(" ")[0] not in {m.split(" ")[0] for m in moved}]
         if lost:
@@ -231,11 +232,11 @@ class Attempts:
         self.figures.update(last_retry=what, waiting=True)
         t0 = time.monotonic()
         watch = realloc.JobWatch(self.record, self.connect_timeout, job_ended)  # the allocation may end meanwhile
-        still = mender.wait_serving(self.ps_wait, stop=watch)
+        still = repair.wait_serving(self.ps_wait, stop=watch)
         if watch.ended is not None:
             return self.reallocate(watch.ended)
-        if mender.lost is not None:
-            raise ClusterDown(mender.lost)
+        if repair.lost is not None:
+            raise ClusterDown(repair.lost)
         if still:
             raise ClusterDown(f"cluster {plan.cluster!r}: still not serving after {self.ps_wait:g}s: "
                               f"{', '.join(still)} (see `dtf status`, `dtf logs TASK`)")
@@ -247,7 +248,7 @@ class Attempts:
         that took (None: they answered at once). A cluster that answers again through SSH only (a
         new address, refused by the hosts' firewall) is reached so from then on (`reroute`).
         ClusterDown past the wait."""
-        plan = self.mender.plan
+        plan = self.repair.plan
         ops = HostOps(plan, connect_timeout=self.connect_timeout)
         if len(reach.unreachable(ops, self.record.network, reach.PROBE_TIMEOUT)) < len(plan.tasks()):
             return None
@@ -260,9 +261,9 @@ class Attempts:
         deadline = t0 + self.network_wait
         rerouted_at = time.monotonic()
         while True:
-            if self.mender.lost is not None:
-                raise ClusterDown(self.mender.lost)
-            ops = HostOps(self.mender.plan, connect_timeout=self.connect_timeout)
+            if self.repair.lost is not None:
+                raise ClusterDown(self.repair.lost)
+            ops = HostOps(self.repair.plan, connect_timeout=self.connect_timeout)
             still = reach.unreachable(ops, self.record.network, reach.PROBE_TIMEOUT)
             if not still:
                 break
@@ -295,7 +296,7 @@ class Attempts:
                               f"up`), and the inventory says network: direct: set network: auto (then dtf goes "
                               f"through SSH) or ssh, and `dtf up --replace INVENTORY`")
         self.record = self.record.replace(network="ssh")
-        self.mender.record = self.mender.record.replace(network="ssh")
+        self.repair.record = self.repair.record.replace(network="ssh")
         with state.locked(wait=30), contextlib.suppress(DtfError):
             now = state.load(self.cluster)
             if not now.taking_down and now.created == self.record.created:
@@ -307,10 +308,10 @@ class Attempts:
         return True
 
     def again(self, said: str = "") -> bool:
-        """The next attempt, on the cluster as the mender has it now (tasks moved: new addresses)."""
-        mender = self.mender
-        if mender.record.plan != self.record.plan:  # tasks moved: the next attempt's addresses
-            self.record = mender.record
+        """The next attempt, on the cluster as the repair has it now (tasks moved: new addresses)."""
+        repair = self.repair
+        if repair.record.plan != self.record.plan:  # tasks moved: the next attempt's addresses
+            self.record = repair.record
             self.ops = HostOps(self.record.plan, connect_timeout=self.connect_timeout)
             self.tunnels.close()
             self.tunnel = tunnel_to(self.tunnels, self.record, self.connect_timeout)
@@ -331,7 +332,7 @@ class Attempts:
         self.record = realloc.comeback(self.record, ended, wait=self.allocation_wait,
                                        connect_timeout=self.connect_timeout, say=say)
         self.ops = HostOps(self.record.plan, connect_timeout=self.connect_timeout)
-        self.tunnel, self.mender = hold(self.held, self.tunnels, self.record, self.connect_timeout)
+        self.tunnel, self.repair = hold(self.held, self.tunnels, self.record, self.connect_timeout)
         self.attempt += 1
         self.figures.update(reallocating=False)
         say(f"running the program again (attempt {self.attempt} of {self.attempts}): it resumes from its last "
@@ -363,14 +364,14 @@ def attach(stack: contextlib.ExitStack, record: Record, connect_timeout: float) 
 
 
 def hold(held: contextlib.ExitStack, tunnels: contextlib.ExitStack, record: Record,
-         connect_timeout: float) -> tuple[Tunnel | None, repair.Mender]:
+         connect_timeout: float) -> tuple[Tunnel | None, Repair]:
     """What `dtf train` keeps while it runs on one allocation of the cluster `record` holds: what
-    attach() keeps, and the mender (dead tasks started again, a lost host's tasks moved to a
-    spare: dtf.hostops.repair). The lease and the mender in `held`; the tunnel in `tunnels`
+    attach() keeps, and the repair (dead tasks started again, a lost host's tasks moved to a
+    spare: dtf.hostops.repair). The lease and the repair in `held`; the tunnel in `tunnels`
     (opened again when tasks move)."""
     keeper = keep_lease(held, record, connect_timeout)
-    mender = held.enter_context(repair.Mender(record, connect_timeout, say, on_plan=keeper.follow))
-    return tunnel_to(tunnels, record, connect_timeout), mender
+    repair = held.enter_context(Repair(record, connect_timeout, say, on_plan=keeper.follow))
+    return tunnel_to(tunnels, record, connect_timeout), repair
 
 
 def keep_lease(stack: contextlib.ExitStack, record: Record, connect_timeout: float) -> LeaseKeeper:

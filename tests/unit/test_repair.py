@@ -1,6 +1,6 @@
-"""`dtf train`'s mender reading the hosts' feed, without a cluster: the watch's feeds set by hand
+"""`dtf train`'s repair reading the hosts' feed, without a cluster: the watch's feeds set by hand
 (what its connections would set), the repairs recorded instead of made. (On fake servers:
-tests/fake/test_mender.py; with TensorFlow and spares: tests/e2e/test_outlive.py.)"""
+tests/fake/test_repair.py; with TensorFlow and spares: tests/e2e/test_outlive.py.)"""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dtf.cluster.plan import Plan, make_plan
 from dtf.cluster.state import Record
 from dtf.hostops import repair
 from dtf.hostops.parallel import HostOps
+from dtf.hostops.repair import Repair
 from dtf.hostops.watch import HostFeed
 from dtf_server.protocol import TaskSample, TaskStatus, TopSample
 from helpers import wait_until
@@ -35,8 +36,8 @@ def plan() -> Plan:
     return make_plan(loads(INVENTORY, "inv.yaml"), resolve=lambda spec: f"addr-{spec.host}")
 
 
-class Recorded(repair.Mender):
-    """A mender whose repairs are recorded; a restart waits for `release` (a repair under way)."""
+class Recorded(Repair):
+    """A repair whose repairs are recorded; a restart waits for `release` (a repair under way)."""
 
     def __init__(self, p: Plan | Record) -> None:
         record = p if isinstance(p, Record) else Record(plan=p, inventory="/x", created=1.0, chief_host="h")
@@ -91,7 +92,7 @@ def test_files_gone_make_every_task_of_the_host_dead():
 
 
 def looks(m: Recorded, clock: list[float], seconds: float, answering: list[str], every: float = 2.0) -> None:
-    """The mender's looks every `every` seconds for `seconds` of `clock` (its time.monotonic()),
+    """The repair's looks every `every` seconds for `seconds` of `clock` (its time.monotonic()),
     each host in `answering` sending a sample before each look."""
     end = clock[0] + seconds
     while clock[0] < end:

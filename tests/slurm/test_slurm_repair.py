@@ -1,4 +1,4 @@
-"""`dtf train`'s mender on a Slurm allocation (fake servers: the restart is the point): each
+"""`dtf train`'s repair on a Slurm allocation (fake servers: the restart is the point): each
 node's feed is one job step, and a task whose supervisor was SIGKILLed is started again on its
 node, as `dtf up` again does. (A job that ends is replaced as a whole: test_comeback.py.)"""
 

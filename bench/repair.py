@@ -1,6 +1,6 @@
-"""What `dtf train`'s mender costs while a run goes on, on the SSH lab: prints, asserts nothing.
+"""What `dtf train`'s repair costs while a run goes on, on the SSH lab: prints, asserts nothing.
 
-    sudo .venv/bin/python bench/mender.py [--hosts 3,30] [--seconds 60] [--dtf DIR] [--json FILE]
+    sudo .venv/bin/python bench/repair.py [--hosts 3,30] [--seconds 60] [--dtf DIR] [--json FILE]
 
 For each host count N (one lab of the largest N; a cluster of one fake server per host on the
 first N, h0 the ps: no TensorFlow), `dtf up`, then two windows of `--seconds` each, measured as
@@ -10,7 +10,7 @@ sshd and all it starts):
 1. idle: the cluster up, nothing running on the laptop (the hosts' own floor: supervisors and
    fake servers);
 2. train: `dtf train` of a program that only sleeps (so what runs is dtf's watch of the hosts:
-   the mender, the lease keeper), from a few seconds after the program started.
+   the repair, the lease keeper), from a few seconds after the program started.
 
 Printed per minute: the laptop's CPU per host, and a host's CPU (median and slowest host), for
 both windows; the train window less the idle one is what the watch costs a host.
@@ -37,7 +37,7 @@ from cpugroups import CpuGroups
 from lab import Lab
 from scale import Figure, Meter
 
-SETTLE_S = 10.0  # after the program started: the mender's first connections are made
+SETTLE_S = 10.0  # after the program started: the repair's first connections are made
 
 
 def env(home: Path, other: Path | None) -> dict[str, str]:
@@ -63,7 +63,7 @@ def one_count(meter: Meter, hosts: list[str], seconds: float, tmp: Path, other: 
     ports = lab.ports(1)
     inv = lab.inventory(tmp / f"n{len(hosts)}.yaml",
                         [{"host": h, **({"ps": ports} if i == 0 else {"workers": ports})} for i, h in enumerate(hosts)],
-                        cluster=f"mender{len(hosts)}")
+                        cluster=f"repair{len(hosts)}")
     program = tmp / "sleeps.py"
     program.write_text("import time\nprint('started', flush=True)\ntime.sleep(3600)\n")
     run_dtf(["up", str(inv)], home, other)
@@ -103,7 +103,7 @@ def main() -> None:
     args = ap.parse_args()
     counts = [int(n) for n in args.hosts.split(",")]
     if os.geteuid() != 0:
-        raise SystemExit("bench/mender.py needs root: the SSH lab and the control groups it measures in")
+        raise SystemExit("bench/repair.py needs root: the SSH lab and the control groups it measures in")
     other = args.dtf.resolve() if args.dtf else None
     with tempfile.TemporaryDirectory() as tmp, Lab(max(counts), root=Path(tmp) / "lab", pick=True) as lab, \
             CpuGroups() as groups:

@@ -1,4 +1,4 @@
-"""`dtf train`'s mender on fake servers, on local processes and on the SSH lab: it reads the hosts'
+"""`dtf train`'s repair on fake servers, on local processes and on the SSH lab: it reads the hosts'
 push feed (one `top --states-only` stream per host, dtf.hostops.watch) and starts again a task
 whose supervisor was killed. (With TensorFlow, and the moves to a spare: tests/e2e/test_outlive.py.)"""
 
@@ -30,7 +30,7 @@ def test_a_killed_supervisor_is_started_again_from_the_hosts_feed(site: Site, tm
                                  env=site.env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         wait_until(lambda: "attempt 1" in log.read_text(), timeout=120)
-        # The mender's feed: one `top --states-only` on each host, for the whole run.
+        # The repair's feed: one `top --states-only` on each host, for the whole run.
         wait_until(lambda: len(fed(site)) == 2, timeout=120)
         before = next(r for r in status_json(site.home)["tasks"] if r["task"] == "worker:0")
         os.kill(before["pid"], signal.SIGKILL)  # the supervisor: its server goes with it (PDEATHSIG)
