@@ -25,7 +25,7 @@ def renew_host(ops: HostOps, hp: HostPlan, ttl: float | None = None) -> RenewRep
 
 
 def renew(ops: HostOps, ttl: float | None = None) -> dict[str, Outcome[RenewReply]]:
-    return ops.each_host(lambda hp: renew_host(ops, hp, ttl), turns=ops.turns())
+    return ops.each_host(lambda hp: renew_host(ops, hp, ttl), at_once=ops.at_once())
 
 
 class LeaseKeeper:

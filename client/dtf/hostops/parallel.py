@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 # Hosts at once in the steps of many hosts where a host waits for nothing but itself (`up`'s start,
 # status, stop...); DTF_TURNS changes it.
-TURNS = 32
+AT_ONCE = 32
 
 
 @dataclass
@@ -106,22 +106,22 @@ class HostOps:
         return self.provider.runner(hp)
 
     @staticmethod
-    def turns() -> int:
+    def at_once() -> int:
         """How many hosts at once the steps that wait for nothing but their host take (up's
-        check-start and mesh check, status, the lease's renewal, stop and down): TURNS, or
+        check-start and mesh check, status, the lease's renewal, stop and down): AT_ONCE, or
         DTF_TURNS."""
         value = os.environ.get("DTF_TURNS", "")
-        return int(value) if value.isdigit() and int(value) > 0 else TURNS
+        return int(value) if value.isdigit() and int(value) > 0 else AT_ONCE
 
     def close_control(self) -> None:
         """Close the cluster's connections (`dtf down`, a failed `up`)."""
         self.provider.close()
 
     def each_host(self, fn: Callable[[HostPlan], T], hosts: Sequence[HostPlan] | None = None,
-                  turns: int | None = None) -> dict[str, Outcome[T]]:
+                  at_once: int | None = None) -> dict[str, Outcome[T]]:
         """Run fn on every host in parallel; a HostError on one host is that host's outcome.
 
-        `turns`: at most that many hosts at once, each from the moment its turn comes, so that
+        `at_once`: at most that many hosts at once, each from the moment its turn comes, so that
         every deadline of fn counts from there (only where no host waits for another: a host
         waiting for its turn would never come). Where the hosts share this machine's cores (local
         hosts, a test lab), 100 launchers started at once would each run past its own deadline."""
@@ -141,7 +141,7 @@ class HostOps:
 
         if not hosts:
             return {}
-        at_once = min(len(hosts), turns or len(hosts))
+        at_once = min(len(hosts), at_once or len(hosts))
         with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="dtf-host") as pool:
             futures = {hp.name: pool.submit(one, hp) for hp in hosts}
             try:

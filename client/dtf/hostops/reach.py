@@ -61,7 +61,7 @@ def check_mesh(ops: HostOps, hosts: Sequence[HostPlan] | None = None,
             raise HostError("; ".join(f"cannot reach {targets[a].name} at {a} (on {targets[a].host}): {why}"
                                       for a, why in reply.unreachable.items()))
 
-    return ops.each_host(one, hosts, turns=ops.turns())
+    return ops.each_host(one, hosts, at_once=ops.at_once())
 
 
 def unreachable(ops: HostOps, network: str, timeout: float, names: Collection[str] | None = None) -> list[TaskPlan]:

@@ -89,7 +89,7 @@ def check_spares(plan: Plan, connect_timeout: float, view: ProgressView = no_vie
             starter._check(t, sp, version, ())
 
     with ops.shown(f"dtf up {plan.cluster}: checking the spares"):
-        checked = ops.each_host(check, turns=ops.turns())
+        checked = ops.each_host(check, at_once=ops.at_once())
         touched = [sp for sp in plan.spares if sp.name in starter.touched]
         cleaned = stop.remove_launcher(ops, touched)
     failed = {h: f"spare: {why}" for h, why in {**failures(cleaned), **failures(checked)}.items()}

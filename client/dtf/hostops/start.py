@@ -73,25 +73,25 @@ class Starter:
         """Start every task, or only the tasks named per host in `only`."""
         version = local_tf_version()
         hosts = self.ops.hosts_in(only) if only is not None else self.ops.plan.hosts
-        turns = self._decide(hosts)
+        at_once = self._decide(hosts)
         if only is None:
-            return self.ops.each_host(lambda hp: self.start_host(hp, version), turns=turns)
-        return self.ops.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), hosts, turns=turns)
+            return self.ops.each_host(lambda hp: self.start_host(hp, version), at_once=at_once)
+        return self.ops.each_host(lambda hp: self.start_host(hp, version, only[hp.name]), hosts, at_once=at_once)
 
     def _decide(self, hosts: Sequence[HostPlan]) -> int | None:
         """How `hosts` start: the hosts taken at once (None: all), whether each start checks the
         mesh (`mesh`), and whether they are told when to (`_gate`)."""
         # Turns where no host waits for another (managed hosts copy their wheels from each other).
-        turns = None if any(hp.managed for hp in self.ops.plan.hosts) else self.ops.turns()
-        if self.mesh and turns is not None and self._can_tell(hosts):
+        at_once = None if any(hp.managed for hp in self.ops.plan.hosts) else self.ops.at_once()
+        if self.mesh and at_once is not None and self._can_tell(hosts):
             # Each host's start ends its turn once its servers serve, and checks the mesh once
             # told that every host's do: one launcher call per host, whatever their number.
-            rounds = -(-len(hosts) // turns)
+            rounds = -(-len(hosts) // at_once)
             longest = max(CHECK_TIMEOUT + hp.start_timeout + 30 + self.ops.connect_timeout for hp in hosts)
-            self._gate = _Gate(len(hosts), turns, rounds * longest + 60, self.ops.cancel)
-            turns = None
-        self.mesh = self.mesh and (turns is None or len(hosts) <= turns)
-        return turns
+            self._gate = _Gate(len(hosts), at_once, rounds * longest + 60, self.ops.cancel)
+            at_once = None
+        self.mesh = self.mesh and (at_once is None or len(hosts) <= at_once)
+        return at_once
 
     def _can_tell(self, hosts: Sequence[HostPlan]) -> bool:
         """Whether every host's start can be told when to check the mesh: one launcher call each
@@ -131,7 +131,7 @@ class Starter:
         tasks = hp.tasks_in(only)
         targets, reach_timeout = self._reach(hp)
         try:
-            with gate.turn:
+            with gate.slot:
                 self.ops.step(hp, "connecting")
                 t = self.ops.runner(hp)
                 t.open()  # a host never reached is not touched: nothing to roll back there
@@ -154,7 +154,7 @@ class Starter:
                 if not go:
                     conv.send("stop")
                 else:  # in turns again: 100 hosts checking 99 targets each at once starve hosts that share cores
-                    with gate.turn:
+                    with gate.slot:
                         self.ops.step(hp, "checking it reaches the other hosts' tasks")
                         conv.send("go")
                         unreachable = self._started(self._said(t, conv, time.monotonic() + reach_timeout + 30,
@@ -304,12 +304,12 @@ class Starter:
 
 class _Gate:
     """Where hosts start in turns and are told when to check the mesh (Starter._told_start): at most
-    `turns` hosts at once until their servers serve (`turn`); then each waits until every host has
+    `at_once` hosts at once until their servers serve (`slot`); then each waits until every host has
     got that far or failed (`all_serve`: True when every one serves), for at most `wait` seconds
     (every turn's deadlines; each host's own are shorter)."""
 
-    def __init__(self, hosts: int, turns: int, wait: float, cancel: threading.Event) -> None:
-        self.turn = threading.BoundedSemaphore(turns)
+    def __init__(self, hosts: int, at_once: int, wait: float, cancel: threading.Event) -> None:
+        self.slot = threading.BoundedSemaphore(at_once)
         self.wait = wait
         self._cancel = cancel
         self._left = hosts

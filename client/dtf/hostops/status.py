@@ -59,7 +59,7 @@ def status_host(ops: HostOps, hp: HostPlan) -> StatusReply:
 
 
 def status(ops: HostOps) -> dict[str, Outcome[StatusReply]]:
-    return ops.each_host(lambda hp: status_host(ops, hp), turns=ops.turns())
+    return ops.each_host(lambda hp: status_host(ops, hp), at_once=ops.at_once())
 
 
 def states(ops: HostOps) -> list[TaskState]:

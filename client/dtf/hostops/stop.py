@@ -52,7 +52,7 @@ def stop_host(ops: HostOps, hp: HostPlan, keep_logs: bool = False, grace: float 
 
 def down(ops: HostOps, keep_logs: bool = False, grace: float = STOP_GRACE,
          hosts: Sequence[HostPlan] | None = None, purge: bool = False) -> dict[str, Outcome[HostStopped]]:
-    return ops.each_host(lambda hp: stop_host(ops, hp, keep_logs, grace, purge=purge), hosts, turns=ops.turns())
+    return ops.each_host(lambda hp: stop_host(ops, hp, keep_logs, grace, purge=purge), hosts, at_once=ops.at_once())
 
 
 def clean_retired(ops: HostOps) -> tuple[list[str], dict[str, str]]:
@@ -75,10 +75,10 @@ def remove_launcher(ops: HostOps, hosts: Sequence[HostPlan]) -> dict[str, Outcom
                 return CleanReply(removed=[hp.launcher])
             return ask(t, hp, CleanReply, hp.clean_argv(False, if_unused=True), "cleaning up", 30)
 
-    return ops.each_host(clean, hosts, turns=ops.turns())
+    return ops.each_host(clean, hosts, at_once=ops.at_once())
 
 
 def stop_tasks(ops: HostOps, only: dict[str, set[str]], grace: float = STOP_GRACE) -> dict[str, Outcome[HostStopped]]:
     """Stop the tasks named per host (a partial rollback); leave the rest and the files."""
     return ops.each_host(lambda hp: stop_host(ops, hp, grace=grace, only=only[hp.name]),
-                         ops.hosts_in(only), turns=ops.turns())
+                         ops.hosts_in(only), at_once=ops.at_once())

@@ -43,7 +43,7 @@ def _written_then(argv: Sequence[str], remote_dir: str, filename: str) -> list[s
     return ["sh", "-c", _PUT, "sh", remote_dir, filename, temporary_name(filename), *argv]
 
 
-def kept_result(r: Result) -> Result:
+def step_result(r: Result) -> Result:
     """start_servers' Result: the step's lines, and its exit status where it said it (it ended)."""
     lines = r.stdout.splitlines()
     if lines and lines[-1].startswith(_EXIT + " "):
@@ -52,14 +52,14 @@ def kept_result(r: Result) -> Result:
     return r
 
 
-def _kept_outcome(r: Result, name: str, lines: int, timeout: float) -> Result:
+def _step_outcome(r: Result, name: str, lines: int, timeout: float) -> Result:
     """The Result of a staying step's command on the login host (start_step.sh's), or HostError where its
     lines did not all come within `timeout` (`timeout` exits 124)."""
     if r.exit_code == 124:
         said = len(r.stdout.splitlines())
         raise HostError(f"job step {name} said {said} of its {lines} line(s) within {timeout:g}s"
                         + (f": {r.stderr.strip().splitlines()[-1]}" if r.stderr.strip() else ""))
-    return kept_result(r)
+    return step_result(r)
 
 
 def node_step(job: str, node: str, argv: Sequence[str], name: str = "dtf") -> list[str]:
@@ -128,7 +128,7 @@ class SlurmStepRunner(CommandRunner):
         stall = COMMAND_TIMEOUT + start.timeout + 5
         started = ["sh", "-c", _START_STEP, "sh", str(start.lines), str(max(1, round(start.timeout))), *srun]
         r = self.login.run_with_input(started, data, timeout=stall, named=argv)
-        return _kept_outcome(r, start.name, start.lines, start.timeout)
+        return _step_outcome(r, start.name, start.lines, start.timeout)
 
     def stream(self, argv: Sequence[str]) -> int:
         return self.login.stream(self.step(argv))

@@ -17,7 +17,7 @@ from dtf.cluster.allocation import Allocation
 from dtf.cluster.inventory import HostSpec
 from dtf.hosts.base import HostError, Result, ServerStart
 from dtf.hosts.local import LocalRunner
-from dtf.providers.slurm.steps import SlurmStepRunner, kept_result
+from dtf.providers.slurm.steps import SlurmStepRunner, step_result
 from helpers import within
 
 SPEC = HostSpec(host="n1", line=1, connection="slurm", user=None, port=None, identity_file=None,
@@ -102,6 +102,6 @@ def test_a_silent_step_is_given_up_at_the_deadline(node: SlurmStepRunner, tmp_pa
 
 
 def test_kept_result_reads_the_exit_line() -> None:
-    assert kept_result(Result(0, "a\nb\n", "")) == Result(0, "a\nb\n", "")
-    assert kept_result(Result(0, "a\ndtf-step-exit 2\n", "e")) == Result(2, "a\n", "e")
-    assert kept_result(Result(124, "", "")) == Result(124, "", "")
+    assert step_result(Result(0, "a\nb\n", "")) == Result(0, "a\nb\n", "")
+    assert step_result(Result(0, "a\ndtf-step-exit 2\n", "e")) == Result(2, "a\n", "e")
+    assert step_result(Result(124, "", "")) == Result(124, "", "")
