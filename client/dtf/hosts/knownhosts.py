@@ -11,6 +11,13 @@ accepted.
 Writing: dtf never rewrites a known_hosts file (paramiko's own policy would, losing comments,
 markers and key types it does not know). A new host's key is appended as one line, under a lock,
 to the first UserKnownHostsFile, hashed when HashKnownHosts is yes.
+
+Why not paramiko's own `HostKeys`: it refuses a whole file that holds an `@revoked` or
+`@cert-authority` line (InvalidHostKey: paramiko#771), so a revoked key would never be refused;
+it matches no pattern with `*`, `?` or `!` (paramiko#1001); `SSHClient` reads neither
+UserKnownHostsFile nor GlobalKnownHostsFile; and its `save` rewrites the file. Nor `ssh-keygen
+-F`, which reads all of that as OpenSSH does: it comes with the ssh client, and this module serves
+where there is none.
 """
 
 from __future__ import annotations

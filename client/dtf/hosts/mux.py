@@ -4,7 +4,9 @@
 It saves an exec of ssh per host and command: every `up` runs one launcher command on each host
 over its master, and an ssh process (its libraries' relocations, OpenSSL's start) would do nothing
 but ask the master over its socket and wait. The switch: DTF_SSH_MUX=0 in the environment makes
-dtf run `ssh -S PATH HOST COMMAND` instead (`enabled`). This asks the same thing in
+dtf run `ssh -S PATH HOST COMMAND` instead (`enabled`). Why it is kept: without it, the laptop's
+CPU per host of `up` and of `down` misses its goal against the SSH floor at 30 and at 100 hosts
+(bench/scale.py with and without DTF_SSH_MUX=0: docs/benchmarks.md). This asks the same thing in
 the same words: OpenSSH's multiplexing protocol (PROTOCOL.mux in OpenSSH's source, version 4,
 which every OpenSSH since 5.6 speaks), as ssh's own mux client does it (mux.c,
 mux_client_request_session): the hello, then MUX_C_NEW_SESSION with the command and no tty,
