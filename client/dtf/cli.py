@@ -7,6 +7,7 @@ anything else is a bug: one line on screen, the traceback in $DTF_HOME/debug.log
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -21,7 +22,7 @@ import typer
 
 from dtf.cluster import state
 from dtf.cluster.durations import parse_duration
-from dtf.errors import DtfError, ExitCode, UsageError
+from dtf.errors import DtfError, ExitCode, NoCluster, UsageError
 from dtf.hosts.netutil import CONNECT_TIMEOUT
 from dtf_server.protocol import Defaults
 
@@ -203,11 +204,17 @@ def train(
     packing: bool = typer.Option(True, "--packing/--no-packing",
                                  help="Pack steps into each closure where the program sets no "
                                       "steps_per_execution (measured at the start of fit)."),
+    detach: bool = typer.Option(False, "--detach",
+                                help="Run PROGRAM as the coordinator on a host of the cluster (the "
+                                     "inventory's `coordinator:`, else the first ps host) and return once "
+                                     "it started: this machine may then sleep or go offline. `dtf attach` "
+                                     "follows it and brings its outputs here."),
 ) -> None:
     """Run PROGRAM as the coordinator of the cluster.
 
     PROGRAM runs here, as the chief of the cluster (with --collective: on the hosts, one copy per
-    worker). dtf exits with the program's exit code.
+    worker; with --detach: on a host of the cluster). dtf exits with the program's exit code
+    (with --detach: 0 once it started).
     """
     from dtf import ui
     from dtf.hostops import lifecycle
@@ -227,6 +234,17 @@ def train(
         check_notebook(program, list(args or []), collective=collective, wrap=wrap)
         if verbose:
             hook_env["DTF_VERBOSE"] = "1"
+    if detach:
+        from dtf.detached.start import detach as start_detached
+
+        record = lifecycle.recorded(cluster)
+        d = start_detached(record, program, list(args or []), output, attempts=attempts, ps_wait=ps_wait,
+                           network_wait=network_wait, connect_timeout=connect_timeout, verbose=verbose,
+                           hook_env=hook_env, collective=collective,
+                           say=lambda line: ui.say(f"dtf: {line}", stderr=True))
+        ui.say(f"dtf: {d.program} runs detached on {d.host} (cluster {record.cluster}): `dtf attach` follows it "
+               f"and brings its outputs here; this machine may now sleep, go offline or shut down", stderr=True)
+        return
     if collective:
         from dtf.collective.run import run_collective
         from dtf.program.train import taken_down
@@ -297,6 +315,10 @@ def status(
     found = cluster_status(cluster, connect_timeout=connect_timeout)
     rows = ui.status_rows(found.states, found.record.recovered)
     training = view.training(figures.live_dir(state.home(), found.record.cluster))
+    if found.record.detached is not None:  # `dtf train --detach`: asked of the coordinator's host
+        from dtf.hostops.parallel import HostOps
+
+        training = view.detached_training(found.record, HostOps(found.record.plan, connect_timeout=connect_timeout))
     ui.show_status(found.record, rows, json_out, found.report, training)
     if found.ended is not None:
         raise found.ended_error()
@@ -335,6 +357,12 @@ def top(
     record = lifecycle.recorded(cluster)
     plan = record.plan
     live_dir = figures.live_dir(state.home(), plan.cluster)
+
+    def trained() -> dict[str, Any] | None:  # the training: here, or a detached run on its host
+        if record.detached is None:
+            return view.training(live_dir)
+        return view.detached_training(record, HostOps(plan, connect_timeout=connect_timeout))
+
     # Not ui.console(): a soft-wrapping console squeezes the table to 80 columns.
     console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
     with Watch(HostOps(plan, connect_timeout=connect_timeout), interval) as watch:
@@ -345,12 +373,12 @@ def top(
                 except DtfError:
                     return None
 
-            view.live(record, watch, live_dir, interval, console, recorded=recorded,
+            view.live(record, watch, trained, interval, console, recorded=recorded,
                       watch_for=lambda p: Watch(HostOps(p, connect_timeout=connect_timeout), interval))
             return
         # Two samples per host: CPU% and the byte rates are differences between two.
         watch.wait_samples(2, timeout=connect_timeout + 2 * interval + 15)
-        doc = view.snapshot(plan, watch.feeds(), view.training(live_dir), record.recovered)
+        doc = view.snapshot(plan, watch.feeds(), trained(), record.recovered)
     if json_out:
         import json
 
@@ -359,6 +387,32 @@ def top(
         console.print(view.view(doc, height=console.size.height if console.is_terminal else 10**6))
     if any(r["state"] != "alive" for r in doc["tasks"]):
         raise typer.Exit(int(ExitCode.CLUSTER_DOWN))
+
+
+@app.command()
+@guarded
+def attach(
+    cluster: str | None = ClusterOpt,
+    lines: int | None = typer.Option(None, "--lines", "-n", min=0,
+                                     help="Start at the output's last N lines (default: where the last "
+                                          "attach stopped; the first time, the run's start)."),
+    wait: float = typer.Option(600.0, "--wait",
+                               help="Seconds to keep trying when the run's host does not answer "
+                                    "(this machine's network dropped, or it slept)."),
+    connect_timeout: float = ConnectTimeoutOpt,
+) -> None:
+    """Follow a detached run (`dtf train --detach`), then bring its outputs here.
+
+    Prints the run's output from where the last attach stopped (each line once), follows it until
+    the program ends, brings what it wrote back where it was started, and exits with its exit code.
+    Ctrl-C detaches and leaves the run going.
+    """
+    from dtf import ui
+    from dtf.detached.attach import attach as follow_run
+    from dtf.hostops import lifecycle
+
+    raise typer.Exit(follow_run(lifecycle.recorded(cluster), lines=lines, wait=wait, connect_timeout=connect_timeout,
+                                say=lambda line: ui.say(f"dtf: {line}", stderr=True)))
 
 
 @app.command()
@@ -388,6 +442,9 @@ def down(
     purge: bool = typer.Option(False, "--purge",
                                help="Also remove each host's cache (WORKDIR/.cache: managed "
                                     "environments, wheels, synced data), which `down` keeps."),
+    stop_run: bool = typer.Option(False, "--stop-run",
+                                  help="Stop a detached run that still runs (its outputs come here "
+                                       "first); without it, `down` refuses while one runs."),
     connect_timeout: float = ConnectTimeoutOpt,
 ) -> None:
     """Stop the cluster and leave nothing behind.
@@ -398,6 +455,14 @@ def down(
     from dtf import ui
     from dtf.hostops import lifecycle
 
+    with contextlib.suppress(NoCluster):  # none up: `lifecycle.down` says so
+        record = lifecycle.recorded(cluster)
+        if record.detached is not None:  # its outputs first (a run that still runs: refused, or --stop-run)
+            from dtf.detached.remote import settle
+            from dtf.hostops.parallel import HostOps
+
+            settle(record, HostOps(record.plan, connect_timeout=connect_timeout), ui.say, stop_run=stop_run,
+                   grace=grace)
     result = lifecycle.down(cluster, keep_logs=keep_logs, grace=grace, connect_timeout=connect_timeout,
                             view=ui.host_progress, purge=purge, say=ui.say)
     if result is None:

@@ -25,6 +25,7 @@ from rich.text import Text
 
 from dtf.cluster.plan import Plan
 from dtf.cluster.state import Record
+from dtf.hostops.parallel import HostOps
 from dtf.hostops.watch import HostFeed, Watch
 from dtf.program import figures
 
@@ -50,22 +51,56 @@ def training(live: Path) -> dict[str, Any] | None:
     run = figures.read(live / figures.RUN)
     if run is None or not _alive(run.get("pid")):
         return None
+    program = figures.read(live / figures.TRAIN)
+    return training_doc(run, program if program is not None and _alive(program.get("pid")) else None)
+
+
+def training_doc(run: dict[str, Any], program: dict[str, Any] | None, detached: str | None = None) -> dict[str, Any]:
+    """The training's document from what `dtf train` (`run`) and its program publish
+    (dtf.program.figures); `detached`: the host a detached run's coordinator runs on."""
     doc: dict[str, Any] = {"mode": run.get("kind"), "attempt": run.get("attempt"), "attempts": run.get("attempts"),
                            "last_retry": run.get("last_retry"), "waiting_for_ps": bool(run.get("waiting")),
                            "started": run.get("started"), "slurm_job": run.get("job"),
                            "reallocating": bool(run.get("reallocating")),
-                           "network_lost_since": run.get("network_lost_since")}
+                           "network_lost_since": run.get("network_lost_since"), "detached_on": detached}
     if run.get("kind") == "collective":
         copies = run.get("copies") or {}
         doc["copies"] = copies
         doc["joined"] = sorted(name for name, c in copies.items() if c.get("joined"))
         return doc
-    program = figures.read(live / figures.TRAIN)
-    if program is not None and _alive(program.get("pid")):
+    if program is not None:
         doc.update({k: program.get(k) for k in ("steps", "steps_per_s", "closures", "in_flight", "steps_per_closure",
                                                 "packing", "last_failure", "retries", "resumed_at_step")})
         doc["workers"] = program.get("workers") or {}
     return doc
+
+
+def detached_training(record: Record, ops: HostOps, timeout: float = 15.0) -> dict[str, Any] | None:
+    """A detached run's document (dtf.detached; None: the cluster has none), asked of its
+    coordinator's host: running (its figures), ended (its exit code), or unknown (its host did not
+    answer: why)."""
+    from dtf.detached.remote import ask_state, host_of
+    from dtf.errors import DtfError
+    from dtf.hosts.base import HostError
+
+    d = record.detached
+    if d is None:
+        return None
+    base: dict[str, Any] = {"mode": "ps", "detached_on": d.host, "program": d.program, "started": d.started}
+    if d.ended:
+        return {**base, "state": "ended", "exit_code": d.exit_code, "reason": d.reason, "fetched": d.fetched}
+    try:
+        reply = ask_state(ops, host_of(record.plan, d), timeout=timeout)
+    except (HostError, DtfError) as e:
+        return {**base, "state": "unknown", "error": str(e)}
+    if reply.run_id != d.run_id or reply.state == "none":
+        return {**base, "state": "unknown", "error": f"its files are gone from {d.host}"}
+    if reply.state == "ended":
+        return {**base, "state": "ended", "exit_code": reply.exit_code, "reason": reply.reason, "fetched": False}
+    if reply.run is None:
+        return {**base, "state": "starting"}
+    return {**training_doc(reply.run, reply.run.get("train"), detached=d.host), "state": "running",
+            "program": d.program}
 
 
 def snapshot(plan: Plan, feeds: dict[str, HostFeed], train: dict[str, Any] | None,
@@ -155,7 +190,19 @@ def summary_line(doc: dict[str, Any]) -> str:
 def training_lines(train: dict[str, Any] | None) -> list[str]:
     if train is None:
         return ["training: none (no `dtf train` running)"]
+    state = train.get("state")
+    if state in ("ended", "unknown", "starting"):  # a detached run (dtf.detached.view)
+        where = f"training ({train['program']}, detached on {train['detached_on']})"
+        if state == "ended":
+            how = train.get("reason") or f"exited with code {train.get('exit_code')}"
+            fetched = "its outputs fetched" if train.get("fetched") else "`dtf attach` brings its outputs"
+            return [f"{where}: ended, {how} ({fetched})"]
+        if state == "starting":
+            return [f"{where}: starting"]
+        return [f"{where}: unknown ({train.get('error')})"]
     head = f"training ({train['mode']}): attempt {train['attempt']} of {train['attempts']}"
+    if train.get("detached_on"):  # `dtf train --detach`: its coordinator runs on a host of the cluster
+        head += f", detached on {train['detached_on']}"
     if train.get("slurm_job"):  # the allocation it runs on (a new one after an ended job)
         head += f" on slurm job {train['slurm_job']}"
     if train.get("reallocating"):
@@ -245,7 +292,8 @@ def pressed(timeout: float) -> str | None:
     return os.read(sys.stdin.fileno(), 32).decode(errors="replace") if ready else None
 
 
-def live(record: Record, watch: Watch, live_dir: Path, interval: float, console: Console,
+def live(record: Record, watch: Watch, trained: Callable[[], dict[str, Any] | None], interval: float,
+         console: Console,
          recorded: Callable[[], Record | None] = lambda: None,
          watch_for: Callable[[Plan], Watch] | None = None) -> None:
     """Refresh every `interval` s until `q` (or Ctrl-C). The record is read again at each refresh
@@ -261,7 +309,7 @@ def live(record: Record, watch: Watch, live_dir: Path, interval: float, console:
                     current.__exit__(None, None, None)
                 current = watch_for(now.plan).__enter__()
             shown_record = now
-        doc = snapshot(shown_record.plan, current.feeds(), training(live_dir), shown_record.recovered)
+        doc = snapshot(shown_record.plan, current.feeds(), trained(), shown_record.recovered)
         return Group(view(doc, console.size.height - 1), Text("q: quit", style="dim"))
 
     with keys(), Live(screen(), console=console, screen=True, auto_refresh=False) as shown, \

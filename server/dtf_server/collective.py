@@ -141,7 +141,7 @@ def cmd_supervise_program(request: SuperviseProgramRequest) -> None:
 
 def cmd_follow(request: FollowRequest) -> None:
     job, index = Layout.parse_name(request.task)
-    program.follow(request.dir, job, index, request.beat)
+    program.follow(request.dir, job, index, request.beat, request.file, request.offset, request.lines)
 
 
 class _Step:

@@ -1,6 +1,6 @@
 """The launcher's command line: `launcher COMMAND [OPTIONS]`, read into the command's typed request
 (dtf_server.protocol: `parse`, its options from the request's fields), and the function that runs
-it (in start.py, network.py, collective.py, files.py, maintenance.py). Each prints one reply
+it (in start.py, network.py, collective.py, detached.py, files.py, maintenance.py). Each prints one reply
 (dtf_server.protocol) as JSON and exits 0 when it did what was asked; `launcher --help` lists the
 commands, `launcher COMMAND --help` a command's options. A task's spec (`--task` of start,
 check-start, run, run-step and supervise-program) is a protocol.TaskSpec as JSON: the task and
@@ -16,9 +16,11 @@ from typing import Any
 
 from dtf_server.protocol import (
     EXIT_START_FAILED,
+    AuthorizeRequest,
     CheckRequest,
     CheckStartRequest,
     CleanRequest,
+    DetachedRequest,
     EnvRequest,
     FakeRequest,
     FetchWheelsRequest,
@@ -68,6 +70,8 @@ RUNS: dict[type[Request], str] = {
     RunStepRequest: "collective.cmd_run_step",
     SuperviseProgramRequest: "collective.cmd_supervise_program",
     FollowRequest: "collective.cmd_follow",
+    AuthorizeRequest: "detached.cmd_authorize",
+    DetachedRequest: "detached.cmd_detached",
 }
 
 

@@ -273,6 +273,11 @@ def cmd_clean(request: CleanRequest) -> CleanReply:
     if request.if_unused and running_tasks(request.dir):
         return CleanReply(removed=removed, in_use=True)  # another dtf's tasks live here: not ours
     end_streams(request.dir)
+    from dtf_server.sshkeys import deauthorize
+
+    refused = deauthorize(request.dir)  # the coordinator's key first: it outlives no cluster
+    if refused:
+        raise SystemExit(f"cannot remove the detached run's key from {refused}")
     if any(os.path.exists(os.path.join(request.dir, name)) for name in (Layout.FIREWALL, firewall.EARLIER)):
         # The firewall rules first: they outlive no cluster.
         rules = firewall.remove(request.dir)
@@ -294,7 +299,8 @@ def cmd_clean(request: CleanRequest) -> CleanReply:
                 removed.append(target)
             if not os.listdir(path):
                 os.rmdir(path)
-        elif (Layout.is_launcher(name) or Layout.is_helpers(name) or name in (Layout.LEASE, Layout.EXPIRE_LOCK)
+        elif (Layout.is_launcher(name) or Layout.is_helpers(name)
+              or name in (Layout.LEASE, Layout.EXPIRE_LOCK, Layout.AUTHORIZED)
               or name.startswith(Layout.TOP_PREFIX)
               or ".tmp-" in name):
             os.unlink(path)  # every launcher version (and dtf's package), and uploads that never completed

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, BinaryIO
 
 from dtf_server.procs import die_with_parent, expand_home, log_line, ours, proc_start_ticks, read_json
 from dtf_server.protocol import (
@@ -32,6 +32,7 @@ from dtf_server.protocol import (
     EXIT_EVENT,
     EXIT_STATUS_ENV,
     JOINED_EVENT,
+    OFFSET_EVENT,
     Defaults,
     Layout,
     TaskSpec,
@@ -115,10 +116,12 @@ class ProgramSupervisor(Supervisor):
         return 0
 
 
-def follow(root: str, job: str, index: int, beat: float) -> int:
-    """Stream one program copy's output and events until it has ended (see the module's doc)."""
+def follow(root: str, job: str, index: int, beat: float, file: str = "", offset: int = -1, lines: int = -1) -> int:
+    """Stream one program copy's output and events until it has ended (see the module's doc).
+    `file` (below `root`): stream that file instead of the task's log, from byte `offset`, or from
+    its last `lines` lines (else its start), said first by an OFFSET_EVENT."""
     tdir = Layout.task_dir(root, job, index)
-    log_path = os.path.join(tdir, Layout.LOG)
+    log_path = os.path.join(root, file) if file else os.path.join(tdir, Layout.LOG)
     deadline = time.monotonic() + WAIT_START
     sup: dict[str, Any] = {}
     while "log_offset" not in sup and time.monotonic() < deadline:
@@ -130,8 +133,18 @@ def follow(root: str, job: str, index: int, beat: float) -> int:
     record = read_json(os.path.join(tdir, Layout.PID))
     joined = False
     last_beat = 0.0
+    if not os.path.exists(log_path):
+        open(log_path, "ab").close()
     with open(log_path, "rb") as log:
-        log.seek(int(sup["log_offset"]))
+        if not file:
+            start = int(sup["log_offset"])
+        elif lines >= 0:
+            start = tail_offset(log, lines)
+        else:
+            start = max(0, offset)
+        log.seek(start)
+        if file:
+            event(f"{OFFSET_EVENT}{start}")
         while True:
             alive = ours(record)  # asked before reading: all output written before its end is read
             data = log.read(65536)
@@ -155,6 +168,26 @@ def follow(root: str, job: str, index: int, beat: float) -> int:
     else:  # its supervisor was killed before it could say (a KILL to the group: `stop`, the OOM killer)
         code, reason = None, "stopped (its supervisor was killed)"
     event(EXIT_EVENT + json.dumps({"code": code, "reason": reason}))
+    return 0
+
+
+def tail_offset(f: BinaryIO, lines: int) -> int:
+    """Where the last `lines` lines of the open file begin (an unfinished last line is one)."""
+    end = f.seek(0, os.SEEK_END)
+    if lines <= 0:
+        return end
+    position, found = end, 0
+    while position > 0:
+        step = min(65536, position)
+        f.seek(position - step)
+        block = f.read(step)
+        for i in range(len(block) - 1, -1, -1):
+            at = position - step + i
+            if block[i] == 10 and at != end - 1:  # a newline that ends a line before the last
+                found += 1
+                if found == lines:
+                    return at + 1
+        position -= step
     return 0
 
 

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 
 # Bump on any change of a command's arguments or of a reply's fields: a reply of another version
 # is refused, never half-read (what each version changed: this file's git log).
-PROTOCOL = 15
+PROTOCOL = 16
 
 # Exit codes of the launcher's commands (besides 0). Python itself exits 2 when it cannot open
 # the launcher file: `python MISSING.pyz` prints "can't open file" and produces no JSON. The
@@ -63,6 +63,8 @@ class Layout:
         ROOT/lease.json            {ttl, renewed}: see supervisor.py
         ROOT/.expire-lock          taken by tasks removing their files when the lease lapsed
         ROOT/firewall.json         the TF ports' firewall rules its start set (`firewall: auto`, `members`: firewall.py)
+        ROOT/authorized.json       the coordinator host's key this host lets in (`dtf train --detach`: detached.py)
+        ROOT/detached/             a detached run, on the host it runs on (DetachedLayout)
         ROOT/top-<pid>.json        a running `top` stream (its pid and start time): `clean` ends it
         ROOT/JOB-INDEX/            one per task:
             log                    the supervisor's and the server's output
@@ -72,6 +74,7 @@ class Layout:
             crash                  (fake servers only) makes the fake server exit: for tests
             train.json             collective mode: the program copy's training figures (`top` reads them)
             out/                   collective mode: the program copy's working and output directory
+        ROOT/chief-0/              a detached run's coordinator (`dtf train --detach`), supervised as a task
 
     What outlives a cluster (kept by `dtf down` as a cache, removed by `dtf down --purge`) lives
     beside the clusters, below WORKDIR/.cache (a cluster name cannot start with a dot):
@@ -103,6 +106,9 @@ class Layout:
     OUT = "out"  # a program copy's working and output directory, below its task directory
     CACHE = ".cache"
     ENV_MARKER = ".dtf-env.json"  # in a managed environment: written last, once it is complete
+    DETACHED = "detached"  # a detached run's files (`dtf train --detach`: DetachedLayout), below ROOT
+    CHIEF = "chief:0"  # a detached run's coordinator, supervised as a task of its host (ROOT/chief-0)
+    AUTHORIZED = "authorized.json"  # the key line `authorize` added to ~/.ssh/authorized_keys (detached.py)
 
     @staticmethod
     def cache_dir(workdir: str, kind: str = "") -> str:
@@ -147,6 +153,39 @@ class Layout:
         """A task's name, JOB:INDEX, as its job and index."""
         job, index = text.split(":")
         return job, int(index)
+
+
+class DetachedLayout:
+    """A detached run's files (`dtf train --detach`), below ROOT/detached on the host it runs on:
+
+        spec.json      what the laptop asked: the program, its arguments, its options, the record
+        output.log     all the run printed, its coordinator's lines and the program's (`dtf attach`)
+        home/          the coordinator's DTF_HOME: the cluster's record as seen from this host
+        work/          the program's working directory: the laptop's, its program's folder in place
+        output/        --output, where it is not below the laptop's working directory
+        shipped.json   work/'s files as shipped, path -> [size, mtime in ns]: the others come back
+        back/          what comes back to the laptop (`detached --collect`): work/ and output/
+        ssh/           the cluster key, with the ssh_config and known_hosts that reach the others
+
+    Its coordinator is a task of the host (Layout.CHIEF): its supervisor says how it ended.
+    """
+
+    SPEC = "spec.json"
+    OUTPUT_LOG = "output.log"
+    HOME = "home"
+    WORK = "work"
+    OUTPUT = "output"
+    SHIPPED = "shipped.json"
+    BACK = "back"
+    SSH = "ssh"
+
+    @staticmethod
+    def dir(root: str) -> str:
+        return posixpath.join(root, Layout.DETACHED)
+
+    @staticmethod
+    def path(root: str, *parts: str) -> str:
+        return posixpath.join(root, Layout.DETACHED, *parts)
 
 
 class ProtocolMismatch(Exception):
@@ -226,6 +265,7 @@ def tf_version() -> str | None:
 BEAT_EVENT = "dtf-beat"  # every --beat seconds: the host is there
 JOINED_EVENT = "dtf-joined"  # the copy's strategy has joined the others
 EXIT_EVENT = "dtf-exit "  # + {"code": ..., "reason": ...}: the copy has ended
+OFFSET_EVENT = "dtf-offset "  # + N: `follow --file` streams the file from byte N on
 
 
 # -- what a request carries ----------------------------------------------------------------------
@@ -525,12 +565,40 @@ class SuperviseProgramRequest(Request):
 
 @dataclass(frozen=True, kw_only=True)
 class FollowRequest(Request):
-    """stream a program copy's output and events until it ends"""
+    """stream a program copy's output and events until it ends; --file: that file below --dir
+    (from --offset, or its last --lines lines) instead of the task's log from the run's start"""
 
     command = "follow"
     dir: str = option(path=True)
     task: str = option()  # JOB:INDEX
     beat: float = option(float, default=2.0, always=True)
+    file: str = option(default="")
+    offset: int = option(int, default=-1)
+    lines: int = option(int, default=-1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuthorizeRequest(Request):
+    """let a detached run's coordinator host in: add --key to this user's ~/.ssh/authorized_keys,
+    only from --allow addresses, until the lease lapses (clean and the lease remove it); say the
+    login, and the host keys this host's sshd shows at --sshd ADDR:PORT"""
+
+    command = "authorize"
+    dir: str = option(path=True)
+    key: str = option()
+    allow: list[str] = many()
+    sshd: str = option(default="")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetachedRequest(Request):
+    """a detached run on this host: running or ended (its exit code), its figures; --collect: and
+    what it wrote, gathered for the laptop to fetch; --fresh: an ended run's files removed first"""
+
+    command = "detached"
+    dir: str = option(path=True)
+    collect: bool = flag()
+    fresh: bool = flag()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -633,7 +701,8 @@ class SyncRequest(Request):
 REQUESTS: tuple[type[Request], ...] = (
     CheckRequest, CheckStartRequest, StartRequest, ServeRequest, FakeRequest, StatusRequest, TopRequest, LogRequest,
     RenewRequest, StopRequest, CleanRequest, ReachRequest, SyncRequest, EnvRequest, PurgeRequest, ServeWheelsRequest,
-    FetchWheelsRequest, RunRequest, RunStepRequest, SuperviseProgramRequest, FollowRequest)
+    FetchWheelsRequest, RunRequest, RunStepRequest, SuperviseProgramRequest, FollowRequest, AuthorizeRequest,
+    DetachedRequest)
 
 
 class Parser(argparse.ArgumentParser):
@@ -898,6 +967,38 @@ class FetchReply:
 
 
 @dataclass(frozen=True)
+class AuthorizeReply:
+    """`authorize`: the login the key lets in, and what the coordinator host needs to trust this
+    host's sshd (the keys it shows, scanned here; none where this host has no ssh-keyscan)."""
+
+    user: str
+    host_keys: list[str]  # "TYPE BASE64" each
+    port: int | None = None  # the port this session came in at (SSH_CONNECTION): where sshd listens
+    error: str | None = None  # why the key could not be added
+
+
+@dataclass(frozen=True)
+class DetachedReply:
+    """`detached`: the detached run on this host. `state`: "running", "ended", or "none" (no run
+    here); `run`: its coordinator's figures (dtf.program.figures' run.json, train.json under
+    "train"); `placement`: host -> its tasks, as the coordinator's record holds them (tasks moved
+    to a spare); `collected`: with --collect, the files gathered for the laptop (DetachedLayout.BACK)."""
+
+    state: str
+    run_id: str = ""
+    exit_code: int | None = None
+    reason: str = ""
+    started: float | None = None
+    ended: float | None = None
+    size: int = 0  # bytes of its output so far
+    run: dict[str, Any] | None = None
+    placement: dict[str, list[str]] | None = None
+    retired: list[str] = field(default_factory=list)
+    recovered: dict[str, str] = field(default_factory=dict)
+    collected: int | None = None
+
+
+@dataclass(frozen=True)
 class TaskSample:
     """One task in a `top` sample: its status, and what it uses (None: not known yet, the first
     sample of a stream, or not measurable there)."""
@@ -920,9 +1021,10 @@ class TopSample:
 
 
 Reply = (CheckReply | StartReply | StatusReply | RenewReply | StopReply | CleanReply | ReachReply | FirewallReply
-         | SyncReply | EnvReply | PurgeReply | ServeReply | FetchReply | TopSample)
+         | SyncReply | EnvReply | PurgeReply | ServeReply | FetchReply | TopSample | AuthorizeReply | DetachedReply)
 R = TypeVar("R", CheckReply, StartReply, StatusReply, RenewReply, StopReply, CleanReply, ReachReply,
-                FirewallReply, SyncReply, EnvReply, PurgeReply, ServeReply, FetchReply, TopSample)
+                FirewallReply, SyncReply, EnvReply, PurgeReply, ServeReply, FetchReply, TopSample, AuthorizeReply,
+                DetachedReply)
 
 
 def encode(reply: Reply) -> str:

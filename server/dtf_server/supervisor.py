@@ -75,7 +75,12 @@ def renew(root: str, ttl: float | None) -> Lease | None:
     if not os.path.isdir(root):
         return None
     old = read_lease(root)
-    return write_lease(root, (old.ttl if old else 0.0) if ttl is None else ttl)
+    lease = write_lease(root, (old.ttl if old else 0.0) if ttl is None else ttl)
+    if os.path.exists(os.path.join(root, Layout.AUTHORIZED)):
+        from dtf_server.sshkeys import refresh
+
+        refresh(root, lease)  # a detached run's key lasts as long as the lease
+    return lease
 
 
 def running_tasks(root: str) -> list[str]:
@@ -327,6 +332,9 @@ class Supervisor:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one task at a time: the last one sees no others
             shutil.rmtree(self.dir, ignore_errors=True)
             if not running_tasks(self.root):
+                from dtf_server.sshkeys import deauthorize
+
+                deauthorize(self.root)  # and a detached run's key
                 firewall.remove(self.root)  # the TF ports' firewall rules go with the cluster
                 shutil.rmtree(self.root, ignore_errors=True)
 

@@ -28,7 +28,9 @@ LAYERS = [
     ("dtf.hostops", {"dtf.hostops"}),
     ("dtf.program", {"dtf.program", "dtf", "dtf.notebook"}),
     ("dtf.collective", {"dtf.collective"}),
-    ("the command line", {"dtf.ui", "dtf.top", "dtf.cli", "dtf.__main__"}),
+    ("dtf.detached", {"dtf.detached"}),
+    # dtf.detached.coordinator is the host's `dtf train` (a detached run's): a command line too.
+    ("the command line", {"dtf.ui", "dtf.top", "dtf.cli", "dtf.__main__", "dtf.detached.coordinator"}),
 ]
 
 
@@ -108,9 +110,12 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def layer_of(module: str) -> int:
+    for i, (_, groups) in enumerate(LAYERS):  # a module named in a group is of that group
+        if module in groups:
+            return i
     for i, (_, groups) in enumerate(LAYERS):
         for g in groups:
-            if module == g or (g != "dtf" and module.startswith(g + ".")):
+            if g != "dtf" and module.startswith(g + "."):
                 return i
     raise AssertionError(f"{module} is in no layer: add its package to LAYERS (and say so in its docstring)")
 
@@ -124,9 +129,9 @@ SERVER_LAYERS = [
     ("the contract", {"dtf_server", "dtf_server.protocol", "dtf_server.tflog"}),
     ("what the commands use", {"dtf_server.procs", "dtf_server.sample", "dtf_server.receive", "dtf_server.envs",
                                "dtf_server.fake", "dtf_server.firewall", "dtf_server.tfserve", "dtf_server.supervisor",
-                               "dtf_server.program"}),
+                               "dtf_server.program", "dtf_server.sshkeys"}),
     ("the commands", {"dtf_server.start", "dtf_server.network", "dtf_server.maintenance", "dtf_server.files",
-                      "dtf_server.collective"}),
+                      "dtf_server.collective", "dtf_server.detached"}),
     ("the command line", {"dtf_server.commands", "dtf_server.__main__"}),
 ]
 

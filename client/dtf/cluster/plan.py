@@ -314,6 +314,8 @@ class Plan:
     # Hosts whose tasks moved to a spare, as they were (their old tasks may run on there, where the
     # host answers again): kept until their tasks are stopped and their files removed.
     retired: tuple[HostPlan, ...] = ()
+    # The inventory's `coordinator:` (a detached run's host: dtf.detached); None: its default.
+    coordinator: str | None = None
 
     def ssh_config_position(self, inventory: str) -> Position:
         """Where `inventory`, the file this plan was made from, names ssh_config."""
@@ -395,7 +397,8 @@ class Plan:
                    spares=tuple(_host_from_dict(h) for h in data.get("spares", ())),
                    host_timeout=float(data.get("host_timeout", DEFAULT_HOST_TIMEOUT)),
                    moved=tuple((str(a), str(b)) for a, b in data.get("moved", ())),
-                   retired=tuple(_host_from_dict(h) for h in data.get("retired", ()))).with_firewalls()
+                   retired=tuple(_host_from_dict(h) for h in data.get("retired", ())),
+                   coordinator=data.get("coordinator")).with_firewalls()
 
     def spare(self, name: str) -> HostPlan | None:
         return next((sp for sp in self.spares if sp.name == name), None)
@@ -544,7 +547,8 @@ def make_plan(
                 ssh_config=inventory.ssh_config, hosts=tuple(hosts),
                 network=network or inventory.network, firewall=inventory.firewall, sync=sync, allocation=allocation,
                 ssh_config_line=at.line if at else 0, ssh_config_column=at.column if at else 0,
-                spares=tuple(spares), host_timeout=inventory.host_timeout).with_firewalls()
+                spares=tuple(spares), host_timeout=inventory.host_timeout,
+                coordinator=inventory.coordinator).with_firewalls()
 
 
 _HOST_FIELDS = ("connection", "user", "port", "identity_file", "python", "workdir", "address",

@@ -15,7 +15,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,35 @@ LOCK_WAIT = 5.0
 # allocation under the key "slurm") is read as this one.
 RECORD_VERSION = 3
 READS = (2, RECORD_VERSION)
+
+
+@dataclass(frozen=True)
+class DetachedRun:
+    """A detached run (`dtf train --detach`: dtf.detached) as this machine knows it."""
+
+    run_id: str
+    host: str  # the host its coordinator runs on
+    program: str  # as the user gave it (for the lines that name the run)
+    started: float  # time.time() here when `dtf train --detach` started it
+    cwd: str  # this machine's working directory then: what the program writes there comes back there
+    output: str | None = None  # --output (absolute), where it is not below `cwd` (it comes back there)
+    ended: bool = False  # seen ended (by `attach`, `status` or `down`)
+    exit_code: int | None = None
+    reason: str = ""  # how it ended, in a few words ("exited with code 0", "killed by SIGKILL")
+    fetched: bool = False  # its outputs were brought back here
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DetachedRun:
+        return cls(run_id=str(data["run_id"]), host=str(data["host"]), program=str(data["program"]),
+                   started=float(data["started"]), cwd=str(data["cwd"]), output=data.get("output"),
+                   ended=bool(data.get("ended", False)), exit_code=data.get("exit_code"),
+                   reason=str(data.get("reason", "")), fetched=bool(data.get("fetched", False)))
+
+    def replace(self, **changes: Any) -> DetachedRun:
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -52,6 +81,8 @@ class Record:
     replaced: list[str] = field(default_factory=list)
     # task name -> what dtf did to bring it back (restarted, moved to a spare): `status`, `top`
     recovered: dict[str, str] = field(default_factory=dict)
+    # `dtf train --detach`: the run whose coordinator runs on a host of the cluster (dtf.detached)
+    detached: DetachedRun | None = None
 
     @property
     def cluster(self) -> str:
@@ -64,13 +95,15 @@ class Record:
                 "tf_ports_open": self.tf_ports_open, "plan": self.plan.to_dict(),
                 "synced": {name: s.to_dict() for name, s in self.synced.items()},
                 "allocation": self.allocation, "replaced": list(self.replaced),
-                "recovered": dict(self.recovered)}
+                "recovered": dict(self.recovered),
+                "detached": self.detached.to_dict() if self.detached is not None else None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
         from dtf.cluster.plan import Plan
         from dtf.files.sync import Synced
 
+        detached = data.get("detached")
         return cls(plan=Plan.from_dict(data["plan"]), inventory=data["inventory"],
                    created=data["created"], chief_host=data["chief_host"],
                    pids={str(k): int(v) for k, v in data["pids"].items()},
@@ -79,7 +112,8 @@ class Record:
                    tf_ports_open=bool(data.get("tf_ports_open", True)),
                    synced={str(k): Synced.from_dict(v) for k, v in data.get("synced", {}).items()},
                    allocation=int(data.get("allocation", 1)), replaced=[str(x) for x in data.get("replaced", [])],
-                   recovered={str(k): str(v) for k, v in data.get("recovered", {}).items()})
+                   recovered={str(k): str(v) for k, v in data.get("recovered", {}).items()},
+                   detached=DetachedRun.from_dict(detached) if detached else None)
 
     def replace(self, **changes: Any) -> Record:
         return dataclasses.replace(self, **changes)

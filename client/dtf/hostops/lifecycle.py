@@ -375,7 +375,8 @@ def down(name: str | None, *, keep_logs: bool, grace: float, connect_timeout: fl
          say: Callable[[str], None] = lambda line: None) -> DownResult | None:
     """Stop every task of the cluster, remove dtf's files from its hosts and forget it; with
     `purge`, also each host's WORKDIR/.cache (managed environments, wheels, synced trees).
-    None where there is no such cluster: taking down what is not up has nothing to do."""
+    None where there is no such cluster: taking down what is not up has nothing to do (a
+    detached run's outputs are brought back before: dtf.detached.attach.settle)."""
     with state.locked():
         recorded = state.names()
         if (name not in recorded) if name else not recorded:

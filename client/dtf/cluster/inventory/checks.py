@@ -58,7 +58,7 @@ from dtf.errors import Problem
 
 _MANAGED_ONLY = ("base_python", "packages", "accelerator")  # on a host entry: only with python: managed
 _TOP_KEYS = ("cluster", "ssh_config", "network", "firewall", "defaults", "hosts", "slurm", "sync", "spares",
-             "host_timeout")
+             "host_timeout", "coordinator")
 # `slurm:`: besides the allocation, the layout per node and the nodes' own settings.
 _NODE_SETTINGS = ("python", "workdir", "tf_port", "restart_limit", "restart_backoff", "base_python",
                   "packages", "accelerator")
@@ -196,11 +196,31 @@ class Checker:
         timeout: dict[str, Any] = {}
         if "host_timeout" in found:
             timeout["host_timeout"] = self.value(found["host_timeout"], "host_timeout", read_host_timeout)
+        coordinator = None
+        if "coordinator" in found:
+            coordinator = self.coordinator(found["coordinator"], hosts, "slurm" in found)
         if self.problems or not isinstance(cluster, str):  # an invalid cluster is one of the problems
             return None
         return Inventory(path=self.filename, cluster=cluster, hosts=tuple(hosts), ssh_config=ssh_config,
                          sync=tuple(sync), slurm=slurm, spares=tuple(spares), positions=self.positions,
-                         **choices, **timeout)
+                         coordinator=coordinator, **choices, **timeout)
+
+    def coordinator(self, entry: tuple[yaml.Node, yaml.Node], hosts: list[HostSpec], slurm: bool) -> str | None:
+        """`coordinator:`: the host a detached run's coordinator runs on (`dtf train --detach`),
+        one of the hosts, as the hosts entry spells it."""
+        key, node = entry
+        if slurm:
+            self.report(key, "coordinator", "not with slurm: a detached run's coordinator is a job step on the "
+                                            "allocation's first node")
+            return None
+        name = self.value(entry, "coordinator", name_reader("a host name", HOST_HINTS))
+        if name is INVALID:
+            return None
+        found = next((h.host for h in hosts if h.host.lower() == name.lower()), None)
+        if found is None and hosts:
+            self.report(node, "coordinator", f"{name!r} is not one of the hosts (a spare is not: the coordinator "
+                                             f"runs on a host of the cluster)")
+        return found
 
     def spares(self, entry: tuple[yaml.Node, yaml.Node], defaults: dict[str, Any],
                hosts: list[HostSpec]) -> list[HostSpec]:

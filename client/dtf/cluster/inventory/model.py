@@ -131,6 +131,9 @@ class Inventory:
     # (dtf.hostops.repair); `host_timeout`: how long a host may go unanswered before it is lost.
     spares: tuple[HostSpec, ...] = ()
     host_timeout: float = DEFAULT_HOST_TIMEOUT
+    # `coordinator:` the host a detached run's coordinator runs on (`dtf train --detach`); None: the
+    # first host with a ps task.
+    coordinator: str | None = None
     # Where each value is written, by the name its errors give it ("ssh_config", "hosts[1].port",
     # "sync[0]"): a key's position for a mapping's entry, an item's for a list's.
     positions: Mapping[str, Position] = field(default_factory=dict, compare=False, repr=False)
