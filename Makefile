@@ -51,9 +51,13 @@ test: bytecode
 
 # The fast tier: the pure and CLI tests, and one up/status/down of the real CLI,
 # launcher and supervisors against fake servers on local processes (no TensorFlow is imported).
+# FAST_WORKERS processes (pytest-xdist; `make test` runs these tests side by side too): much of
+# the tier's time is tests waiting out a deadline they test, which the other process fills.
+# The property tests run a quarter of their examples (the `fast` profile of tests/conftest.py).
+FAST_WORKERS ?= 2
 test-fast: bytecode
-	$(BIN)/python -m pytest -q -rs -m "not tf and not lab" -p no:cacheprovider \
-	    tests/unit "tests/fake/test_lifecycle.py::test_up_status_down[local]" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs -m "not tf and not lab" -p no:cacheprovider -n $(FAST_WORKERS) \
+	    --hypothesis-profile=fast tests/unit "tests/fake/test_lifecycle.py::test_up_status_down[local]" $(PYTEST_ARGS)
 
 # Every fake-server test (no TensorFlow), on local processes and on the SSH lab.
 # The SSH-lab part runs beside the rest (one lab per machine: it cannot be split across workers).

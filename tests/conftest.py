@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -19,6 +20,13 @@ from lab import Lab, LabError, lab_mode
 
 # Every process this run starts carries it: helpers.ssh_processes() counts only this run's.
 os.environ[RUN_MARK] = f"{os.getpid()}-{os.urandom(4).hex()}"
+
+# The property tests' examples each: `full` unless a run names another profile (`make test` and CI
+# run them in full); `make test-fast` runs `fast` (--hypothesis-profile=fast), a quarter of them.
+# Tests set their deadline and health checks themselves, not their number of examples.
+settings.register_profile("full", max_examples=200)
+settings.register_profile("fast", max_examples=50)
+settings.load_profile("full")  # (--hypothesis-profile, read after this file, wins)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,12 @@ Users: every host is reached as root (ssh_config's `User root`), and also has no
 of its own (USERS): SUDO_USER may run the firewall tools (nft, iptables, ip6tables) with sudo and no
 password, PASSWORD_SUDO_USER only with a password. Their accounts and sudo rules exist only in
 each host's mount namespace: modified copies of /etc/passwd, /etc/group, /etc/shadow and
-/etc/sudoers (kept below the lab's root) are bound over the machine's there, never written to it.
+/etc/sudoers (kept below the lab's root) are the top layers of a read-only overlay over its /etc,
+whose bottom layer is the machine's /etc; the machine's files are never written. (Not each file
+bound over the machine's: the machine replaces /etc/passwd by a rename whenever an account is
+added, by useradd or a package's install script, and the kernel then drops a mount on the replaced
+file in every namespace: the users vanished from every live lab's hosts, and their logins were
+refused for the rest of the run.)
 Their homes are in the host's PRIVATE; `lab.as_user(host, user)` is an inventory entry's keys
 that reach the host as that user (`user:`, a workdir in that home, a python the user can run:
 for fake servers only, see `_write_python`).
@@ -420,14 +425,17 @@ class Lab:
 
     def _start_sshd(self, h: Host) -> subprocess.Popen[bytes]:
         """sshd in the host's network namespace and in a mount namespace of its own whose PRIVATE
-        is a fresh tmpfs holding USERS' homes, and whose /etc/passwd, group, shadow and sudoers are
-        the lab's copies (every process it starts inherits both). Each step execs the next: the
-        Popen's pid is sshd's."""
+        is a fresh tmpfs holding USERS' homes, and whose /etc shows the lab's copies of passwd,
+        group, shadow and sudoers over the machine's /etc (every process it starts inherits both).
+        Each step execs the next: the Popen's pid is sshd's."""
         prefix = ["ip", "netns", "exec", h.netns] if h.netns else []
         sshd = [SSHD, "-D", "-e", "-f", str(self.root / h.name / "sshd_config")]
         q = shlex.quote
         steps = [f"mount -t tmpfs -o mode=0755 dtflab-{h.name} {PRIVATE}"]
-        steps += [f"mount --bind {q(str(copy))} {real}" for copy, real in self._etc(h)]
+        # A read-only overlay (lower layers only, the first on top): no upper layer to write to, and
+        # its mount point is the directory /etc, which nothing renames (see the module's doc).
+        lower = ":".join([*(str(layer) for layer in self._etc_layers(h)), "/etc"])
+        steps += [f"mount -t overlay -o {q('lowerdir=' + lower)} dtflab-{h.name}-etc /etc"]
         python = os.path.dirname(self._python_of(h))
         if (self.root / "python").exists():
             steps += [f"mkdir -p {q(os.path.dirname(python))}", f"cp -R {q(str(self.root / 'python'))} {q(python)}",
@@ -493,17 +501,20 @@ class Lab:
                                      f'exec {shlex.quote(python)} "$@"\n')
         (here / "python").chmod(0o755)
 
-    def _etc(self, h: Host) -> list[tuple[Path, str]]:
-        """(the lab's copy, the file of this machine it is bound over in the host's mount
-        namespace): the copies `_write_accounts` made."""
-        files = [(self.root / h.name / "etc" / "passwd", "/etc/passwd")]
-        files += [(self.root / "etc" / name, f"/etc/{name}") for name in ("group", "shadow", "sudoers")]
-        return [(copy, real) for copy, real in files if copy.exists()]
+    def _etc_layers(self, h: Host) -> list[Path]:
+        """The directories of the lab's copies `_write_accounts` made, top first, that the host's
+        /etc shows over the machine's: its own passwd (its users' homes), then the lab's group,
+        shadow and sudoers."""
+        layers = [self.root / h.name / "etc", self.root / "etc"]
+        if any(c in str(self.root) for c in ":,\\"):  # an overlay's lowerdir separates its layers by them
+            raise LabError(f"the lab's root may hold no ':', ',' or '\\': {self.root}")
+        return layers
 
     def _write_accounts(self) -> None:
         """Copies of this machine's /etc/passwd (one per host: the homes differ), group, shadow
         and sudoers (where sudo is installed) with USERS added; the copies keep their originals'
-        owner and mode (sudo reads only a sudoers file of root's, mode 0440)."""
+        owner and mode (sudo reads only a sudoers file of root's, mode 0440), and their directories
+        (`_etc_layers`) /etc's: an overlay's directory takes its top layer's."""
         etc = Path("/etc")
         lines = {name: [line for line in (etc / name).read_text().splitlines()
                         if line.split(":", 1)[0] not in USERS]
@@ -515,12 +526,16 @@ class Lab:
         today = int(time.time() // 86400)
         added = {"group": [f"{u}:x:{uid}:" for u, uid in self.uids.items()],
                  "shadow": [f"{u}:*:{today}:0:99999:7:::" for u in self.uids]}
-        (self.root / "etc").mkdir(exist_ok=True)
+        st = etc.stat()
+        for h in self.hosts:
+            for layer in self._etc_layers(h):
+                layer.mkdir(exist_ok=True)
+                os.chown(layer, st.st_uid, st.st_gid)
+                layer.chmod(st.st_mode & 0o7777)
         for name, extra in added.items():
             if name in lines:
                 self._copy_of(etc / name, self.root / "etc" / name, lines[name] + extra)
         for h in self.hosts:
-            (self.root / h.name / "etc").mkdir(exist_ok=True)
             self._copy_of(etc / "passwd", self.root / h.name / "etc" / "passwd", lines["passwd"] + [
                 f"{u}:x:{uid}:{uid}:dtf lab user:{self.home(h, u)}:/bin/bash" for u, uid in self.uids.items()])
         if not (etc / "sudoers").exists():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -281,6 +283,52 @@ def test_the_hosts_non_root_users_and_their_sudo_exist_on_the_hosts_only(lab: La
             assert r.stdout.split() == [str(lab.uids[user]), lab.home(h, user), str(sudo)], r.stdout
             assert sudo == 0 or "a password is required" in r.stderr, r.stderr
     assert not Path(lab.home(lab.hosts[0], SUDO_USER)).exists()  # (in the host's own PRIVATE)
+
+
+# Run in a mount namespace whose /etc is a copy on a tmpfs (this machine's own is never touched):
+# a lab of one host; its users log in; an account is added as useradd, a package's install script
+# and systemd-sysusers add one (/etc/passwd written beside, then renamed over the old); and again.
+_ACCOUNT_ADDED = """
+import json, os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from lab import USERS, Lab
+
+def logins(lab):
+    return {u: subprocess.run(["ssh", "-F", str(lab.ssh_config), "-i", str(lab.key), "-o", "BatchMode=yes", "-l", u,
+                               "h0", "true"], capture_output=True, text=True, timeout=60).stderr.strip()
+            for u in ("root", *USERS)}
+
+with Lab(1, root=sys.argv[2], mode="netns", pick=True) as lab:
+    before = logins(lab)
+    text = open("/etc/passwd").read() + "dtfadded:x:2999:2999:added meanwhile:/nonexistent:/usr/sbin/nologin\\n"
+    with open("/etc/passwd+", "w") as f:
+        f.write(text)
+    os.chmod("/etc/passwd+", 0o644)
+    os.rename("/etc/passwd+", "/etc/passwd")
+    print(json.dumps({"before": before, "after": logins(lab), "added": "dtfadded:" in open("/etc/passwd").read()}))
+"""
+
+
+def test_the_hosts_users_still_log_in_after_an_account_is_added_on_this_machine(lab: Lab, tmp_path: Path) -> None:
+    """The machine replaces /etc/passwd by a rename when an account is added (a package installed
+    meanwhile, another person's useradd); a lab host's /etc/passwd must stay the lab's copy with
+    its users (a file bound over the machine's was dropped by the kernel then, in every
+    namespace: the users' logins were refused for the rest of the run, root's were not)."""
+    if lab.mode != "netns":
+        pytest.skip("needs network namespaces")
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    at = shlex.quote(str(etc))
+    own_etc = f'mount -t tmpfs -o mode=0755 dtflab-test-etc {at} && cp -a /etc/. {at}/ && mount --bind {at} /etc && exec "$@"'
+    tests = Path(__file__).resolve().parents[1]
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", own_etc, "sh",
+                        sys.executable, "-c", _ACCOUNT_ADDED, str(tests), str(tmp_path / "lab")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout.splitlines()[-1])
+    assert seen["added"]  # (in the namespace's /etc)
+    assert seen["before"] == seen["after"] == {"root": "", SUDO_USER: "", PASSWORD_SUDO_USER: ""}, seen
+    assert "dtfadded" not in Path("/etc/passwd").read_text()
 
 
 def test_each_host_has_a_private_disk_the_laptop_does_not_see(lab: Lab) -> None:

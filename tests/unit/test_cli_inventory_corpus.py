@@ -377,7 +377,7 @@ _yamlish = st.lists(
 ).map("".join)
 
 
-@settings(max_examples=200, deadline=None,
+@settings(deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.one_of(
     _yamlish,

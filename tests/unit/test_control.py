@@ -117,7 +117,9 @@ def test_the_upload_a_conversation_begins_with_is_read_to_its_last_byte_and_stdi
 
 
 def test_a_conversation_that_says_nothing_in_time_is_none_and_finish_ends_it(tmp_path: Path):
-    conv = Conversation(["sh", "-c", "cat >/dev/null; sleep 60"], b"x")
+    # exec: the command is one process, as ssh is (a sleep left behind by a killed sh would hold
+    # stderr open, and finish would wait on its reader for seconds)
+    conv = Conversation(["sh", "-c", "cat >/dev/null; exec sleep 60"], b"x")
     assert conv.readline(0.2) is None
     r = conv.finish(0.2)
     assert r.exit_code < 0 and conv.proc.poll() is not None

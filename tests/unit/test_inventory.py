@@ -748,13 +748,13 @@ def _loads_or_inventory_error(text: str) -> None:
         assert e.problems and all(p.line >= 1 and p.column >= 1 for p in e.problems)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(_structures, _inventories))
 def test_property_dumped_structures(data: object) -> None:
     _loads_or_inventory_error(yaml.safe_dump(data, allow_unicode=True))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(
     st.lists(
         st.one_of(
