@@ -12,7 +12,9 @@ and what the laptop keeps below /srv no host sees. `lab.laptop_dir()` is such a 
 laptop (a program run from there, with relative output paths, is a program whose files the hosts
 cannot see); `lab.exists(host, path)` looks at a path as that host sees it.
 
-Users: every host is reached as root (ssh_config's `User root`), and also has non-root login users
+Users: every host is reached as root (ssh_config's `User root`), whose home there is the host's own
+(in its PRIVATE: what a host writes to ~, its ~/.ssh/authorized_keys, is never this machine's), and
+also has non-root login users
 of its own (USERS): SUDO_USER may run the firewall tools (nft, iptables, ip6tables) with sudo and no
 password, PASSWORD_SUDO_USER only with a password. Their accounts and sudo rules exist only in
 each host's mount namespace: modified copies of /etc/passwd, /etc/group, /etc/shadow and
@@ -447,6 +449,9 @@ class Lab:
                       f"install -d -o {uid} -g {uid} -m 0700 {q(home + '/.ssh')}",
                       f"install -o {uid} -g {uid} -m 0600 {q(str(self.root / 'authorized_keys'))} "
                       f"{q(home + '/.ssh/authorized_keys')}"]
+        # root's home there too (root logs in with the lab's own authorized_keys, sshd_config's first):
+        # what a host writes in its ~ (its ~/.ssh/authorized_keys) is the host's, never this machine's.
+        steps += [f"install -d -m 0700 {q(self.home(h, 'root'))}"]
         private = ["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join([*steps, 'exec "$@"']),
                    "sh"]
         log = open(self.root / h.name / "sshd.log", "wb")
@@ -536,7 +541,8 @@ class Lab:
             if name in lines:
                 self._copy_of(etc / name, self.root / "etc" / name, lines[name] + extra)
         for h in self.hosts:
-            self._copy_of(etc / "passwd", self.root / h.name / "etc" / "passwd", lines["passwd"] + [
+            self._copy_of(etc / "passwd", self.root / h.name / "etc" / "passwd", [
+                self._root_home(line, self.home(h, "root")) for line in lines["passwd"]] + [
                 f"{u}:x:{uid}:{uid}:dtf lab user:{self.home(h, u)}:/bin/bash" for u, uid in self.uids.items()])
         if not (etc / "sudoers").exists():
             return  # no sudo here: the users have none
@@ -550,6 +556,14 @@ class Lab:
             r = _sh(["visudo", "-c", "-q", "-f", str(sudoers)], check=False)
             if r.returncode != 0:
                 raise LabError(f"the lab's sudoers ({sudoers}) does not parse: {(r.stdout + r.stderr).strip()}")
+
+    @staticmethod
+    def _root_home(line: str, home: str) -> str:
+        """A passwd line, root's with `home` for its home (the host's own, in its PRIVATE)."""
+        fields = line.split(":")
+        if len(fields) == 7 and fields[0] == "root":
+            fields[5] = home
+        return ":".join(fields)
 
     @staticmethod
     def _copy_of(original: Path, copy: Path, lines: list[str]) -> None:

@@ -273,9 +273,10 @@ def cmd_clean(request: CleanRequest) -> CleanReply:
     if request.if_unused and running_tasks(request.dir):
         return CleanReply(removed=removed, in_use=True)  # another dtf's tasks live here: not ours
     end_streams(request.dir)
-    from dtf_server.sshkeys import deauthorize
+    from dtf_server.sshkeys import deauthorize, end_connections
 
-    refused = deauthorize(request.dir)  # the coordinator's key first: it outlives no cluster
+    end_connections(request.dir)  # a detached run's SSH connections from here, and its key
+    refused = deauthorize(request.dir)
     if refused:
         raise SystemExit(f"cannot remove the detached run's key from {refused}")
     if any(os.path.exists(os.path.join(request.dir, name)) for name in (Layout.FIREWALL, firewall.EARLIER)):

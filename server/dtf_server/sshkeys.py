@@ -1,5 +1,6 @@
 """The key a detached run's coordinator reaches the other hosts with (`dtf train --detach`),
-as this host lets it in: a line of ~/.ssh/authorized_keys that dtf adds (`authorize`, in
+and the SSH connections it keeps with it (`end_connections`, on the coordinator's host), as this
+host lets it in: a line of ~/.ssh/authorized_keys that dtf adds (`authorize`, in
 dtf_server.detached), keeps within the lease (`refresh`) and removes (`deauthorize`: `clean`, and
 the lease's end).
 
@@ -18,6 +19,7 @@ import fcntl
 import ipaddress
 import os
 import re
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -156,3 +158,27 @@ def deauthorize(root: str) -> str | None:
     with contextlib.suppress(OSError):
         os.unlink(path)
     return None
+
+
+def end_connections(root: str) -> int:
+    """TERM the SSH clients a detached run's coordinator started from this host (its masters fork
+    into sessions of their own, so its process group's end leaves them): every process of this
+    user that reads the run's ssh_config (`-F ROOT/detached/ssh/config`). How many there were."""
+    configs = {os.fsencode(os.path.join(where, Layout.DETACHED, "ssh", "config"))
+               for where in (os.path.abspath(root), os.path.realpath(root))}
+    found = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != os.getuid():
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"-F" in argv and configs & set(argv):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(name), signal.SIGTERM)
+                found += 1
+    return found

@@ -332,9 +332,10 @@ class Supervisor:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one task at a time: the last one sees no others
             shutil.rmtree(self.dir, ignore_errors=True)
             if not running_tasks(self.root):
-                from dtf_server.sshkeys import deauthorize
+                from dtf_server.sshkeys import deauthorize, end_connections
 
-                deauthorize(self.root)  # and a detached run's key
+                end_connections(self.root)  # and a detached run's SSH connections and key
+                deauthorize(self.root)
                 firewall.remove(self.root)  # the TF ports' firewall rules go with the cluster
                 shutil.rmtree(self.root, ignore_errors=True)
 

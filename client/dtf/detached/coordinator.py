@@ -49,6 +49,7 @@ def main(argv: list[str]) -> int:
         say(f"error: {e}")
         return 2
     from dtf.errors import DtfError
+    from dtf.hostops.parallel import HostOps
     from dtf.program.train import run_program
     from dtf.ui import show_shares
 
@@ -65,6 +66,8 @@ def main(argv: list[str]) -> int:
     except DtfError as e:
         say(f"error: {e}")
         return e.exit_code
+    finally:
+        HostOps(record.plan).provider.close()  # its SSH masters: nothing of the run outlives it
 
 
 def prepare(run: str, spec: dict[str, Any]):  # type: ignore[no-untyped-def]

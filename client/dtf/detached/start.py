@@ -105,7 +105,9 @@ print(json.dumps({"missing": missing, "ssh": [t for t in ("ssh", "ssh-keygen") i
 
 def check_host(ops: HostOps, hp: HostPlan, program: Path, ssh: bool) -> None:
     """The coordinator's host has what the program imports, and SSH's client where it needs one."""
-    modules = ["tensorflow", "tf_keras", *program_imports(program)]
+    # tf.keras is tf-keras under dtf (TF_USE_LEGACY_KERAS): a program that names keras needs it.
+    keras = ["tf_keras"] if b"keras" in program.read_bytes() else []
+    modules = ["tensorflow", *keras, *program_imports(program)]
     with ops.runner(hp) as t:
         r = t.run([hp.python, "-c", _CHECK, "ssh" if ssh else "-", *dict.fromkeys(modules)], timeout=ASK_TIMEOUT)
     try:

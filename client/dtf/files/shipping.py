@@ -34,14 +34,16 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)  # zip's earliest date: the same bytes on every b
 
 
 def _sources(package: str) -> list[tuple[str, bytes]]:
-    """(path in the zip, content) of every .py file of `package`, its subpackages included."""
+    """(path in the zip, content) of every .py file of `package`, its subpackages included, and
+    of the sh programs it runs on hosts (package data: dtf.hosts.programs reads them from the zip
+    too, on a detached run's host)."""
     found: list[tuple[str, bytes]] = []
 
     def walk(node: Traversable, prefix: str) -> None:
         for entry in node.iterdir():
             if entry.is_dir() and entry.name != "__pycache__":
                 walk(entry, f"{prefix}/{entry.name}")
-            elif entry.is_file() and entry.name.endswith(".py"):
+            elif entry.is_file() and entry.name.endswith((".py", ".sh")):
                 found.append((f"{prefix}/{entry.name}", entry.read_bytes()))
 
     walk(resources.files(package), package)
@@ -134,7 +136,7 @@ _MAIN = "from dtf_server.__main__ import launch\nlaunch()\n"
 
 
 def _build(server: list[tuple[str, bytes]]) -> bytes:
-    return _zip(server + [_compiled(n, data) for n, data in server], main=_MAIN)
+    return _zip(server + [_compiled(n, data) for n, data in server if n.endswith(".py")], main=_MAIN)
 
 
 @functools.cache
