@@ -245,17 +245,23 @@ def train(
         ui.say(f"dtf: {d.program} runs detached on {d.host} (cluster {record.cluster}): `dtf attach` follows it "
                f"and brings its outputs here; this machine may now sleep, go offline or shut down", stderr=True)
         return
+    recorded = lifecycle.recorded(cluster)
+    if recorded.detached is not None:  # one coordinator per cluster
+        from dtf.detached.remote import refuse_if_running
+        from dtf.hostops.parallel import HostOps
+
+        refuse_if_running(recorded, HostOps(recorded.plan, connect_timeout=connect_timeout))
     if collective:
         from dtf.collective.run import run_collective
         from dtf.program.train import taken_down
 
-        record = lifecycle.recorded(cluster)
+        record = recorded
         raise typer.Exit(run_collective(record, str(program), list(args or []), str(output) if output else None,
                                         attempts=attempts, join_timeout=join_timeout,
                                         connect_timeout=connect_timeout, taken_down=lambda: taken_down(record),
                                         verbose=verbose))
     started = time.monotonic()
-    code = run_program(lifecycle.recorded(cluster), str(program), list(args or []),
+    code = run_program(recorded, str(program), list(args or []),
                        str(output) if output else None, attempts=attempts, ps_wait=ps_wait,
                        connect_timeout=connect_timeout, verbose=verbose, hook_env=hook_env,
                        allocation_wait=allocation_wait, network_wait=network_wait,

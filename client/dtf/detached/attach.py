@@ -214,7 +214,8 @@ def follow(ops: HostOps, hp: HostPlan, d: DetachedRun, cluster: str, lines: int 
                         f"{wait:g}s (--wait; Ctrl-C leaves the run going)")
                 elif now - lost_since > wait:
                     raise ClusterDown(f"cluster {cluster!r}: the detached run's host {hp.name} did not answer for "
-                                      f"{wait:g}s ({e}); the run goes on if the host does: `dtf attach` again later")
+                                      f"{wait:g}s ({e}); the run goes on if the host does (`dtf attach` again "
+                                      f"later), and ends with it if it is lost: its coordinator runs there")
                 end = time.monotonic() + RETRY_EVERY
                 while time.monotonic() < end:
                     if interrupted():

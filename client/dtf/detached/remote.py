@@ -122,3 +122,19 @@ def settle(record: Record, ops: HostOps, say: Say, *, stop_run: bool = False, gr
     where = d.cwd + (f" and {d.output}" if d.output else "")
     say(f"the detached run {d.program} {reply.reason or 'ended'}: {count} file(s) of its outputs fetched into {where}")
     return ended_record(record, d, reply, fetched=True)
+
+
+def refuse_if_running(record: Record, ops: HostOps) -> None:
+    """A coordinator here while the detached run's coordinator runs there would be two on one
+    cluster: refused in one line. A host that does not answer is not asked twice: its run, if it
+    still runs, is the user's to stop (`dtf down --stop-run`)."""
+    d = record.detached
+    if d is None or d.ended:
+        return
+    try:
+        reply = ask_state(ops, host_of(record.plan, d))
+    except (HostError, DtfError):
+        return
+    if reply.state == "running" and reply.run_id == d.run_id:
+        raise UsageError(f"cluster {record.cluster!r}: a detached run ({d.program}) still runs on {d.host}: "
+                         f"`dtf attach` follows it; `dtf down --stop-run` stops it")

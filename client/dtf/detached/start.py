@@ -150,7 +150,7 @@ def placed(path: Path, cwd: Path, elsewhere: str) -> str:
     """Where a laptop path lives in the run's directory: below work/ as it is below the working
     directory, else at `elsewhere`."""
     try:
-        return posixpath.join(DetachedLayout.WORK, path.relative_to(cwd).as_posix())
+        return posixpath.normpath(posixpath.join(DetachedLayout.WORK, path.relative_to(cwd).as_posix()))
     except ValueError:
         return elsewhere
 
@@ -224,9 +224,16 @@ def start_coordinator(ops: HostOps, hp: HostPlan) -> None:
 
 
 def last_lines(ops: HostOps, hp: HostPlan, n: int = 5) -> list[str]:
+    """The run's last lines; where it printed none (it failed before it could), its task's log's."""
+    job, index = Layout.parse_name(Layout.CHIEF)
     with ops.runner(hp) as t:
-        r = t.run(["tail", "-n", str(n), posixpath.join(run_dir(hp), DetachedLayout.OUTPUT_LOG)], timeout=ASK_TIMEOUT)
-    return [line for line in r.stdout.splitlines() if line.strip()] if r.ok else []
+        for path in (posixpath.join(run_dir(hp), DetachedLayout.OUTPUT_LOG), Layout.in_task(hp.root, job, index,
+                                                                                              Layout.LOG)):
+            r = t.run(["tail", "-n", str(n), path], timeout=ASK_TIMEOUT)
+            lines = [line for line in r.stdout.splitlines() if line.strip()] if r.ok else []
+            if lines:
+                return lines
+    return []
 
 
 def wait_started(ops: HostOps, hp: HostPlan, wait: float = START_WAIT) -> None:
@@ -239,7 +246,7 @@ def wait_started(ops: HostOps, hp: HostPlan, wait: float = START_WAIT) -> None:
             return
         if reply.state != "running":
             lines = last_lines(ops, hp)
-            said = next((line.removeprefix("dtf: error: ") for line in reversed(lines) if "error" in line),
+            said = next((line.removeprefix("dtf: error: ") for line in reversed(lines) if "rror" in line),
                         lines[-1] if lines else reply.reason)
             raise ClusterDown(f"--detach: the coordinator on {hp.name} ended before the program started: {said}")
         if time.monotonic() > deadline:
