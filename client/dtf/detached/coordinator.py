@@ -43,6 +43,9 @@ def main(argv: list[str]) -> int:
     for name in ("DTF_OUTPUT_DIR", "DTF_JOINED", EXIT_STATUS_ENV):  # its supervisor's, for a program copy
         os.environ.pop(name, None)
     os.environ["DTF_HOME"] = os.path.join(run, DetachedLayout.HOME)
+    # What dtf caches (a launcher it builds to start a task again on a host that lost it) stays in
+    # the run's directory, which `dtf down` and the lease remove: nothing of it in the user's ~/.cache.
+    os.environ["DTF_CACHE"] = os.path.join(run, DetachedLayout.HOME, "cache")
     try:
         record = prepare(run, spec)
     except Exception as e:  # one line in the run's output: `dtf train --detach` shows it
