@@ -7,7 +7,6 @@ anything else is a bug: one line on screen, the traceback in $DTF_HOME/debug.log
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import os
@@ -153,6 +152,8 @@ def up(
     if dry_run and ui.show_request(inv):  # hosts a scheduler lends: what `up` asks for, no plan yet
         return
     server = os.environ.get(lifecycle.SERVER_ENV) or "tensorflow"
+    if replace and not dry_run:  # the cluster it replaces: its detached run's outputs first, as `down`
+        settle_detached(inv.cluster, connect_timeout, stop_run=False, grace=Defaults.STOP_GRACE)
     with lifecycle.allocated(inv, wait=allocation_wait, say=ui.say, connect_timeout=connect_timeout,
                              replace=replace, view=ui.host_progress, ttl=ttl_seconds) as allocation:
         plan = lifecycle.load_plan(inv, ttl_seconds, server, network=network, allocation=allocation)
@@ -461,14 +462,7 @@ def down(
     from dtf import ui
     from dtf.hostops import lifecycle
 
-    with contextlib.suppress(NoCluster):  # none up: `lifecycle.down` says so
-        record = lifecycle.recorded(cluster)
-        if record.detached is not None:  # its outputs first (a run that still runs: refused, or --stop-run)
-            from dtf.detached.remote import settle
-            from dtf.hostops.parallel import HostOps
-
-            settle(record, HostOps(record.plan, connect_timeout=connect_timeout), ui.say, stop_run=stop_run,
-                   grace=grace)
+    settle_detached(cluster, connect_timeout, stop_run=stop_run, grace=grace)
     result = lifecycle.down(cluster, keep_logs=keep_logs, grace=grace, connect_timeout=connect_timeout,
                             view=ui.host_progress, purge=purge, say=ui.say)
     if result is None:
@@ -479,6 +473,24 @@ def down(
            f"{len(result.outcomes)} host(s) in {result.seconds:.1f}s")
     if purge:
         ui.show_purged(result.outcomes)
+
+
+def settle_detached(cluster: str | None, connect_timeout: float, *, stop_run: bool, grace: float) -> None:
+    """Before a cluster is taken down (`down`, `up --replace`): its detached run's outputs come
+    here; a run that still runs is refused, or stopped (`stop_run`). Nothing where none is up."""
+    from dtf import ui
+    from dtf.hostops import lifecycle
+
+    try:
+        record = lifecycle.recorded(cluster)
+    except NoCluster:
+        return
+    if record.detached is not None:
+        from dtf.detached.remote import settle
+        from dtf.hostops.parallel import HostOps
+
+        settle(record, HostOps(record.plan, connect_timeout=connect_timeout),
+               lambda line: ui.say(f"dtf: {line}", stderr=True), stop_run=stop_run, grace=grace)
 
 
 def main() -> None:

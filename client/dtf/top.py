@@ -191,7 +191,7 @@ def training_lines(train: dict[str, Any] | None) -> list[str]:
     if train is None:
         return ["training: none (no `dtf train` running)"]
     state = train.get("state")
-    if state in ("ended", "unknown", "starting"):  # a detached run (dtf.detached.view)
+    if state in ("ended", "unknown", "starting"):  # a detached run (detached_training)
         where = f"training ({train['program']}, detached on {train['detached_on']})"
         if state == "ended":
             how = train.get("reason") or f"exited with code {train.get('exit_code')}"

@@ -20,6 +20,7 @@ from typing import Any
 
 from dtf_server import sshkeys
 from dtf_server.procs import ours, read_json, write_json
+from dtf_server.program import ending
 from dtf_server.protocol import (
     AuthorizeReply,
     AuthorizeRequest,
@@ -68,7 +69,7 @@ def cmd_authorize(request: AuthorizeRequest) -> AuthorizeReply:
     try:
         with sshkeys.ssh_dir_locked():
             created = not os.path.exists(path) if not record else bool(record.get("created"))
-            expires = sshkeys.expires(lease)
+            expires = sshkeys.expires(lease, request.ttl)
             allow = sshkeys.allowed(request.allow)
             line = sshkeys.key_line(request.key, allow, expires, token)
             sshkeys.rewrite(path, f"{sshkeys.MARK}:{record.get('token', token)}", line)
@@ -87,6 +88,7 @@ def cmd_detached(request: DetachedRequest) -> DetachedReply:
         if ours(read_json(Layout.in_task(request.dir, job, index, Layout.PID))):
             return cmd_detached(DetachedRequest(dir=request.dir))  # still running: nothing removed
         shutil.rmtree(DetachedLayout.dir(request.dir), ignore_errors=True)
+        shutil.rmtree(Layout.task_dir(request.dir, job, index), ignore_errors=True)  # how the last one ended
         os.makedirs(DetachedLayout.dir(request.dir))
         return DetachedReply(state="none")
     spec = read_json(DetachedLayout.path(request.dir, DetachedLayout.SPEC))
@@ -95,20 +97,13 @@ def cmd_detached(request: DetachedRequest) -> DetachedReply:
     job, index = Layout.parse_name(Layout.CHIEF)
     tdir = Layout.task_dir(request.dir, job, index)
     running = ours(read_json(os.path.join(tdir, Layout.PID)))
-    sup = read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {}
     log = DetachedLayout.path(request.dir, DetachedLayout.OUTPUT_LOG)
     size = os.path.getsize(log) if os.path.exists(log) else 0
     common: dict[str, Any] = {"run_id": str(spec.get("run_id", "")), "started": spec.get("started"), "size": size}
     common.update(_placement(request.dir))
     if running:
         return DetachedReply(state="running", run=_figures(request.dir), **common)
-    if sup.get("state") == "exited":
-        code, reason = sup.get("exit_code"), str(sup.get("last_exit") or "")
-    elif sup:
-        code, reason = None, "stopped (its supervisor was killed)"
-    else:
-        code, reason = None, "its supervisor never started"
-    ended = os.path.getmtime(os.path.join(tdir, Layout.SUPERVISOR)) if sup else None
+    code, reason, ended = ending(request.dir)
     collected = collect(request.dir) if request.collect else None
     return DetachedReply(state="ended", exit_code=code, reason=reason, ended=ended, collected=collected, **common)
 

@@ -34,6 +34,7 @@ from dtf_server.protocol import (
     JOINED_EVENT,
     OFFSET_EVENT,
     Defaults,
+    DetachedLayout,
     Layout,
     TaskSpec,
     ended_before_crash,
@@ -126,8 +127,10 @@ def follow(root: str, job: str, index: int, beat: float, file: str = "", offset:
     sup: dict[str, Any] = {}
     while "log_offset" not in sup and time.monotonic() < deadline:
         sup = read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {}
+        if file and not sup and os.path.exists(log_path) and not os.path.isdir(tdir):
+            break  # a detached run whose task is gone (its lease lapsed): its output stays
         time.sleep(FOLLOW_POLL)
-    if "log_offset" not in sup:
+    if "log_offset" not in sup and not (file and os.path.exists(log_path)):
         event(EXIT_EVENT + json.dumps({"code": None, "reason": "its supervisor never started"}))
         return 0
     record = read_json(os.path.join(tdir, Layout.PID))
@@ -162,13 +165,33 @@ def follow(root: str, job: str, index: int, beat: float, file: str = "", offset:
                 last_beat = now
                 event(BEAT_EVENT)
             time.sleep(FOLLOW_POLL)
-    sup = read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {}
-    if sup.get("state") == EXITED:
-        code, reason = sup.get("exit_code"), sup.get("last_exit")
-    else:  # its supervisor was killed before it could say (a KILL to the group: `stop`, the OOM killer)
-        code, reason = None, "stopped (its supervisor was killed)"
+    if file:  # a detached run: what its coordinator said, else its supervisor
+        code, reason, _ = ending(root)
+    else:
+        sup = read_json(os.path.join(tdir, Layout.SUPERVISOR)) or {}
+        if sup.get("state") == EXITED:
+            code, reason = sup.get("exit_code"), str(sup.get("last_exit") or "")
+        else:  # its supervisor was killed before it could say (a KILL to the group: `stop`, the OOM killer)
+            code, reason = None, "stopped (its supervisor was killed)"
     event(EXIT_EVENT + json.dumps({"code": code, "reason": reason}))
     return 0
+
+
+def ending(root: str) -> tuple[int | None, str, float | None]:
+    """How the run ended: its exit code, in words, and when. What its coordinator wrote
+    (DetachedLayout.ENDED), else its supervisor (a coordinator killed: by `dtf down --stop-run`'s
+    KILL, the OOM killer)."""
+    said = read_json(DetachedLayout.path(root, DetachedLayout.ENDED))
+    if said:
+        return said.get("exit_code"), str(said.get("reason") or ""), said.get("time")
+    job, index = Layout.parse_name(Layout.CHIEF)
+    path = Layout.in_task(root, job, index, Layout.SUPERVISOR)
+    sup = read_json(path) or {}
+    if sup.get("state") == "exited":
+        return sup.get("exit_code"), str(sup.get("last_exit") or ""), os.path.getmtime(path)
+    if sup:
+        return None, "stopped (its coordinator was killed)", os.path.getmtime(path)
+    return None, "its coordinator never started", None
 
 
 def tail_offset(f: BinaryIO, lines: int) -> int:

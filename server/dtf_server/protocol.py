@@ -166,8 +166,11 @@ class DetachedLayout:
         shipped.json   work/'s files as shipped, path -> [size, mtime in ns]: the others come back
         back/          what comes back to the laptop (`detached --collect`): work/ and output/
         ssh/           the cluster key, with the ssh_config and known_hosts that reach the others
+        ended.json     how the run ended: {exit_code, reason, time}, written by its coordinator
 
-    Its coordinator is a task of the host (Layout.CHIEF): its supervisor says how it ended.
+    Its coordinator is a task of the host (Layout.CHIEF): its supervisor says how it ended where it
+    could not (killed). The lease's end keeps this directory while it holds a run (its outputs are
+    the user's until fetched: `dtf attach`, `dtf down`), and removes the rest of the cluster's.
     """
 
     SPEC = "spec.json"
@@ -178,6 +181,7 @@ class DetachedLayout:
     SHIPPED = "shipped.json"
     BACK = "back"
     SSH = "ssh"
+    ENDED = "ended.json"
 
     @staticmethod
     def dir(root: str) -> str:
@@ -580,14 +584,15 @@ class FollowRequest(Request):
 @dataclass(frozen=True, kw_only=True)
 class AuthorizeRequest(Request):
     """let a detached run's coordinator host in: add --key to this user's ~/.ssh/authorized_keys,
-    only from --allow addresses, until the lease lapses (clean and the lease remove it); say the
-    login, and the host keys this host's sshd shows at --sshd ADDR:PORT"""
+    only from --allow addresses, until the lease lapses (--ttl where this host has no lease yet;
+    clean and the lease remove it); say the login, and the host keys this host's sshd shows (at the
+    address and port of this SSH session)"""
 
     command = "authorize"
     dir: str = option(path=True)
     key: str = option()
     allow: list[str] = many()
-    sshd: str = option(default="")
+    ttl: float = option(float, default=Defaults.TTL)
 
 
 @dataclass(frozen=True, kw_only=True)

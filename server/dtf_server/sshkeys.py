@@ -66,8 +66,9 @@ def key_line(key: str, allow: list[str], expires: float | None, token: str) -> s
 
 def rewrite(path: str, drop: str, add: str | None) -> bool:
     """authorized_keys without the lines marked `drop` (MARK:TOKEN), with `add` at its end: a new
-    file renamed over the old (its mode kept), so sshd never reads it half-written. Whether the
-    file is left empty."""
+    file renamed over the old (its mode kept), so sshd never reads it half-written; a link's target
+    is the file replaced, the link stays. Whether the file is left empty."""
+    path = os.path.realpath(path)
     try:
         with open(path) as f:
             lines = f.read().splitlines()
@@ -115,11 +116,12 @@ def read_lease(root: str) -> Lease | None:
         return None
 
 
-def expires(lease: Lease | None) -> float | None:
+def expires(lease: Lease | None, ttl: float = 0.0) -> float | None:
     """When the key stops letting the coordinator in: the lease's end and a margin (None: a lease
-    that never lapses, ttl 0)."""
+    that never lapses, ttl 0). A host with no lease yet (a spare) counts `ttl` from now: the
+    coordinator renews its lease from then on."""
     if lease is None:
-        return time.time() + 3600.0 + EXPIRY_MARGIN
+        return time.time() + ttl + EXPIRY_MARGIN if ttl else None
     if not lease.ttl:
         return None
     return max(lease.renewed, time.time()) + lease.ttl + EXPIRY_MARGIN

@@ -13,6 +13,7 @@ its server and the last one removes ROOT entirely. ttl 0: never.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import select
@@ -39,7 +40,7 @@ from dtf_server.procs import (
     settle_child,
     write_json,
 )
-from dtf_server.protocol import Defaults, Layout, Lease, TaskSpec, exit_reason
+from dtf_server.protocol import Defaults, DetachedLayout, Layout, Lease, TaskSpec, exit_reason
 
 # Where a server can run in a fork of its supervisor (Supervisor's `in_process`): the server's
 # code (which returns its exit code) and its command's name.
@@ -337,7 +338,26 @@ class Supervisor:
                 end_connections(self.root)  # and a detached run's SSH connections and key
                 deauthorize(self.root)
                 firewall.remove(self.root)  # the TF ports' firewall rules go with the cluster
-                shutil.rmtree(self.root, ignore_errors=True)
+                remove_root(self.root)
+
+
+def remove_root(root: str) -> None:
+    """A cluster's files on this host, once its lease lapsed: all of them, but a detached run's
+    (DetachedLayout: its output and what its program wrote, the user's until fetched by `dtf
+    attach` or `dtf down`, which remove them then). Nothing of it runs."""
+    kept = DetachedLayout.dir(root)
+    if not os.path.exists(os.path.join(kept, DetachedLayout.SPEC)):
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if path == kept:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def keep() -> None:

@@ -25,6 +25,8 @@ pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.xdist_group("detached
 
 BARE_PYTHON = "/usr/bin/python3"  # Debian's python: no TensorFlow, no dtf
 FAULT = float(os.environ.get("DTF_TEST_FAULT", "30"))
+# Every host managed (DTF_TEST_ALL_MANAGED=1: three environments to build), not the coordinator's alone.
+ALL_MANAGED = os.environ.get("DTF_TEST_ALL_MANAGED") == "1"
 EPOCHS, STEPS = 4, 30
 
 
@@ -36,9 +38,11 @@ def cluster(lab, tmp_path_factory):
         pytest.skip(f"{BARE_PYTHON} missing")
     where = tmp_path_factory.mktemp("detached")
     ps, w0, w1 = lab.ports(3)
+    managed = {"python": "managed", "base_python": BARE_PYTHON}
     inv = lab.inventory(where / "inventory.yaml", [
-        {"host": "h0", "python": "managed", "base_python": BARE_PYTHON, "ps": [ps]},
-        {"host": "h1", "workers": [w0]}, {"host": "h2", "workers": [w1]}])
+        {"host": "h0", **managed, "ps": [ps]},
+        {"host": "h1", **(managed if ALL_MANAGED else {}), "workers": [w0]},
+        {"host": "h2", **(managed if ALL_MANAGED else {}), "workers": [w1]}])
     home = where / "home"
     r = dtf("up", str(inv), home=home, timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

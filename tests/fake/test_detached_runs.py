@@ -115,7 +115,7 @@ def test_down_refuses_while_a_detached_run_runs_and_stop_run_stops_it(site, tmp_
     assert chief(site).get("state") == "running"
     r = site.dtf("down", "--stop-run")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "stopping the detached run" in r.stdout and "fetched into" in r.stdout, r.stdout
+    assert "dtf: stopping the detached run" in r.stderr and "fetched into" in r.stderr, r.stderr
     assert site.processes() == []
     assert site.files() == []
 
@@ -140,6 +140,14 @@ def test_a_detached_run_holds_the_lease_and_lets_it_lapse_once_it_ended(site, tm
     if lab is not None:
         keys = lab.run("h1", ["cat", f"{lab.home('h1', 'root')}/.ssh/authorized_keys"]).stdout
         assert "dtf-coordinator" not in keys, keys
+    # The run's output and what it wrote outlive the lease: attach brings them, down removes them.
+    assert not (site.workdir("b") / CLUSTER).exists()
+    r = attach(site, work)
+    assert r.returncode == 0 and r.stdout.count("line ") == 40, r.stdout + r.stderr
+    assert (work / "count.txt").read_text() == "40 lines, attempt 1\n"
+    r = site.dtf("down")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert site.processes() == [] and site.files() == []
 
 
 @pytest.mark.lab
@@ -154,6 +162,9 @@ def test_a_host_lost_while_detached_has_its_tasks_moved_to_a_spare_by_the_coordi
     up(site, inv)
     work = work_dir(tmp_path)
     detach(site, work, "100", "0.2")
+    keys = f"{lab.home('h2', 'root')}/.ssh/authorized_keys"
+    [line] = [k for k in lab.run("h2", ["cat", keys]).stdout.splitlines() if "dtf-coordinator" in k]
+    assert 'expiry-time="' in line, line  # the spare lets the coordinator in, until the lease's end
     wait_until(lambda: "line 5 of" in output_log(site), timeout=60)
     lab.link_down("h1")
     try:
@@ -168,6 +179,9 @@ def test_a_host_lost_while_detached_has_its_tasks_moved_to_a_spare_by_the_coordi
     r = site.dtf("down")
     assert r.returncode == 0, r.stdout + r.stderr
     assert lab.processes("h1") == [] and lab.processes("h2") == []
+    for host in ("h1", "h2"):  # the retired host and the spare: nothing of the cluster, no key line
+        assert "dtf-coordinator" not in lab.run(host, ["cat", f"{lab.home(host, 'root')}/.ssh/authorized_keys"]).stdout
+        assert not Path(lab.host(host).workdir, CLUSTER).exists()
 
 
 def test_detach_says_what_it_cannot_do_in_one_line(local_site, tmp_path):

@@ -83,6 +83,9 @@ class Record:
     recovered: dict[str, str] = field(default_factory=dict)
     # `dtf train --detach`: the run whose coordinator runs on a host of the cluster (dtf.detached)
     detached: DetachedRun | None = None
+    # The host this record's coordinator runs on, where it is a detached run's (dtf.detached.vantage:
+    # the cluster as that host sees it); None: this machine's record.
+    coordinator: str | None = None
 
     @property
     def cluster(self) -> str:
@@ -96,7 +99,8 @@ class Record:
                 "synced": {name: s.to_dict() for name, s in self.synced.items()},
                 "allocation": self.allocation, "replaced": list(self.replaced),
                 "recovered": dict(self.recovered),
-                "detached": self.detached.to_dict() if self.detached is not None else None}
+                "detached": self.detached.to_dict() if self.detached is not None else None,
+                "coordinator": self.coordinator}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
@@ -113,7 +117,8 @@ class Record:
                    synced={str(k): Synced.from_dict(v) for k, v in data.get("synced", {}).items()},
                    allocation=int(data.get("allocation", 1)), replaced=[str(x) for x in data.get("replaced", [])],
                    recovered={str(k): str(v) for k, v in data.get("recovered", {}).items()},
-                   detached=DetachedRun.from_dict(detached) if detached else None)
+                   detached=DetachedRun.from_dict(detached) if detached else None,
+                   coordinator=data.get("coordinator"))
 
     def replace(self, **changes: Any) -> Record:
         return dataclasses.replace(self, **changes)

@@ -31,8 +31,8 @@ from typing import IO
 from dtf.cluster import state
 from dtf.cluster.plan import HostPlan
 from dtf.cluster.state import DetachedRun, Record
-from dtf.detached.remote import detached_of, ended_record, fetch_outputs, host_of
-from dtf.errors import ClusterDown, DtfError
+from dtf.detached.remote import ask_state, detached_of, ended_record, fetch_outputs, host_of
+from dtf.errors import ClusterDown, DtfError, UsageError
 from dtf.hostops.parallel import HostOps
 from dtf.hosts.base import HostError
 from dtf.hosts.netutil import CONNECT_TIMEOUT
@@ -202,6 +202,12 @@ def follow(ops: HostOps, hp: HostPlan, d: DetachedRun, cluster: str, lines: int 
     with deferred_signals() as interrupted:
         while True:
             try:
+                # First the run's state: its launcher there too (uploaded where the lease's end
+                # removed it: the run's files outlive it), and the run still the one recorded.
+                reply = ask_state(ops, hp)
+                if reply.state == "none" or reply.run_id != d.run_id:
+                    raise UsageError(f"cluster {cluster!r}: the detached run's files are gone from {hp.name} "
+                                     f"(another dtf removed them); nothing to follow")
                 ending = follow_once(ops, hp, printer, lines, interrupted)
                 printer.finish()
                 return ending

@@ -50,6 +50,8 @@ def main(argv: list[str]) -> int:
         record = prepare(run, spec)
     except Exception as e:  # one line in the run's output: `dtf train --detach` shows it
         say(f"error: {e}")
+        shutil.rmtree(os.path.join(run, DetachedLayout.SSH), ignore_errors=True)
+        ended(run, 2)
         return 2
     from dtf.errors import DtfError
     from dtf.hostops.parallel import HostOps
@@ -59,8 +61,9 @@ def main(argv: list[str]) -> int:
     options = spec["options"]
     output = spec.get("output")
     started = time.monotonic()
+    code = 1
     try:
-        return run_program(record, os.path.join(run, spec["program"]), list(spec["args"]),
+        code = run_program(record, os.path.join(run, spec["program"]), list(spec["args"]),
                            os.path.join(run, output) if output else None, attempts=options["attempts"],
                            ps_wait=options["ps_wait"], connect_timeout=options["connect_timeout"],
                            verbose=options["verbose"], hook_env=options["hook_env"],
@@ -68,9 +71,23 @@ def main(argv: list[str]) -> int:
                            report=lambda shares: show_shares(shares, time.monotonic() - started))
     except DtfError as e:
         say(f"error: {e}")
-        return e.exit_code
+        code = e.exit_code
     finally:
         HostOps(record.plan).provider.close()  # its SSH masters: nothing of the run outlives it
+        shutil.rmtree(os.path.join(run, DetachedLayout.SSH), ignore_errors=True)  # nor its key
+        ended(run, code)
+    return code
+
+
+def ended(run: str, code: int) -> None:
+    """How the run ended (DetachedLayout.ENDED), whole or not at all: what `dtf attach`, `status`
+    and `down` say, and what stays of it once the lease lapsed and its supervisor's files are gone."""
+    from dtf_server.protocol import exit_reason
+
+    path = os.path.join(run, DetachedLayout.ENDED)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"exit_code": code, "reason": exit_reason(code), "time": time.time()}, f)
+    os.replace(path + ".tmp", path)
 
 
 def prepare(run: str, spec: dict[str, Any]):  # type: ignore[no-untyped-def]

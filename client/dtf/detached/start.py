@@ -176,7 +176,7 @@ def authorize(ops: HostOps, chief: HostPlan, run: str, say: Say) -> dict[str, di
     def one(hp: HostPlan) -> AuthorizeReply:
         with ops.runner(hp) as t:
             reply = launcher.ask(t, hp, AuthorizeReply,
-                                 hp.launcher_argv(AuthorizeRequest(dir=hp.root, key=public, allow=allow)),
+                                 hp.launcher_argv(AuthorizeRequest(dir=hp.root, key=public, allow=allow, ttl=hp.ttl)),
                                  "letting the coordinator's host in", ASK_TIMEOUT)
         if reply.error:
             raise HostError(f"letting the coordinator's host in: {reply.error}")

@@ -90,7 +90,7 @@ def vantage(record: Record, here: str, run: str) -> Record:
         ssh_config_line=0, ssh_config_column=0).with_firewalls()
     chief = next(hp for hp in plan.hosts if hp.name == here)
     return record.replace(plan=seen, chief_host=address_of(chief), network="direct", tf_ports_open=True,
-                          taking_down=False, detached=None)
+                          taking_down=False, detached=None, coordinator=here)
 
 
 def coordinator_host(plan: Plan) -> HostPlan:

@@ -36,8 +36,12 @@ class LeaseKeeper:
     themselves when it lapses.
     """
 
-    def __init__(self, plan: Plan, warn: Callable[[str], None], connect_timeout: float = CONNECT_TIMEOUT):
+    def __init__(self, plan: Plan, warn: Callable[[str], None], connect_timeout: float = CONNECT_TIMEOUT,
+                 spares: bool = False):
+        """`spares`: renew on the plan's spares too, saying nothing of them (a detached run's
+        coordinator: its key there lasts as long as their lease, dtf_server.sshkeys)."""
         self.ops = HostOps(plan, connect_timeout=connect_timeout)
+        self.spares = spares
         self.ttl = min((hp.ttl for hp in plan.hosts), default=0.0)
         self.interval = min(max(self.ttl / 4, 1.0), 60.0)
         self.warn = warn
@@ -62,8 +66,14 @@ class LeaseKeeper:
         if self.thread.is_alive():
             self.thread.join(timeout=RENEW_TIMEOUT + self.ops.connect_timeout)
 
+    @staticmethod
+    def _renew_spares(ops: HostOps) -> None:
+        ops.each_host(lambda hp: renew_host(ops, hp, hp.ttl), ops.plan.spares, at_once=ops.at_once())
+
     def _run(self) -> None:
         while not self.stopped.wait(self.interval):
+            if self.spares and self.ops.plan.spares:
+                self._renew_spares(self.ops)
             for host, o in renew(self.ops).items():
                 now = time.monotonic()
                 if o.ok and o.value.lease is not None:

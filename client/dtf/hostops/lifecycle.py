@@ -410,6 +410,8 @@ def teardown(record: Record, *, keep_logs: bool, grace: float, connect_timeout: 
     with ops.shown(f"dtf down {plan.cluster}", hosts):
         outcomes = stop.down(ops, keep_logs=keep_logs, grace=grace, purge=purge, hosts=hosts)
     failures = {h: o.reason for h, o in outcomes.items() if not o.ok}
+    for host, reason in stop.clean_spares(ops).items():  # a detached run's key there, if any
+        say(f"warning: spare {host}: {reason} (a detached run's key there ends with its expiry-time)")
     # Over the provider's connections still (no new handshake); then every one is closed.
     released = provider.release(say)
     provider.close()

@@ -62,6 +62,23 @@ def clean_retired(ops: HostOps) -> tuple[list[str], dict[str, str]]:
     return [h for h, o in done.items() if o.ok], {h: o.reason for h, o in done.items() if not o.ok}
 
 
+def clean_spares(ops: HostOps) -> dict[str, str]:
+    """Remove dtf's files from the plan's spares that hold any (a detached run's key lets its
+    coordinator in there: dtf_server.sshkeys); a spare with none is only looked at. Host -> why,
+    for those that could not be cleaned."""
+    from dtf.hostops.launcher import LauncherMissing, root_exists
+
+    def clean(hp: HostPlan) -> None:
+        with ops.runner(hp) as t:
+            try:
+                ask(t, hp, CleanReply, hp.clean_argv(False), "cleaning up", 30, upload_if=lambda: root_exists(t, hp))
+            except LauncherMissing:
+                return  # nothing of dtf's there
+
+    outcomes = ops.each_host(clean, ops.plan.spares, at_once=ops.at_once())
+    return {h: o.reason for h, o in outcomes.items() if not o.ok}
+
+
 def remove_launcher(ops: HostOps, hosts: Sequence[HostPlan]) -> dict[str, Outcome[CleanReply]]:
     """Undo an upload that no start followed: remove dtf's files unless tasks (another
     dtf's) run there."""

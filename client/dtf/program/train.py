@@ -377,7 +377,7 @@ def hold(held: contextlib.ExitStack, tunnels: contextlib.ExitStack, record: Reco
 def keep_lease(stack: contextlib.ExitStack, record: Record, connect_timeout: float) -> LeaseKeeper:
     """The cluster's lease renewed for as long as `stack` is open."""
     return stack.enter_context(LeaseKeeper(record.plan, warn=lambda m: say(f"warning: {m}"),
-                                           connect_timeout=connect_timeout))
+                                           connect_timeout=connect_timeout, spares=record.coordinator is not None))
 
 
 def tunnel_to(stack: contextlib.ExitStack, record: Record, connect_timeout: float) -> Tunnel | None:

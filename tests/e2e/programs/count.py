@@ -1,5 +1,6 @@
-"""Prints N numbered lines, one every SECONDS, then exits with CODE: a coordinator's program that
-needs no TensorFlow (detached runs on fake servers).
+"""Prints N numbered lines, one every SECONDS, writes count.txt (the last line) in its working
+directory, then exits with CODE: a coordinator's program that needs no TensorFlow (detached runs on
+fake servers).
 
     count.py N SECONDS [CODE]
 """
@@ -14,4 +15,6 @@ attempt = os.environ.get("DTF_ATTEMPT", "?")
 for i in range(1, n + 1):
     print(f"line {i} of {n} (attempt {attempt})", flush=True)
     time.sleep(every)
+with open("count.txt", "w") as f:
+    f.write(f"{n} lines, attempt {attempt}\n")
 sys.exit(code)
