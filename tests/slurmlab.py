@@ -217,6 +217,16 @@ class SlurmLab(Lab):
         return ["ssh", "-F", str(self.ssh_config), "-i", str(self.key), "-o", "BatchMode=yes",
                 "-o", "ConnectTimeout=5", self.host(host).name, *argv]
 
+    def node_path(self, host: Host | str, path: str) -> Path:
+        """`path` (absolute) as a compute host's job steps see it: through its slurmd's root
+        (/proc/PID/root), in slurmd's mount namespace, where PRIVATE is that node's own disk."""
+        h = self.host(host)
+        for proc in self._daemons:
+            if proc.poll() is None and f"exec slurmd -D -N {h.name} " in " ".join(map(str, proc.args)):
+                # nsenter, unshare and sh each exec the next: the pid Popen started is slurmd's.
+                return Path(f"/proc/{proc.pid}/root") / path.lstrip("/")
+        raise LabError(f"no slurmd runs on {h.name}")
+
     def kill_slurmd(self, host: Host | str) -> None:
         """SIGKILL a compute host's slurmd, as a crashed daemon or a lost node: slurmctld marks the
         node DOWN once it has not answered for SlurmdTimeout (30 s here)."""

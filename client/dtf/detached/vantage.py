@@ -8,7 +8,9 @@ there unchanged.
   login its sshd gave the laptop, the key, and only the host keys each host's sshd showed itself
   (`known_hosts`); never the user's ~/.ssh/config, known_hosts or agent.
 - A Slurm node reaches the others as the login host does, with job steps of the allocation: the
-  login host is this machine (srun, squeue and scancel run on a job's nodes too).
+  login host is this machine (srun, squeue and scancel run on a job's nodes too). The coordinator
+  is a job step of that allocation and ends with it: it never replaces it (its attempts end in one
+  line where the job ends, as for the inventory's `job:`).
 - The tasks are reached directly: the coordinator's host is one of the cluster's hosts.
 """
 
@@ -80,7 +82,11 @@ def vantage(record: Record, here: str, run: str) -> Record:
     plan = record.plan
     allocation = plan.allocation
     if allocation is not None:  # Slurm: this node stands where the login host stood
-        allocation = dataclasses.replace(allocation, login=dataclasses.replace(allocation.login, connection="local"))
+        # ...and inside the job: never dtf's to replace from here (`submitted` off). A new
+        # allocation after the job ended (a lost node) starts by cancelling what is left of the
+        # old one, which would end this coordinator before it said why.
+        allocation = dataclasses.replace(allocation, submitted=False,
+                                         login=dataclasses.replace(allocation.login, connection="local"))
     ssh = any(hp.spec.connection == "ssh" and hp.name != here for hp in (*plan.hosts, *plan.spares))
     seen = dataclasses.replace(
         plan, hosts=tuple(_seen_from(hp, here) for hp in plan.hosts),
