@@ -193,6 +193,15 @@ def follow_once(ops: HostOps, hp: HostPlan, printer: Printer, lines: int | None,
     return ending
 
 
+def job_ended(ops: HostOps) -> str | None:
+    """Why the hosts' allocation ended (a Slurm job), in one line; None where it runs, where the
+    hosts are no scheduler's, or where that cannot be asked now."""
+    try:
+        return ops.provider.ended("dtf attach") if ops.provider.ends else None
+    except (HostError, DtfError):
+        return None
+
+
 def follow(ops: HostOps, hp: HostPlan, d: DetachedRun, cluster: str, lines: int | None, wait: float,
            say: Say, out: IO[bytes]) -> Ending:
     """Follow the run until it ends, through broken sessions (for up to `wait` seconds each time
@@ -213,6 +222,10 @@ def follow(ops: HostOps, hp: HostPlan, d: DetachedRun, cluster: str, lines: int 
                 return ending
             except HostError as e:
                 lines = None  # printed from the cursor from now on
+                ended = job_ended(ops)
+                if ended is not None:  # a Slurm job that ended: the run, a step of it, ended with it
+                    raise ClusterDown(f"cluster {cluster!r}: {ended}: the detached run ended with it (its "
+                                      f"coordinator was a step of the job), and what it wrote with the nodes' disks")
                 now = time.monotonic()
                 if lost_since is None:
                     lost_since = now

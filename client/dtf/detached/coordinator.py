@@ -42,6 +42,9 @@ def main(argv: list[str]) -> int:
         del os.environ[name]
     for name in ("DTF_OUTPUT_DIR", "DTF_JOINED", EXIT_STATUS_ENV):  # its supervisor's, for a program copy
         os.environ.pop(name, None)
+    # The coordinator takes no GPU, as on a laptop: its host's GPUs are its workers' (TensorFlow
+    # would take their memory at its start).
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ["DTF_HOME"] = os.path.join(run, DetachedLayout.HOME)
     # What dtf caches (a launcher it builds to start a task again on a host that lost it) stays in
     # the run's directory, which `dtf down` and the lease remove: nothing of it in the user's ~/.cache.

@@ -212,7 +212,8 @@ def start_coordinator(ops: HostOps, hp: HostPlan) -> None:
 
     spec = coordinator_spec(hp)
     token = uuid.uuid4().hex[:16]
-    spawned = token if ops.provider.start_copies([hp], 1, run_step_argv(hp, [(hp.name, spec)], False, token)) else ""
+    step = run_step_argv(hp, [(hp.name, spec)], False, token)
+    spawned = token if ops.provider.start_copies([hp], 1, step, gpus=False) else ""  # the workers' GPUs
     with ops.runner(hp) as t:
         reply = launcher.ask(t, hp, StartReply, run_argv(hp, [spec], False, spawned), "starting the coordinator",
                              ASK_TIMEOUT + (Defaults.RUN_STEP_WAIT if spawned else 0))

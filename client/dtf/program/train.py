@@ -582,7 +582,10 @@ def run_once(record: Record, program: str, args: list[str], output: str | None,
             f"shut down (TensorFlow's runtime, after the program's work was done): exit code {finished} stands")
         code = finished
     if interrupted_at is not None and not down:
-        say(f"program interrupted; cluster {plan.cluster!r} is still up (`dtf down` stops it)")
+        if record.coordinator is not None:  # a detached run, stopped (`dtf down --stop-run`, its job's end)
+            say(f"the program was stopped on {record.coordinator}")
+        else:
+            say(f"program interrupted; cluster {plan.cluster!r} is still up (`dtf down` stops it)")
     stopped = interrupted_at is not None or down
     if error is not None and stopped:  # stopped on purpose: its error is said as Python would
         print(error.traceback, end="", file=sys.stderr, flush=True)

@@ -61,10 +61,11 @@ class Provider:
         return False
 
     # -- collective mode's program copies -------------------------------------------------------
-    def start_copies(self, hosts: Sequence[HostPlan], per_host: int, argv: list[str]) -> bool:
+    def start_copies(self, hosts: Sequence[HostPlan], per_host: int, argv: list[str], gpus: bool = True) -> bool:
         """Start a program's copies on `hosts` (`per_host` each) as ONE step of the hosts'
         allocation, each running `argv` (the launcher's `run-step`): True; False where each host's
-        launcher starts its own copies (`run`). HostFailure where the step cannot start."""
+        launcher starts its own copies (`run`). HostFailure where the step cannot start. `gpus`:
+        the step asks for the allocation's GPUs (not for a detached run's coordinator)."""
         return False
 
     def copies_notes(self) -> list[str]:

@@ -39,12 +39,12 @@ class SlurmProvider(Provider):
     def runner(self, hp: HostPlan) -> CommandRunner:
         return SlurmStepRunner(hp.spec, self.allocation, self.login())
 
-    def start_copies(self, hosts: Sequence[HostPlan], per_host: int, argv: list[str]) -> bool:
+    def start_copies(self, hosts: Sequence[HostPlan], per_host: int, argv: list[str], gpus: bool = True) -> bool:
         """Every copy as ONE job step of the allocation (`srun --ntasks=N`, detached on the login
         host), as the user's own srun would: each copy sees the step's own Slurm environment."""
         a = self.allocation
         step = slurm.program_step_argv(a.job, [hp.name for hp in hosts], per_host, self.plan.cluster, argv,
-                                       gpus=slurm.gpu_options(a.request))
+                                       gpus=slurm.gpu_options(a.request) if gpus else ())
         try:
             with self.login() as t:
                 slurm_ops.detach_step(t, step)
