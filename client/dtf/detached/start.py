@@ -159,7 +159,7 @@ def authorize(ops: HostOps, chief: HostPlan, run: str, say: Say) -> dict[str, di
     """The run's key, made on the coordinator's host; every other SSH host and spare lets it in
     from there: host -> {user, port, host_keys}, as the run's spec keeps it."""
     plan = ops.plan
-    others = [hp for hp in (*plan.hosts, *plan.spares) if hp.name != chief.name and hp.spec.connection == "ssh"]
+    others = [hp for hp in (*plan.hosts, *plan.spares) if hp.name != chief.name and hp.spec.over_ssh]
     if not others:
         return {}
     key = posixpath.join(run, DetachedLayout.SSH, "key")
@@ -266,7 +266,7 @@ def detach(record: Record, program: Path, args: list[str], output: Path | None, 
     ops = HostOps(record.plan, connect_timeout=connect_timeout)
     if record.detached is not None:
         record = settle(record, ops, say)
-    ssh_needed = any(hp.spec.connection == "ssh" and hp.name != chief.name
+    ssh_needed = any(hp.spec.over_ssh and hp.name != chief.name
                      for hp in (*record.plan.hosts, *record.plan.spares))
     check_host(ops, chief, program, ssh_needed)
     pack = pack_program(program)

@@ -71,7 +71,7 @@ def _seen_from(hp: HostPlan, here: str) -> HostPlan:
     spec = hp.spec
     if hp.name == here:
         spec = dataclasses.replace(spec, connection="local")
-    elif spec.connection == "ssh":  # the run's ssh_config says how: nothing of the laptop's
+    elif spec.over_ssh:  # the run's ssh_config says how: nothing of the laptop's
         spec = dataclasses.replace(spec, user=None, port=None, identity_file=None)
     return dataclasses.replace(hp, spec=spec)
 
@@ -87,7 +87,7 @@ def vantage(record: Record, here: str, run: str) -> Record:
         # old one, which would end this coordinator before it said why.
         allocation = dataclasses.replace(allocation, submitted=False,
                                          login=dataclasses.replace(allocation.login, connection="local"))
-    ssh = any(hp.spec.connection == "ssh" and hp.name != here for hp in (*plan.hosts, *plan.spares))
+    ssh = any(hp.spec.over_ssh and hp.name != here for hp in (*plan.hosts, *plan.spares))
     seen = dataclasses.replace(
         plan, hosts=tuple(_seen_from(hp, here) for hp in plan.hosts),
         spares=tuple(_seen_from(hp, here) for hp in plan.spares),

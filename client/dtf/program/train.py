@@ -30,6 +30,7 @@ from dtf.hostops.status import TaskState, states
 from dtf.hosts.netutil import CONNECT_TIMEOUT, listen_port
 from dtf.program import figures, noise
 from dtf.program.runner import ERROR_FILE_ENV
+from dtf.providers import route
 from dtf.providers.choose import provider_for
 from dtf_server.protocol import EXIT_STATUS_ENV, ended_before_crash, exit_reason
 
@@ -288,9 +289,9 @@ class Attempts:
         the hosts' firewall, which lets in the address this machine had at `dtf up`): from now on,
         through SSH (True), where the inventory leaves the network to dtf (auto); ClusterDown where
         it says direct."""
-        if self.record.network == "ssh" or reach.unreachable(ops, "ssh", reach.PROBE_TIMEOUT):
+        if route.rides_ssh(self.record.network) or reach.unreachable(ops, "ssh", reach.PROBE_TIMEOUT):
             return False
-        if self.record.plan.network == "direct":
+        if route.direct_only(self.record.plan):
             raise ClusterDown(f"cluster {self.cluster!r}: its tasks serve, but this machine no longer reaches their "
                               f"ports directly (a new address? the hosts' firewall lets in the one it had at `dtf "
                               f"up`), and the inventory says network: direct: set network: auto (then dtf goes "

@@ -120,3 +120,13 @@ def check_reach(plan: Plan, t: CommandRunner, hp: HostPlan, tasks: Sequence[Task
                             f"through SSH from this machine (does its sshd allow TCP forwarding?)"
                             + ("" if network == "ssh" else ", nor directly"))
         time.sleep(0.2)
+
+
+def rides_ssh(network: str) -> bool:
+    """Whether a record's network carries the training's connections through SSH (dtf.hosts.tunnel)."""
+    return network == "ssh"
+
+
+def direct_only(plan: Plan) -> bool:
+    """Whether the inventory says `network: direct`: never through SSH, even where direct fails."""
+    return plan.network == "direct"

@@ -58,6 +58,11 @@ class HostSpec:
         return self.connection == "local"
 
     @property
+    def over_ssh(self) -> bool:
+        """A host of the inventory reached over SSH (not this machine, not a scheduler's node)."""
+        return self.connection == "ssh"
+
+    @property
     def allocated(self) -> bool:
         """A node of a scheduler's allocation (Slurm), reached through the host in front of it."""
         return self.connection == "slurm"
