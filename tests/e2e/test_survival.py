@@ -31,8 +31,9 @@ from helpers import (
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
 # Fake servers (no TensorFlow import, which is slow) where a test is about dtf's own handling of
-# tasks and the program never reaches a server: every scenario here that a server or the training
-# takes part in runs with TensorFlow's.
+# tasks and the program never reaches a server, or about what the supervisors do whatever they
+# serve (a lease that lapses; the restart limit, tests/fake/test_lifecycle.py): every scenario
+# here that a server or the training takes part in runs with TensorFlow's.
 FAKE = {"DTF_SERVER": "fake"}
 
 
@@ -71,51 +72,6 @@ def kill_server(home: Path, task: str) -> int:
 
 
 # -- 1. supervision --------------------------------------------------------------------------------
-
-def test_a_dead_server_is_restarted_on_its_port_until_the_limit(lab, write_inventory, home):
-    ps, w0 = lab.ports(2)
-    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}],
-                          restart_limit=2, restart_backoff=0.2)
-    assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
-    before = task_row(home, "worker:0")
-
-    killed = kill_server(home, "worker:0")
-    t0 = time.monotonic()
-    row = wait_serving(home, "worker:0", killed)
-    print(f"worker:0 serving again {time.monotonic() - t0:.1f}s after SIGKILL")
-    assert (row["restarts"], row["last_exit"], row["pid"]) == (1, "killed by SIGKILL", before["pid"])
-    assert row["address"] == before["address"]  # the same port: the coordinator takes it back
-    log = dtf("logs", "worker:0", home=home, timeout=60).stdout
-    assert "worker:0: server killed by SIGKILL after" in log and "restart 1 of 2 in 0.2s" in log
-
-    # An OOM kill or a crash is the same to the supervisor: a second death, a second restart...
-    row = wait_serving(home, "worker:0", kill_server(home, "worker:0"))
-    assert row["restarts"] == 2
-    # ... and the third is past the limit: it gives up, and says so.
-    kill_server(home, "worker:0")
-    deadline = time.monotonic() + 30
-    while (row := task_row(home, "worker:0"))["state"] != "failed":
-        assert time.monotonic() < deadline, row
-        time.sleep(POLL)
-    r = dtf("status", home=home, timeout=60)
-    assert r.returncode == 7
-    assert "worker:0 (h1): gave up after 2 restart(s); last exit: killed by SIGKILL" in r.stderr
-    assert task_row(home, "ps:0")["restarts"] == 0
-
-    # `dtf up` again restarts only what is not serving; the ps keeps its process.
-    ps_pid = task_row(home, "ps:0")["server_pid"]
-    r = dtf("up", str(inv), home=home, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "restarted worker:0 (was failed)" in r.stdout and "1 task(s) kept running" in r.stdout
-    rows = status_json(home)["tasks"]
-    assert [(x["task"], x["state"], x["restarts"]) for x in rows] == [("ps:0", "alive", 0), ("worker:0", "alive", 0)]
-    assert rows[0]["server_pid"] == ps_pid
-
-    # `dtf down` stops supervisors and servers alike.
-    r = dtf("down", home=home, timeout=120)
-    assert r.returncode == 0 and "2 server(s) stopped" in r.stdout, r.stderr
-    assert leftovers(lab) == {}
-
 
 def test_up_on_a_partly_dead_cluster_and_on_a_changed_inventory(lab, write_inventory, home, tmp_path):
     ps, w0, w1 = lab.ports(3)
@@ -286,7 +242,8 @@ def test_an_abandoned_cluster_stops_itself_when_its_lease_lapses(lab, write_inve
     ps, w0 = lab.ports(2)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
     ttl = 20
-    assert dtf("up", "--ttl", f"{ttl}s", str(inv), home=home, timeout=120).returncode == 0
+    # Fake servers: each supervisor ends its task when the lease lapses, whatever the task serves.
+    assert dtf("up", "--ttl", f"{ttl}s", str(inv), home=home, timeout=120, env=FAKE).returncode == 0
     hosts = ("h0", "h1")
 
     def renewed(host: str) -> float:  # {ttl, renewed} of that host's lease: this machine's clock
@@ -321,7 +278,7 @@ def test_an_abandoned_cluster_stops_itself_when_its_lease_lapses(lab, write_inve
     r = dtf("status", home=home, timeout=60)
     assert r.returncode == 7 and "dtf's files are gone" in r.stderr and "lease lapsed" in r.stderr
     # `dtf up` brings it back from the same record; `dtf down` then stops it as usual.
-    r = dtf("up", str(inv), home=home, timeout=120)
+    r = dtf("up", str(inv), home=home, timeout=120, env=FAKE)
     assert r.returncode == 0 and "restarted ps:0 (was dead), worker:0 (was dead)" in r.stdout, r.stderr
     assert dtf("down", home=home, timeout=120).returncode == 0
     assert leftovers(lab) == {}
