@@ -63,12 +63,17 @@ def summary(out: Path) -> dict:
 
 # -- a supervisor killed ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("task", ["worker:1", "ps:0"])
-def test_a_killed_supervisor_is_brought_back_and_the_run_completes(lab, write_inventory, home, tmp_path, task):
+def test_a_killed_supervisor_is_brought_back_and_the_run_completes(lab, write_inventory, home, tmp_path):
+    """A worker's supervisor, then the ps's, each killed during a run of its own on one cluster."""
     ps, w0, w1 = lab.ports(3)
     inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]},
                            {"host": "h2", "workers": [w1]}])
     assert dtf("up", str(inv), home=home, timeout=120).returncode == 0
+    for task in ("worker:1", "ps:0"):
+        kill_a_supervisor_mid_training(home, tmp_path / task.replace(":", "-"), task)
+
+
+def kill_a_supervisor_mid_training(home: Path, tmp_path: Path, task: str) -> None:
     epochs, steps = 4, 30
     barrier = Barrier(tmp_path / "barrier", rf"^epoch 2/{epochs} done")
     out = tmp_path / "out"
