@@ -24,6 +24,7 @@ from helpers import (
     assert_one_line_error,
     dtf,
     leftovers,
+    saved_on_hosts,
     status_json,
     wait_gone,
 )
@@ -320,6 +321,8 @@ def test_a_worker_host_cut_off_for_20s_mid_training(lab, write_inventory, home, 
     assert epochs_done(text) == [(e, 1) for e in range(1, epochs + 1)]
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert s["steps"] == epochs * steps and s["final_loss"] < 0.5 * s["first_loss"], s
+    assert list((tmp_path / "out" / "checkpoints").glob("ckpt-*.index"))  # saved here...
+    assert saved_on_hosts(lab, "lab") == []  # ... and nothing on the hosts
     assert [r["state"] for r in status_json(home)["tasks"]] == ["alive"] * 3
 
 
