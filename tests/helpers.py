@@ -163,6 +163,22 @@ def leftovers(lab) -> dict[str, list]:
     return {name: p for name, p in lab.processes_of_hosts().items() if p}
 
 
+# What dtf itself keeps in a cluster's directory on a host (its tasks' directories included).
+DTF_FILES = frozenset({"log", "pid.json", "ready.json", "supervisor.json", "lease.json", "firewall.json"})
+
+
+def saved_on_hosts(lab, cluster: str) -> list[str]:
+    """Every file in the cluster's directory on the lab's hosts that is not dtf's own: what a
+    program saved there instead of on this machine. First, until `dtf train`'s repair has
+    stopped following the hosts (its `top` streams end, and their records with them, once their
+    SSH channels closed)."""
+    from dtf.files.shipping import launcher_name
+
+    wait_until(lambda: not [p for h in lab.hosts for p in Path(h.workdir, cluster).glob("top-*.json")], timeout=30)
+    return [str(p) for h in lab.hosts for p in Path(h.workdir, cluster).rglob("*")
+            if p.is_file() and p.name not in DTF_FILES | {launcher_name()}]
+
+
 def stop_train(proc: subprocess.Popen, timeout: float = 60) -> None:
     """End a `dtf train` still running at a test's end as SIGTERM does: it stops its program first
     (a SIGKILL would end dtf alone, and leave the program running)."""

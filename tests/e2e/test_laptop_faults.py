@@ -6,6 +6,9 @@ and no task moved, though a spare stands by and `host_timeout` is shorter than t
 The faults are short here: the program's gRPC keepalive is made short too (TF_GRPC_DEFAULT_OPTIONS,
 which the user's own environment sets as it likes), so that a connection the drop cut is found
 dead within seconds, as it is within a minute with dtf's defaults.
+
+The tests share one cluster (this module's xdist group): each leaves it as it found it (every task
+serving where it was: each checks so), but the last, whose laptop ends up reaching it through SSH.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import EXAMPLES, Barrier, Train, dtf, status_json, stopped
+from helpers import EXAMPLES, Barrier, Train, down_recorded, dtf, leftovers, status_json, stopped
 
-pytestmark = [pytest.mark.lab, pytest.mark.tf]
+pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.xdist_group("laptop-faults")]
 
 HOST_TIMEOUT = 15  # seconds: shorter than each fault, which must still move nothing
 FAULT = float(os.environ.get("DTF_TEST_FAULT", "25"))  # seconds the laptop is cut off, or asleep
@@ -34,18 +37,23 @@ def epochs_done(text: str) -> list[tuple[int, int]]:
     return [(int(e), int(a)) for e, a in re.findall(r"^epoch (\d+)/\d+ done: .*\(attempt (\d+)\)$", text, re.M)]
 
 
-@pytest.fixture
-def cluster(lab, write_inventory, home):
-    """h0 a ps, h1 a worker, h2 a spare; `host_timeout` shorter than the faults."""
+@pytest.fixture(scope="module")
+def home(lab, tmp_path_factory: pytest.TempPathFactory):
+    """The module's cluster: h0 a ps, h1 a worker, h2 a spare; `host_timeout` shorter than the
+    faults. Its DTF_HOME; after the module's tests, nothing of it may be left on the hosts."""
+    where = tmp_path_factory.mktemp("laptop-faults")
     ps, w0 = lab.ports(2)
-    inv = write_inventory([{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
+    inv = lab.inventory(where / "inventory.yaml", [{"host": "h0", "ps": [ps]}, {"host": "h1", "workers": [w0]}])
     doc = yaml.safe_load(inv.read_text())
     doc["spares"] = [{"host": "h2", "workdir": lab.host("h2").workdir}]
     doc["host_timeout"] = HOST_TIMEOUT
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    home = where / "home"
     r = dtf("up", str(inv), home=home, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    return inv
+    yield home
+    down_recorded(home)
+    assert leftovers(lab) == {}
 
 
 def check_every_epoch_once_nothing_moved(home: Path, code: int, text: str) -> list[tuple[int, int]]:
@@ -61,7 +69,7 @@ def check_every_epoch_once_nothing_moved(home: Path, code: int, text: str) -> li
     return done
 
 
-def test_a_dropped_network_is_waited_out_and_the_run_resumes(lab, cluster, home, tmp_path):
+def test_a_dropped_network_is_waited_out_and_the_run_resumes(lab, home, tmp_path):
     barrier = Barrier(tmp_path / "barrier", rf"^epoch 2/{EPOCHS} done")
     run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"), "--network-wait", "300",
                 *barrier.argv(EXAMPLES / "mnist_fit.py", "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS),
@@ -79,7 +87,7 @@ def test_a_dropped_network_is_waited_out_and_the_run_resumes(lab, cluster, home,
     assert {a for _, a in done} == {1, 2}
 
 
-def test_a_laptop_asleep_blames_no_host(lab, cluster, home, tmp_path):
+def test_a_laptop_asleep_blames_no_host(lab, home, tmp_path):
     barrier = Barrier(tmp_path / "barrier", rf"^epoch 2/{EPOCHS} done")
     run = Train(home, tmp_path / "train.out", "--output", str(tmp_path / "out"),
                 *barrier.argv(EXAMPLES / "mnist_fit.py", "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS),
@@ -93,7 +101,7 @@ def test_a_laptop_asleep_blames_no_host(lab, cluster, home, tmp_path):
     check_every_epoch_once_nothing_moved(home, code, text)
 
 
-def test_a_laptop_that_no_longer_reaches_the_tf_ports_directly_goes_through_ssh(lab, cluster, home, tmp_path):
+def test_a_laptop_that_no_longer_reaches_the_tf_ports_directly_goes_through_ssh(lab, home, tmp_path):
     """A laptop that wakes on another network, whose new address the hosts' firewall refuses (here,
     the same seen from the laptop: its own firewall drops every packet to the TF ports from then
     on, SSH left open): the next attempt carries the training's connections through SSH."""

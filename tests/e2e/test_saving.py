@@ -3,17 +3,13 @@ on hosts that do not share the laptop's files (each lab host has a /srv of its o
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from dtf.files.shipping import launcher_name
-from helpers import NOISE, REPO, dtf, wait_until
+from helpers import NOISE, REPO, dtf, saved_on_hosts
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 
 PROGRAMS = REPO / "tests" / "e2e" / "programs"
-DTF_FILES = {launcher_name(), "log", "pid.json", "ready.json", "supervisor.json", "lease.json", "firewall.json"}
 
 
 def test_a_stock_keras_program_saves_every_file_on_the_laptop_and_none_on_a_host(lab, write_inventory, home):
@@ -42,14 +38,10 @@ def test_a_stock_keras_program_saves_every_file_on_the_laptop_and_none_on_a_host
     assert any(p.startswith("backup/") and p.endswith(".index") for p in saved), sorted(saved)  # BackupAndRestore
     assert any(p.startswith("logs/train/events.out.tfevents.") for p in saved), sorted(saved)  # TensorBoard
 
-    # dtf train's repair followed each host through a `top` stream, which ends (and its record with
-    # it) once its SSH channel closed
-    wait_until(lambda: not [p for h in lab.hosts for p in Path(h.workdir, "saving").glob("top-*.json")], timeout=30)
-    for h in lab.hosts:  # nothing on any host: neither in its /srv nor in its tasks' directories
+    assert saved_on_hosts(lab, "saving") == []  # nothing in the tasks' directories on any host...
+    for h in lab.hosts:  # ... nor in its /srv
         assert not lab.exists(h, laptop)
         assert private_files(lab, h) == before[h.name], h.name
-        on_host = [str(p) for p in Path(h.workdir, "saving").rglob("*") if p.is_file() and p.name not in DTF_FILES]
-        assert on_host == [], on_host
 
     # TensorFlow's chatter is not shown (without --verbose); the program's own output is.
     assert "Epoch 2/2" in r.stdout

@@ -90,6 +90,7 @@ def test_up_into_one_pipe_says_its_steps_then_its_table(site: Site):
 def test_a_dead_server_is_restarted_with_backoff_until_the_limit(site: Site):
     inv = site.inventory({"a": {"ps": 1}, "b": {"workers": 1}}, restart_limit=2, restart_backoff=0.2)
     assert site.dtf("up", str(inv)).returncode == 0
+    before = rows(site)
     # Waits read the supervisor's own file (the lab's hosts share this machine's disk); `dtf
     # status` then says what a user sees. The fake servers run on this machine, lab or not.
     supervisor_pid = json.loads(site.record().read_text())["pids"]["worker:0"]
@@ -98,6 +99,9 @@ def test_a_dead_server_is_restarted_with_backoff_until_the_limit(site: Site):
     wait_until(lambda: site.supervisor("b", "worker-0").get("server_pid") not in (None, killed))
     row = wait_until(lambda: (r := rows(site)["worker:0"])["state"] == "alive" and r)
     assert (row["restarts"], row["last_exit"], row["pid"]) == (1, "killed by SIGKILL", supervisor_pid)
+    assert row["address"] == before["worker:0"]["address"]  # the same port: the coordinator takes it back
+    log = site.dtf("logs", "worker:0").stdout
+    assert "worker:0: server killed by SIGKILL after" in log and "restart 1 of 2 in 0.2s" in log, log
     # A server that keeps dying: the backoff doubles (quick deaths), then the supervisor gives up.
     site.crash("b", "worker-0")
     wait_until(lambda: site.supervisor("b", "worker-0").get("state") == "failed")
@@ -107,12 +111,21 @@ def test_a_dead_server_is_restarted_with_backoff_until_the_limit(site: Site):
     log = site.dtf("logs", "worker:0").stdout
     assert "restart 1 of 2 in 0.2s" in log and "restart 2 of 2 in 0.4s" in log, log
     assert "restart limit (2) reached: giving up" in log
-    # `dtf up` restarts only what is not serving.
+    assert rows(site)["ps:0"]["restarts"] == 0
+    # `dtf up` restarts only what is not serving; the ps keeps its process.
+    ps_pid = rows(site)["ps:0"]["server_pid"]
     (site.workdir("b") / "fk" / "worker-0" / "crash").unlink()
     r = site.dtf("up", str(inv))
     assert r.returncode == 0 and "restarted worker:0 (was failed)" in r.stdout, r.stderr
-    assert {t: (x["state"], x["restarts"]) for t, x in rows(site).items()} == {
+    assert "1 task(s) kept running" in r.stdout, r.stdout
+    after = rows(site)
+    assert {t: (x["state"], x["restarts"]) for t, x in after.items()} == {
         "ps:0": ("alive", 0), "worker:0": ("alive", 0)}
+    assert after["ps:0"]["server_pid"] == ps_pid
+    # `dtf down` stops supervisors and servers alike.
+    r = site.dtf("down")
+    assert r.returncode == 0 and "2 server(s) stopped" in r.stdout, r.stderr
+    assert site.processes() == []
 
 
 def test_a_launcher_missing_or_of_another_version_is_replaced_never_misread(local_site: Site):
@@ -194,7 +207,7 @@ def test_ctrl_c_twice_during_up_still_rolls_back(site: Site):
 
 
 def test_up_again_restarts_only_the_dead_tasks(local_site: Site):
-    site = local_site  # the lab runs this with TensorFlow: tests/e2e/test_survival.py
+    site = local_site  # the SSH lab runs this: tests/e2e/test_survival.py
     inv = site.inventory({"a": {"ps": 1, "workers": 1}, "b": {"workers": 1}})
     assert site.dtf("up", str(inv)).returncode == 0
     before = rows(site)
@@ -234,7 +247,7 @@ def test_the_lease_lapses_and_the_hosts_clear_themselves(site: Site):
     assert time.monotonic() - t_release >= 6
     r = site.dtf("status")
     assert r.returncode == 7 and "dtf's files are gone" in r.stderr
-    # (`dtf up` then starts it again: tests/e2e/test_survival.py, with TensorFlow.)
+    # (A renewed lease, and `dtf up` starting the cluster again: tests/e2e/test_survival.py.)
 
 
 PROGRAM = textwrap.dedent("""

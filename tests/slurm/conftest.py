@@ -51,8 +51,11 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureR
     try:
         # As the SSH lab's fixture: under pytest-xdist only the first worker takes the given pair.
         first = os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0"
+        # SlurmdTimeout 10 s: the tests that lose a node wait that long (and up to a ping
+        # interval, a third of it, more) for Slurm to find it; slurmctld pings a node every few
+        # seconds, so one that answers, even on a loaded machine, is never taken for lost.
         lab = SlurmLab(root=tmp_path_factory.mktemp("slurmlab"), name=name, subnet=subnet,
-                       pick=not (name and subnet and first)).__enter__()
+                       pick=not (name and subnet and first), slurmd_timeout=10).__enter__()
     except LabError as e:
         pytest.fail(f"Slurm lab failed: {e}")
     try:
