@@ -2,7 +2,7 @@
 cluster, on a laptop 100 ms away (attached: `dtf train`), and detached (`dtf train --detach`, then
 `dtf attach`), at 200-step and 2000-step epochs, on the SSH lab (1 ps, 2 workers on 3 hosts).
 
-    sudo .venv/bin/python bench/long_runs.py [--delay-ms 50] [--steps 200,2000] [--repeats 2]
+    sudo .venv/bin/python bench/long_runs.py [--delay-ms 50] [--steps 200,2000] [--epochs 6,3] [--repeats 2]
 
 Modes:
 - beside: `dtf train` on a cluster brought up as `dtf up` does by default (`network: auto`: the
@@ -19,9 +19,10 @@ The program (a 2-layer MLP on generated data, `model.fit` as tf-keras has it, `a
 no steps_per_execution: dtf packs) times itself: steady steps/s is between the end of its first
 epoch and the end of its last (start-up, shipping and dtf's measurement of the round trip, all in
 or before epoch 1, excluded); "start" is the wall time from the command to the program's first
-line (connecting, shipping, TensorFlow's import). The runs are interleaved (every mode at one
-epoch length, then the next; all of it --repeats times) so that a slow minute of a shared machine
-falls on every mode alike; each cell is the median of its runs.
+line (connecting, shipping, TensorFlow's import); "after the last" is the time from the last
+epoch's end to fit's return (TensorFlow freeing fit's datasets on the workers). The runs are
+interleaved (every mode at one epoch length, then the next; all of it --repeats times) so that a
+slow minute of a shared machine falls on every mode alike; each cell is the median of its runs.
 """
 
 from __future__ import annotations
@@ -199,7 +200,8 @@ def main() -> None:
     print(f"\nsteps/s (fit, 2-layer MLP, 1 ps + 2 workers; median of {args.repeats}; "
           f"attached and detached: {rtt} round trip)")
     print(f"{'mode':<10} {'epoch steps':>11} {'epochs':>6} {'steady steps/s':>15} {'ratio to beside':>16} "
-          f"{'whole fit steps/s':>18} {'first epoch s':>14} {'start s':>8} {'spread (steady)':>16}")
+          f"{'whole fit steps/s':>18} {'first epoch s':>14} {'after the last s':>17} {'start s':>8} "
+          f"{'spread (steady)':>16}")
     for steps, n in zip(lengths, epochs):
         base = results.get(("beside", steps))
         base_steady = statistics.median(r.steady for r in base) if base else None
@@ -209,7 +211,8 @@ def main() -> None:
             whole = statistics.median(steps * n / r.fit for r in rs)
             ratio = f"{steady / base_steady:.2f}x" if base_steady else "-"
             print(f"{mode:<10} {steps:>11} {n:>6} {steady:15.1f} {ratio:>16} {whole:18.1f} "
-                  f"{statistics.median(r.first for r in rs):14.1f} {statistics.median(r.start for r in rs):8.1f} "
+                  f"{statistics.median(r.first for r in rs):14.1f} {statistics.median(r.last for r in rs):17.1f} "
+                  f"{statistics.median(r.start for r in rs):8.1f} "
                   f"{f'{min(r.steady for r in rs):.0f}-{max(r.steady for r in rs):.0f}':>16}")
 
 
