@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 # The features, in the order they are installed: (module name in dtf.program.hooks, its install function).
-FEATURES: list[str] = ["saving", "guards", "oncluster", "recovery", "packing", "wrap", "collective", "figures"]
+FEATURES: list[str] = ["saving", "guards", "oncluster", "recovery", "packing", "roundtrips", "wrap", "collective",
+                       "figures"]
 
 
 def install(features: Sequence[str] | None = None) -> None:

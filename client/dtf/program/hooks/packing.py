@@ -11,11 +11,15 @@ How, in tf-keras 2.21 (pinned; internals named below):
 - `Model.make_train_function` builds, under a coordinator, a function taking the step count as an
   argument, read from `model._steps_per_execution` (a variable) when each closure is scheduled;
   but only when that variable is not 1 at build time (else a one-step function): dtf has it
-  build the multi-step one.
+  build the multi-step one. The variable lives on a ps: that read is a round trip for every
+  closure, made before the closure is handed to a worker. dtf schedules that same multi-step
+  function itself (taken from tf-keras' scheduling lambda: `train_function`), with the count it
+  chose as a tensor on the coordinator, sent along with the closure: no read, and the variable
+  keeps the program's value. Where the lambda is not as expected, dtf sets the variable before
+  each closure whose count differs from the last, and tf-keras reads it.
 - `_ClusterCoordinatorDataHandler.steps` yields one fit iteration per closure and advances the
-  step by the variable's value: dtf replaces it, for a packed fit, with one that sets the
-  variable to the Packer's count before each closure (and only when it changes: it lives on a
-  ps, so every read or write is a round trip).
+  step by the variable's value: dtf replaces it, for a packed fit, with one that takes the
+  Packer's count for each closure.
 - `evaluate` (also inside fit, for validation) sees the program's own value.
 
 Off with `dtf train --no-packing` (DTF_PACKING=off).
@@ -46,6 +50,9 @@ class State:
     held: int  # what the variable holds now, as far as dtf knows
     active: bool = False  # inside fit, outside its evaluate
     train_function: Any = field(default=None)
+    direct: bool = False  # train_function schedules with `count` (else tf-keras reads the variable)
+    count: int = 1  # the steps of the next closure
+    counts: dict[int, Any] = field(default_factory=dict)  # count -> its tensor on the coordinator
 
 
 def say(message: str) -> None:
@@ -149,9 +156,21 @@ def _patch(_: ModuleType) -> None:
         autotune = self._autotune_steps_per_execution
         self._autotune_steps_per_execution = True
         try:
-            state.train_function = make_train_function(self, True)
+            scheduling = make_train_function(self, True)
         finally:
             self._autotune_steps_per_execution = autotune
+        function = _scheduled_function(scheduling)
+        state.direct = function is not None
+        if function is None:
+            state.train_function = scheduling
+        else:
+            coordinator = self._cluster_coordinator
+            dtype = self._steps_per_execution.dtype
+
+            def train_function(iterator: Any) -> Any:
+                return coordinator.schedule(function, args=(iterator, _count(state, dtype)))
+
+            state.train_function = self.train_function = train_function
         return state.train_function
 
     def patched_steps(self: Any) -> Iterator[int]:
@@ -166,7 +185,10 @@ def _patch(_: ModuleType) -> None:
         for n in state.packer.closures(total):
             if self._insufficient_data:  # set by catch_stop_iteration
                 break
-            _hold(model, state, n)
+            if state.direct:
+                state.count = n
+            else:
+                _hold(model, state, n)
             self._step_increment = n - 1
             yield self._current_step
             self._current_step += n
@@ -185,3 +207,29 @@ def _hold(model: Any, state: State, value: int) -> None:
     if state.held != value:
         model._steps_per_execution.assign(value)
         state.held = value
+
+
+def _scheduled_function(scheduling: Any) -> Any:
+    """The multi-step tf.function that tf-keras' lambda `lambda it: self._cluster_coordinator.schedule(
+    train_function, args=(it, self._steps_per_execution.value()))` schedules, or None where the
+    lambda is not that one."""
+    code = getattr(scheduling, "__code__", None)
+    if code is None or code.co_argcount != 1 or not {"schedule", "_steps_per_execution"} <= set(code.co_names):
+        return None
+    cells = dict(zip(code.co_freevars, scheduling.__closure__ or ()))
+    cell = cells.get("train_function")
+    function = cell.cell_contents if cell is not None else None
+    return function if callable(function) else None
+
+
+def _count(state: State, dtype: Any) -> Any:
+    """The next closure's step count, as a tensor on the coordinator (made once per count)."""
+    n = state.count
+    if n not in state.counts:
+        import tensorflow as tf
+
+        from dtf.program.hooks.roundtrips import coordinator_device
+
+        with tf.device(coordinator_device()):
+            state.counts[n] = tf.constant(n, dtype=dtype)
+    return state.counts[n]
