@@ -161,7 +161,8 @@ def main() -> None:
     rtt = f"+{2 * args.delay_ms:g} ms"
     with tempfile.TemporaryDirectory() as d, Lab(3, root=Path(d) / "lab", mode="netns") as lab:
         tmp = Path(d)
-        program = tmp / "fit.py"
+        program = tmp / "program" / "fit.py"  # a folder of its own: a detached run ships the program's folder
+        program.parent.mkdir()
         program.write_text(PROGRAM)
         wan = lab.root / "ssh_config_wan"
         wan.write_text(lab.ssh_config.read_text().replace(
