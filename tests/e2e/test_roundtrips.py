@@ -1,7 +1,8 @@
 """dtf.program.hooks.roundtrips and the packing hook's own scheduling, on a local cluster: a fit's
 metrics, reset and read in one call each, are the values each metric gives by itself; a metric
 with a result of its own is still called eagerly; a closure's outputs copied in one call are its
-outputs; a packed fit runs every step and leaves steps_per_execution as the program set it."""
+outputs, whatever their number from one closure to the next; a packed fit runs every step and
+leaves steps_per_execution as the program set it."""
 
 from __future__ import annotations
 
@@ -70,13 +71,23 @@ PROGRAM = textwrap.dedent("""
     remote = dtf.coordinator().schedule(outputs)
     dtf.coordinator().join()
     fetched = remote.fetch()
+    eager_in_fit = len(eager_results)
+    # closures of other numbers of outputs than fit's, of the same types: more of them, then fewer
+    @tf.function
+    def wide():
+        return [v * float(i) for i in range(6)]
+    remote_wide = dtf.coordinator().schedule(wide)
+    dtf.coordinator().join()
+    fetched_wide = [float(t) for t in remote_wide.fetch()]
+    evaluated = model.evaluate(data, steps=6, return_dict=True, verbose=0)
 
     print("RESULT " + json.dumps({
-        "epochs": Check.epochs, "eager_results": len(eager_results), "after_reset": after_reset,
+        "epochs": Check.epochs, "eager_results": eager_in_fit, "after_reset": after_reset,
         "kinds": sorted({key[0] for key in cache}), "direct": bool(packing and packing.direct),
         "iterations": int(model.optimizer.iterations.numpy()), "spe": int(model._steps_per_execution.numpy()),
         "fetched": {"a": float(fetched["a"]), "b": fetched["b"].tolist(), "c": fetched["c"].decode(),
-                    "d": [float(t) for t in fetched["d"]]}}))
+                    "d": [float(t) for t in fetched["d"]]},
+        "wide": fetched_wide, "evaluated": sorted(evaluated)}))
 """)
 
 
@@ -101,3 +112,5 @@ def test_metrics_in_one_call_are_each_metrics_own_values_and_a_packed_fit_runs_e
     assert result["after_reset"] and all(value == 0.0 for value in result["after_reset"])
     assert result["fetched"] == {"a": 3.0, "b": [1, 2, 3], "c": "x", "d": [4.0, 1.0]}
     assert result["direct"] and result["iterations"] == 60 and result["spe"] == 1
+    assert result["wide"] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert result["evaluated"] == ["accuracy", "counted", "loss", "sparse_top_k_categorical_accuracy"]

@@ -67,18 +67,22 @@ def _patch_copies(_: ModuleType) -> None:
     from tensorflow.python.util import nest
 
     copy_to_local = values.RemoteValueImpl._copy_to_local
-    identities: list[Any] = []  # the tf.function, made at the first copy (after the program connected)
+    # One tf.function per number of outputs, each made at its first copy (after the program
+    # connected): a single variadic one would be traced again for each new number of inputs, and
+    # with reduce_retracing TensorFlow 2.21 fails to relax two signatures of different lengths
+    # (IndexError in FunctionType.most_specific_common_subtype: fit's outputs, then evaluate's).
+    identities: dict[int, Any] = {}
 
     def copied(tensors: Sequence[Any]) -> list[Any]:
-        if not identities:
+        if len(tensors) not in identities:
             device = coordinator_device()
 
             def identity_all(*inputs: Any) -> list[Any]:
                 with ops.device(device):
                     return [tf.identity(t) for t in inputs]
 
-            identities.append(tf.function(identity_all, reduce_retracing=True))
-        result: list[Any] = identities[0](*tensors)
+            identities[len(tensors)] = tf.function(identity_all, reduce_retracing=True)
+        result: list[Any] = identities[len(tensors)](*tensors)
         return result
 
     def patched_copy_to_local(self: Any) -> Any:
