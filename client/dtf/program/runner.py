@@ -81,6 +81,8 @@ CONNECTION_CODES = {14: "UNAVAILABLE", 4: "DEADLINE_EXCEEDED", 10: "ABORTED"}
 CONTEXT_GONE = ("Unable to find the relevant tensor remote_handle", "unknown device")
 
 _error_file: list[str | None] = [None]  # where a connection error goes (ERROR_FILE_ENV, read at the start)
+# The program's path, for excepthook: by then python_m's runpy has put its own sys.argv[0] back.
+_program: list[str | None] = [None]
 _DTF_DIR = os.path.dirname(os.path.abspath(__file__))  # dtf.program: this runner and the hooks
 _RUNPY = {os.path.abspath(runpy.__file__), "<frozen runpy>"}
 _NO_FILE = re.compile(r"(\S+?)\s*[;:]?\s*No such file or directory")
@@ -177,7 +179,7 @@ def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackTyp
             pass  # said here, as without the file
     line = missing_on_worker(value)
     if line is not None:
-        where = [f for f in exc.stack if os.path.abspath(f.filename) == os.path.abspath(sys.argv[0])]
+        where = [f for f in exc.stack if os.path.abspath(f.filename) == _program[0]]
         at = f" ({os.path.basename(where[-1].filename)}:{where[-1].lineno})" if where else ""
         print(f"dtf: error: {line}{at}", file=sys.stderr, flush=True)
         return
@@ -201,6 +203,7 @@ def main() -> None:
     outcome: dict[str, int | None] = {"code": 1}  # an uncaught exception, unless we learn otherwise
     status_path = os.environ.pop(EXIT_STATUS_ENV, None)  # not the program's children's business
     _error_file[0] = os.environ.pop(ERROR_FILE_ENV, None)
+    _program[0] = os.path.abspath(program)
     if status_path:
         atexit.register(_write_status, status_path, outcome)  # registered first: runs last
     from dtf.program import hooks
