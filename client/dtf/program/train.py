@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from dtf.cluster import state
 from dtf.cluster.plan import GRPC_KEEPALIVE, Plan
 from dtf.cluster.state import Record
-from dtf.errors import ClusterDown, DtfError, UsageError
+from dtf.errors import ClusterDown, DtfError, HostFailure, UsageError
 from dtf.hostops import reach, realloc
 from dtf.hostops.lease import LeaseKeeper
 from dtf.hostops.parallel import HostOps
@@ -201,9 +201,12 @@ class Attempts:
         """After attempt `self.attempt` failed with `code`: whether the program runs again (the
         next attempt set up), or not (its own failure, or no attempt left: said in one line).
         ClusterDown where the cluster cannot go on."""
-        cut = self.wait_for_contact()  # before anything is asked of the hosts
+        # A job that ended took its tasks with it: no task answers, and that is not the network's.
+        ended = self.allocation_ended()
+        cut = self.wait_for_contact() if ended is None else None  # before anything is asked of the hosts
         plan, repair = self.record.plan, self.repair
-        ended = job_ended(self.record, self.connect_timeout)
+        if ended is None:
+            ended = job_ended(self.record, self.connect_timeout)
         if ended is not None:  # the allocation's end: a new one, where dtf made it
             return self.reallocate(ended)
         if repair.lost is not None:
@@ -243,6 +246,16 @@ class Attempts:
                               f"{', '.join(still)} (see `dtf status`, `dtf logs TASK`)")
         return self.again(f"cluster serving again after {time.monotonic() - t0:.1f}s; ")
 
+    def allocation_ended(self) -> str | None:
+        """`job_ended`, where the hosts' allocation can end and its login host answers; None where
+        it runs, and where the login host does not answer either (the network, waited for)."""
+        if not provider_for(self.record.plan, self.connect_timeout).ends:
+            return None
+        try:
+            return job_ended(self.record, self.connect_timeout)
+        except HostFailure:
+            return None
+
     def wait_for_contact(self) -> float | None:
         """Where no task answers this machine (its network dropped, or it woke from a sleep with its
         connections gone), wait until every task does again, up to `network_wait` seconds: how long
@@ -260,10 +273,15 @@ class Attempts:
             f"{self.network_wait:g}s for them (--network-wait)")
         self.figures.update(network_lost_since=time.strftime("%H:%M:%S"))
         deadline = t0 + self.network_wait
-        rerouted_at = time.monotonic()
+        rerouted_at = asked_at = time.monotonic()
         while True:
             if self.repair.lost is not None:
                 raise ClusterDown(self.repair.lost)
+            if time.monotonic() - asked_at >= REROUTE_EVERY:
+                asked_at = time.monotonic()
+                if self.allocation_ended() is not None:  # the job's end, not the network: after() says so
+                    self.figures.update(network_lost_since=None)
+                    return time.monotonic() - t0
             ops = HostOps(self.repair.plan, connect_timeout=self.connect_timeout)
             still = reach.unreachable(ops, self.record.network, reach.PROBE_TIMEOUT)
             if not still:
