@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import LOCAL_CLUSTER, dtf
+from helpers import LOCAL_CLUSTER, dtf, listen_ports
 
-pytestmark = [pytest.mark.tf, pytest.mark.slow, LOCAL_CLUSTER]
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 PROGRAM = textwrap.dedent("""
     import json
@@ -91,9 +91,29 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
+@LOCAL_CLUSTER
 def test_metrics_in_one_call_are_each_metrics_own_values_and_a_packed_fit_runs_every_step(
         tmp_path: Path, local_cluster):
     _, home = local_cluster
+    check(home, tmp_path)
+
+
+def test_the_same_with_metrics_spread_over_two_ps(tmp_path: Path):
+    """Round-robin placement puts a metric's variables on either ps; no ps knows the other (device
+    filters): one call over both comes from the coordinator."""
+    ps0, ps1, w0, w1 = listen_ports(4)
+    inventory = tmp_path / "two-ps.yaml"
+    inventory.write_text(f"cluster: twops\nhosts:\n  - host: localhost\n    connection: local\n"
+                         f"    workdir: {tmp_path / 'work'}\n    ps: [{ps0}, {ps1}]\n    workers: [{w0}, {w1}]\n")
+    home = tmp_path / "home"
+    assert dtf("up", str(inventory), home=home).returncode == 0
+    try:
+        check(home, tmp_path)
+    finally:
+        assert dtf("down", home=home).returncode == 0
+
+
+def check(home: Path, tmp_path: Path) -> None:
     program = tmp_path / "fit.py"
     program.write_text(PROGRAM)
     r = dtf("train", str(program), home=home, timeout=600)

@@ -23,7 +23,8 @@ TensorFlow 2.21 (pinned; internals named here):
 Here, under a coordinator:
 - the metrics whose `reset_state` (and its old name `reset_states`) and `result` are tf-keras' own
   (compile's loss and metrics, `tf.keras.metrics` classes, and subclasses that keep those methods)
-  are reset by one `tf.function`, run on their variables' device, and their results computed by
+  are reset by one `tf.function`, run on their variables' ps (or from the coordinator, where they
+  are spread over several ps), and their results computed by
   another, which returns them on the coordinator. tf-keras traces these same `result()` calls
   into fit's train step (`compute_metrics`). A metric with a `reset_state` or `result` of its own
   (Python that may do more than TensorFlow ops) is called as before, eagerly.
@@ -167,7 +168,11 @@ def _patch_metrics(_: ModuleType) -> None:
         if not ours:
             reset_metrics(self)
             return
-        with tf.device(ours[0].variables[0].device):  # one call to the ps that holds them
+        # One call to the ps that holds them; where they are spread over several ps, from the
+        # coordinator, which runs the function's part on each at once (a ps cannot: it knows no
+        # other ps, TensorFlow's device filters).
+        devices = {v.device for m in ours for v in m.variables}
+        with tf.device(devices.pop() if len(devices) == 1 else coordinator_device()):
             _function(self, "reset", ours, _make_reset)()
         for m in metrics:
             if not any(m is o for o in ours):
