@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def _env_dirs(workdir: str) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.endswith(".uv-cache")) if root.is_dir() else []
 
 
-def _kill_build(lab, host: str, deadline: float) -> list[int]:
+def _kill_build(lab, host: str, deadline: float, up: subprocess.Popen) -> list[int]:
     """Wait until uv has begun installing the packages on the host (the environment is created,
     not complete), then SIGKILL the build (launcher and uv), as a reboot or the OOM killer would.
     Not a fixed sleep, and at the install's start rather than half-way through it: an install that
@@ -61,6 +62,9 @@ def _kill_build(lab, host: str, deadline: float) -> list[int]:
                 except ProcessLookupError:
                     pass
             return [pid for pid, _ in procs]
+        if up.poll() is not None:
+            raise AssertionError(f"`dtf up` ended ({up.returncode}) before the environment build began:\n"
+                                 f"{up.stderr.read() if up.stderr else ''}")
         time.sleep(0.1)
     raise AssertionError("the environment build never started")
 
@@ -75,13 +79,16 @@ def test_managed_hosts_build_copy_rebuild_train_reuse_purge(lab, write_inventory
     inv = write_inventory([{"host": "h0", **managed, "ps": [ps], "workers": [w0]},
                            {"host": "h1", **managed, "workers": [w1]},
                            {"host": "h2", "workers": [w2]}])  # a user-managed python beside them
+    # (Cold: no environment of another test's on these hosts: another module may have built one there.)
+    for h in (h0, h1):
+        shutil.rmtree(Path(h.workdir, ".cache"), ignore_errors=True)
     # 1. Cold: the laptop sends the wheels to one host, the other copies them from it. h0's build
     # is killed as it installs: `up` fails with one line for h0, and rolls back.
     up = subprocess.Popen([sys.executable, "-m", "dtf.cli", "up", str(inv)],
                           env={**os.environ, "DTF_HOME": str(home)}, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:
-        killed = _kill_build(lab, "h0", time.monotonic() + 600)
+        killed = _kill_build(lab, "h0", time.monotonic() + 600, up)
         out, err = up.communicate(timeout=600)
     finally:
         if up.poll() is None:
