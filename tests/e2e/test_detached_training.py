@@ -47,6 +47,8 @@ def cluster(lab, tmp_path_factory):
     r = dtf("up", str(inv), home=home, timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     yield home
+    # --purge: the managed environment built on h0 goes too (other modules on this lab expect cold hosts)
+    dtf("down", "--purge", home=home, timeout=300)
     down_recorded(where)
     assert leftovers(lab) == {}
 
