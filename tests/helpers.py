@@ -399,3 +399,32 @@ def write_local_inventory(where: Path) -> Path:
     path.write_text(f"cluster: loc\nhosts:\n  - host: localhost\n    connection: local\n"
                     f"    workdir: {where / 'work'}\n    ps: [{ps}]\n    workers: [{w0}, {w1}]\n")
     return path
+
+
+# A Slurm cluster's inventory and the record `dtf up` would make of it (job 77 on n1 and n2), for
+# the tests that need one without a Slurm lab.
+SLURM_INVENTORY = """\
+cluster: hpc
+defaults: {python: /opt/tf/bin/python3, workdir: ~/.dtf}
+slurm:
+  login: {host: login.example.org}
+  nodes: 2
+  ps: 1
+  workers: 1
+"""
+
+
+def slurm_record(submitted: bool = True):
+    """SLURM_INVENTORY's record: job 77 (dtf's own unless `submitted` is False) on n1 and n2."""
+    from dtf.cluster.allocation import Allocation
+    from dtf.cluster.inventory import loads
+    from dtf.cluster.plan import make_plan
+    from dtf.cluster.state import Record
+    from dtf.providers.slurm import commands as slurm
+
+    inv = loads(SLURM_INVENTORY, "inventory.yaml")
+    assert inv.slurm is not None
+    alloc = Allocation(job="77", submitted=submitted, login=inv.slurm.login, nodes=("n1", "n2"),
+                       addresses=("10.0.0.1", "10.0.0.2"), request=slurm.request(inv))
+    return Record(plan=make_plan(inv.with_nodes(alloc.nodes), allocation=alloc), inventory="/x/inventory.yaml",
+                  created=1.0, chief_host="10.0.0.9")

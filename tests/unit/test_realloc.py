@@ -5,53 +5,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from dtf import top
 from dtf.cluster import state
-from dtf.cluster.allocation import Allocation
-from dtf.cluster.inventory import loads
-from dtf.cluster.plan import make_plan
 from dtf.cluster.state import Record
 from dtf.hostops import realloc
-from dtf.providers.slurm import commands as slurm
+from helpers import slurm_record
 
-INVENTORY = """\
-cluster: hpc
-defaults: {python: /opt/tf/bin/python3, workdir: ~/.dtf}
-slurm:
-  login: {host: login.example.org}
-  nodes: 2
-  ps: 1
-  workers: 1
-"""
 ENDED = "slurm job 77 lost a node (NODE_FAIL; node n2 DOWN+NOT_RESPONDING: Not responding): its tasks ended with it"
 
 
-def record_of(submitted: bool = True) -> Record:
-    inv = loads(textwrap.dedent(INVENTORY), "inventory.yaml")
-    assert inv.slurm is not None
-    alloc = Allocation(job="77", submitted=submitted, login=inv.slurm.login, nodes=("n1", "n2"),
-                             addresses=("10.0.0.1", "10.0.0.2"), request=slurm.request(inv))
-    return Record(plan=make_plan(inv.with_nodes(alloc.nodes), allocation=alloc), inventory="/x/inventory.yaml",
-                  created=1.0, chief_host="10.0.0.9")
-
-
 def test_only_a_job_dtf_submitted_is_replaced_while_attempts_are_left() -> None:
-    assert realloc.refusal(record_of(), ENDED, attempt=1, attempts=3) is None
-    assert realloc.refusal(record_of(), ENDED, attempt=3, attempts=3) == (
+    assert realloc.refusal(slurm_record(), ENDED, attempt=1, attempts=3) is None
+    assert realloc.refusal(slurm_record(), ENDED, attempt=3, attempts=3) == (
         f"cluster 'hpc': {ENDED}; no attempts left (--attempts 3)")
     # The inventory's `job:`: the line as before, whatever the attempts.
-    assert realloc.refusal(record_of(submitted=False), ENDED, attempt=1, attempts=3) == f"cluster 'hpc': {ENDED}"
-    assert not realloc.replaceable(record_of(submitted=False))
+    assert realloc.refusal(slurm_record(submitted=False), ENDED, attempt=1, attempts=3) == f"cluster 'hpc': {ENDED}"
+    assert not realloc.replaceable(slurm_record(submitted=False))
 
 
 def test_the_allocation_and_the_jobs_replaced_are_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DTF_HOME", str(tmp_path))
-    record = record_of().replace(allocation=2, replaced=[f"77: {ENDED}"])
+    record = slurm_record().replace(allocation=2, replaced=[f"77: {ENDED}"])
     state.save(record)
     again = state.load("hpc")
     assert (again.allocation, again.replaced) == (2, [f"77: {ENDED}"])
@@ -73,7 +51,7 @@ def test_the_job_watch_asks_slurm_at_its_pace(monkeypatch: pytest.MonkeyPatch) -
         asked.append(now[0])
         return answers[len(asked) - 1]
 
-    watch = realloc.JobWatch(record_of(), 5.0, job_ended)
+    watch = realloc.JobWatch(slurm_record(), 5.0, job_ended)
     assert not watch() and asked == []  # not before JOB_POLL seconds
     now[0] += realloc.JOB_POLL
     assert not watch() and asked == [now[0]]
@@ -82,7 +60,7 @@ def test_the_job_watch_asks_slurm_at_its_pace(monkeypatch: pytest.MonkeyPatch) -
     now[0] += realloc.JOB_POLL
     assert watch() and watch.ended == ENDED
     # A cluster of hosts has no job to end: never asked.
-    hosts = record_of()
+    hosts = slurm_record()
     hosts = hosts.replace(plan=dataclasses.replace(hosts.plan, allocation=None))
     never = realloc.JobWatch(hosts, 5.0, job_ended)
     now[0] += 10 * realloc.JOB_POLL
