@@ -15,7 +15,7 @@ from dtf.hostops.parallel import HostOps
 from dtf.hostops.repair import Repair
 from dtf.hostops.watch import HostFeed
 from dtf_server.protocol import TaskSample, TaskStatus, TopSample
-from helpers import wait_until
+from helpers import slurm_record, wait_until
 
 INVENTORY = """\
 cluster: c
@@ -134,9 +134,7 @@ def test_this_machines_own_silence_is_no_hosts(monkeypatch):
 
 def test_a_slurm_node_silent_past_the_timeout_is_never_moved():
     """No spares on Slurm: a job that ends is replaced as a whole (dtf.providers.slurm.reallocate)."""
-    from unit.test_realloc import record_of
-
-    m = Recorded(record_of())
+    m = Recorded(slurm_record())
     m.answered = {h: time.monotonic() - 10 * m.plan.host_timeout for h in m.answered}
     m.look()
     assert m.moves == [] and m.lost is None
