@@ -223,7 +223,8 @@ def cmd_start(request: StartRequest) -> StartReply:
 
     if rules is not None and rules.error is None:
         firewall.sweep(request.dir, in_use)  # others' stale rules, while the servers start
-    # Ready means: the server wrote ready.json once it serves, AND its port accepts a connection.
+    # Ready means: the server wrote ready.json once it serves, AND its port accepts a connection
+    # (AND its supervisor recorded it: the pid `up` shows).
     # A server that dies first has crashed (its supervisor would restart it, but a server that
     # cannot start is a mistake to report): report its log's last lines.
     begun = time.monotonic()
@@ -238,8 +239,12 @@ def cmd_start(request: StartRequest) -> StartReply:
                                             log_tail=tail(os.path.join(tdir, Layout.LOG)))
                 del pending[name]
             elif os.path.exists(os.path.join(tdir, Layout.READY)) and port_open(task.port):
-                results[name] = TaskStarted(ok=True, pid=waited.pid, server_pid=_server_pid(tdir))
-                del pending[name]
+                # A server forked from a supervisor that imported TensorFlow already can serve
+                # before its supervisor recorded it: ready once the record names it too.
+                server_pid = _server_pid(tdir)
+                if server_pid is not None:
+                    results[name] = TaskStarted(ok=True, pid=waited.pid, server_pid=server_pid)
+                    del pending[name]
         if pending:
             time.sleep(READY_FIRST_POLL if time.monotonic() - begun < READY_FIRST else READY_POLL)
     for name, (_, waited, tdir) in pending.items():

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -238,3 +240,51 @@ def test_die_with_parent_sets_the_parent_death_signal():
             "print(value.value)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout.strip()) == (0, "15"), r.stderr
+
+
+def test_start_reports_a_server_that_serves_before_its_supervisor_recorded_it_by_its_pid(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """A forked server can write ready.json and listen before its supervisor (descheduled right
+    after the fork) records it: `start` waits for the record, so `up` shows the server's pid (the
+    one `dtf status` shows), not `-`. The supervisor here records its server only once `start` has
+    seen the server serving a few times."""
+    [port] = listen_ports(1)
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen()
+    seen = threading.Semaphore(0)
+    port_open = start.port_open
+
+    def counting(p: int) -> bool:
+        open_ = port_open(p)
+        if open_:
+            seen.release()
+        return open_
+
+    class Forked:
+        pid = os.getpid()
+
+        def poll(self) -> None:
+            return None
+
+    def fork(root: str, task: TaskSpec, *args: object, **kwargs: object) -> Forked:
+        tdir = Path(protocol.Layout.task_dir(root, task.job, task.index))
+        (tdir / protocol.Layout.READY).write_text(json.dumps({"pid": 4242}))
+
+        def record() -> None:
+            for _ in range(3):
+                seen.acquire()
+            (tdir / protocol.Layout.SUPERVISOR).write_text(json.dumps({"server_pid": 4242}))
+        threading.Thread(target=record, daemon=True).start()
+        return Forked()
+
+    monkeypatch.setattr(start, "port_open", counting)
+    monkeypatch.setattr(start, "fork_supervisor", fork)
+    try:
+        reply = start.cmd_start(protocol.StartRequest(
+            dir=str(tmp_path / "c"), timeout=30, ttl=0, restart_limit=0, restart_backoff=1,
+            task=[TaskSpec("worker", 0, port, ["serve"])]))
+    finally:
+        listener.close()
+    assert reply.tasks["worker:0"].ok and reply.tasks["worker:0"].server_pid == 4242, reply
