@@ -202,10 +202,14 @@ class Attempts:
         next attempt set up), or not (its own failure, or no attempt left: said in one line).
         ClusterDown where the cluster cannot go on."""
         # A job that ended took its tasks with it: no task answers, and that is not the network's.
-        ended = self.allocation_ended()
+        # Its login host unanswered too: the network's, waited for; then asked again.
+        try:
+            ended, asked = job_ended(self.record, self.connect_timeout), True
+        except HostFailure:
+            ended, asked = None, False
         cut = self.wait_for_contact() if ended is None else None  # before anything is asked of the hosts
         plan, repair = self.record.plan, self.repair
-        if ended is None:
+        if not asked or cut is not None:  # the job may have ended while this machine was cut off
             ended = job_ended(self.record, self.connect_timeout)
         if ended is not None:  # the allocation's end: a new one, where dtf made it
             return self.reallocate(ended)
