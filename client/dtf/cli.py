@@ -256,10 +256,9 @@ def train(
         from dtf.collective.run import run_collective
         from dtf.program.train import taken_down
 
-        record = recorded
-        raise typer.Exit(run_collective(record, str(program), list(args or []), str(output) if output else None,
+        raise typer.Exit(run_collective(recorded, str(program), list(args or []), str(output) if output else None,
                                         attempts=attempts, join_timeout=join_timeout,
-                                        connect_timeout=connect_timeout, taken_down=lambda: taken_down(record),
+                                        connect_timeout=connect_timeout, taken_down=lambda: taken_down(recorded),
                                         verbose=verbose))
     started = time.monotonic()
     code = run_program(recorded, str(program), list(args or []),

@@ -187,7 +187,7 @@ def ending(root: str) -> tuple[int | None, str, float | None]:
     job, index = Layout.parse_name(Layout.CHIEF)
     path = Layout.in_task(root, job, index, Layout.SUPERVISOR)
     sup = read_json(path) or {}
-    if sup.get("state") == "exited":
+    if sup.get("state") == EXITED:
         return sup.get("exit_code"), str(sup.get("last_exit") or ""), os.path.getmtime(path)
     if sup:
         return None, "stopped (its coordinator was killed)", os.path.getmtime(path)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import posixpath
 import signal
 import sys
@@ -36,6 +35,7 @@ from dtf.errors import ClusterDown, DtfError, UsageError
 from dtf.hostops.parallel import HostOps
 from dtf.hosts.base import HostError
 from dtf.hosts.netutil import CONNECT_TIMEOUT
+from dtf.program.figures import write_atomic
 from dtf_server.protocol import (
     BEAT_EVENT,
     EXIT_EVENT,
@@ -73,9 +73,7 @@ def write_cursor(home: Path, cluster: str, run_id: str, offset: int) -> None:
     starts the next one after the last line it printed."""
     path = cursor_path(home, cluster)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"run_id": run_id, "offset": offset}))
-    os.replace(tmp, path)
+    write_atomic(path, {"run_id": run_id, "offset": offset})
 
 
 def remove_cursor(home: Path, cluster: str) -> None:

@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from dtf_server.protocol import EXIT_STATUS_ENV, DetachedLayout
@@ -85,12 +86,10 @@ def main(argv: list[str]) -> int:
 def ended(run: str, code: int) -> None:
     """How the run ended (DetachedLayout.ENDED), whole or not at all: what `dtf attach`, `status`
     and `down` say, and what stays of it once the lease lapsed and its supervisor's files are gone."""
+    from dtf.program.figures import write_atomic
     from dtf_server.protocol import exit_reason
 
-    path = os.path.join(run, DetachedLayout.ENDED)
-    with open(path + ".tmp", "w") as f:
-        json.dump({"exit_code": code, "reason": exit_reason(code), "time": time.time()}, f)
-    os.replace(path + ".tmp", path)
+    write_atomic(Path(run, DetachedLayout.ENDED), {"exit_code": code, "reason": exit_reason(code), "time": time.time()})
 
 
 def prepare(run: str, spec: dict[str, Any]):  # type: ignore[no-untyped-def]
