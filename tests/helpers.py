@@ -163,6 +163,11 @@ def leftovers(lab) -> dict[str, list]:
     return {name: p for name, p in lab.processes_of_hosts().items() if p}
 
 
+def epochs_done(text: str) -> list[tuple[int, int]]:
+    """(epoch, attempt) of every "epoch E/N done: ... (attempt A)" line, in order."""
+    return [(int(e), int(a)) for e, a in re.findall(r"^epoch (\d+)/\d+ done: .*\(attempt (\d+)\)$", text, re.M)]
+
+
 # What dtf itself keeps in a cluster's directory on a host (its tasks' directories included).
 DTF_FILES = frozenset({"log", "pid.json", "ready.json", "supervisor.json", "lease.json", "firewall.json"})
 

@@ -227,21 +227,22 @@ class SlurmLab(Lab):
         """`path` (absolute) as a compute host's job steps see it: through its slurmd's root
         (/proc/PID/root), in slurmd's mount namespace, where PRIVATE is that node's own disk."""
         h = self.host(host)
-        for proc in self._daemons:
-            if proc.poll() is None and f"exec slurmd -D -N {h.name} " in " ".join(map(str, proc.args)):
-                # nsenter, unshare and sh each exec the next: the pid Popen started is slurmd's.
-                return Path(f"/proc/{proc.pid}/root") / path.lstrip("/")
+        for proc in self._slurmds(h):  # nsenter, unshare and sh each exec the next: the pid is slurmd's
+            return Path(f"/proc/{proc.pid}/root") / path.lstrip("/")
         raise LabError(f"no slurmd runs on {h.name}")
 
     def kill_slurmd(self, host: Host | str) -> None:
         """SIGKILL a compute host's slurmd, as a crashed daemon or a lost node: slurmctld marks the
         node DOWN once it has not answered for SlurmdTimeout (`slurmd_timeout`)."""
-        h = self.host(host)
-        for proc in list(self._daemons):
-            if proc.poll() is None and f"exec slurmd -D -N {h.name} " in " ".join(map(str, proc.args)):
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-                self._daemons.remove(proc)
+        for proc in self._slurmds(self.host(host)):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+            self._daemons.remove(proc)
+
+    def _slurmds(self, h: Host) -> list[subprocess.Popen[bytes]]:
+        """The compute host's slurmd that runs (a list: the one `_start_slurmd` started, or none)."""
+        return [proc for proc in self._daemons
+                if proc.poll() is None and f"exec slurmd -D -N {h.name} " in " ".join(map(str, proc.args))]
 
     def restart_slurmd(self, host: Host | str, timeout: float = 120, idle: bool = True) -> None:
         """Start a killed slurmd again and wait until every compute node is idle (ReturnToService=2:

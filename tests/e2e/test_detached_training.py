@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, PROGRAMS, Barrier, down_recorded, dtf, leftovers, wait_gone, wait_until
+from helpers import EXAMPLES, PROGRAMS, Barrier, down_recorded, dtf, epochs_done, leftovers, wait_gone, wait_until
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.xdist_group("detached-lab")]
 
@@ -67,10 +67,6 @@ def coordinator_state(lab) -> dict:
         return dict(json.loads(path.read_text()))
     except (OSError, ValueError):
         return {}
-
-
-def epochs_done(text: str) -> list[tuple[int, int]]:
-    return [(int(e), int(a)) for e, a in re.findall(r"^epoch (\d+)/\d+ done: .*\(attempt (\d+)\)$", text, re.M)]
 
 
 def test_a_detached_run_outlives_this_machine_cut_off_and_attach_brings_it_all_back(lab, cluster, tmp_path):

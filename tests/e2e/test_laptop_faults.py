@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import EXAMPLES, Barrier, Train, down_recorded, dtf, leftovers, status_json, stopped
+from helpers import EXAMPLES, Barrier, Train, down_recorded, dtf, epochs_done, leftovers, status_json, stopped
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.xdist_group("laptop-faults")]
 
@@ -30,11 +30,6 @@ HOST_TIMEOUT = 15  # seconds: shorter than each fault, which must still move not
 FAULT = float(os.environ.get("DTF_TEST_FAULT", "25"))  # seconds the laptop is cut off, or asleep
 KEEPALIVE = {"TF_GRPC_DEFAULT_OPTIONS": "grpc.keepalive_time_ms=1000,grpc.keepalive_timeout_ms=2000"}
 EPOCHS, STEPS = 5, 30
-
-
-def epochs_done(text: str) -> list[tuple[int, int]]:
-    """(epoch, attempt) of every "epoch E/N done: ... (attempt A)" line, in order."""
-    return [(int(e), int(a)) for e, a in re.findall(r"^epoch (\d+)/\d+ done: .*\(attempt (\d+)\)$", text, re.M)]
 
 
 @pytest.fixture(scope="module")

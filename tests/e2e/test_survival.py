@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -23,6 +22,7 @@ from helpers import (
     Train,
     assert_one_line_error,
     dtf,
+    epochs_done,
     leftovers,
     saved_on_hosts,
     status_json,
@@ -56,11 +56,6 @@ def wait_serving(home: Path, task: str, after_pid: int, timeout: float = 60) -> 
             return row
         assert time.monotonic() < deadline, row
         time.sleep(POLL)
-
-
-def epochs_done(text: str) -> list[tuple[int, int]]:
-    """(epoch, attempt) of every "epoch E/N done: ... (attempt A)" line, in order."""
-    return [(int(e), int(a)) for e, a in re.findall(r"^epoch (\d+)/\d+ done: .*\(attempt (\d+)\)$", text, re.M)]
 
 
 def kill_server(home: Path, task: str) -> int:
