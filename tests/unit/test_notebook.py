@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,27 @@ def test_the_lost_ps_message_says_what_happened_whether_the_servers_are_back_and
                     "notebook again, resuming from the last checkpoint in /out/checkpoints (dtf.checkpoint_dir())")
     not_back = lost_ps_message("lab", ["ps:0 (not serving)"], ["ps:0 (h0, 10.0.0.1:2222)"], Path("/c"))
     assert "still not serving: ps:0 (h0, 10.0.0.1:2222) (see `dtf status`)" in not_back
+
+
+def test_the_watch_ends_the_lease_and_the_tunnel_even_where_a_calls_error_found_dtf_down_first(
+        monkeypatch: pytest.MonkeyPatch):
+    """`dtf down` seen first by a coordinator call's error (`explain` sets `gone`): the watch's
+    next look still closes what the connection holds (the lease, the tunnel) and ends, and
+    interrupts nothing (the call has its error already)."""
+    from dtf.notebook import connection
+    from dtf.program import train
+
+    c = handle("lab")
+    closed = threading.Event()
+    c.stack.callback(closed.set)
+    monkeypatch.setattr(connection, "WATCH_EVERY", 0.01)
+    monkeypatch.setattr(train, "taken_down", lambda record: True)
+    monkeypatch.setattr(train, "interrupt_main_thread", lambda pid: pytest.fail("a call was interrupted"))
+    c.gone, c.calls = down_message("lab"), 1  # as `explain` leaves it, the call not yet returned
+    watch = threading.Thread(target=c._watch, daemon=True)
+    watch.start()
+    watch.join(timeout=30)
+    assert not watch.is_alive() and closed.is_set() and c.gone == down_message("lab")
 
 
 def test_the_summary_in_a_notebook(monkeypatch: pytest.MonkeyPatch):

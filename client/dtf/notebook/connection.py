@@ -289,12 +289,17 @@ class Connection:
         from dtf.program.train import interrupt_main_thread, taken_down
 
         while not self.stopping.wait(WATCH_EVERY):
-            if self.gone is None and taken_down(self.record):
+            if not taken_down(self.record):
+                continue
+            # A call's error may have found it first (`explain` then set `gone`): the lease and the
+            # tunnel go all the same, and only a call that still waits is interrupted.
+            found = self.gone is None
+            if found:
                 self.gone = down_message(self.cluster)
-                self.stopping.set()
-                self.stack.close()  # the lease and the tunnel: the cluster is going
-                if self.calls > 0:
-                    interrupt_main_thread(os.getpid())
+            self.stopping.set()
+            self.stack.close()  # the lease and the tunnel: the cluster is going
+            if found and self.calls > 0:
+                interrupt_main_thread(os.getpid())
 
     def explain(self, error: BaseException) -> ConnectError | None:
         """A coordinator call failed with `error`: the one clear error to raise instead, if the
